@@ -1,0 +1,6 @@
+"""Entry point of ``python -m recipe`` (see recipe/main.py)."""
+
+from recipe.main import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""Config schema of the weight-sync link between trainer and rollout engines
+(``checkpoint_engine.*``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from recipe.utils.config_check import require, require_choice, require_positive
+
+BACKENDS = ("auto", "file", "shm", "gloo", "nccl", "cuda_ipc")
+
+
+@dataclass
+class CheckpointEngineConfig:
+    backend: str = "auto"
+    """Transport: ``auto`` picks the fastest available for the placement (shm on one CPU host,
+    cuda_ipc colocated on one GPU, nccl across GPUs); ``file`` writes a safetensors file."""
+    bucket_size_mb: int = 0
+    """Bucket size in MiB; 0 sizes it from free memory."""
+    timeout_s: float = 120.0
+    """Deadline of every sync phase; a peer that misses it fails the sync with the phase named."""
+    verify: bool = True
+    """Compare per-bucket checksums on both sides after each push."""
+
+    def __post_init__(self) -> None:
+        require_choice("checkpoint_engine.backend", self.backend, BACKENDS)
+        require(self.bucket_size_mb >= 0, "checkpoint_engine.bucket_size_mb", self.bucket_size_mb,
+                "0 (auto) or a size in MiB > 0")
+        require_positive("checkpoint_engine.timeout_s", self.timeout_s)

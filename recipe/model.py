@@ -1,0 +1,170 @@
+"""The policy model: config schema (``model.*``) and ``HFModelConfig``, the loaded view of an
+HF causal-LM directory that every component shares (tokenizer, generation config, ids).
+
+``model.path`` empty means the embedded default: a tiny Qwen2-style model with a task
+tokenizer, built locally and cached on first use (``recipe.tiny``). Real users pass the path
+of any local HF causal-LM directory; nothing is downloaded at run time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from recipe.utils.config_check import require_choice
+
+logger = logging.getLogger(__name__)
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""
+    """Local HF causal-LM directory. Empty: the embedded tiny default (built and cached)."""
+    dtype: str = "float32"
+    """Parameter dtype of the trainer's master weights and of the rollout engine."""
+    trust_remote_code: bool = False
+    """Passed to transformers' ``from_pretrained``."""
+
+    def __post_init__(self) -> None:
+        require_choice("model.dtype", self.dtype, DTYPES)
+
+
+class ModelPathError(ValueError):
+    """The model path is missing or is not an HF causal-LM directory."""
+
+
+def _is_causal_lm_config(config: Any) -> bool:
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return True
+    # Remote-code models name their causal-LM class in auto_map.
+    auto_map = getattr(config, "auto_map", None) or {}
+    return "AutoModelForCausalLM" in auto_map
+
+
+class HFModelConfig:
+    """A loaded, validated HF causal-LM directory.
+
+    Construction checks the directory and its config (cheap); the tokenizer, generation
+    config and processor load lazily and are cached.
+    """
+
+    def __init__(self, path: str | Path, *, dtype: str = "float32", trust_remote_code: bool = False):
+        self.path = Path(path).expanduser().resolve()
+        self.dtype = dtype
+        self.trust_remote_code = trust_remote_code
+        if not self.path.exists():
+            raise ModelPathError(f"model.path={str(path)!r}: no such directory")
+        if not self.path.is_dir():
+            raise ModelPathError(f"model.path={str(path)!r}: not a directory")
+        if not (self.path / "config.json").is_file():
+            raise ModelPathError(
+                f"model.path={str(path)!r}: no config.json, so not a Hugging Face model directory"
+            )
+        self.hf_config = self._load_hf_config()
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> HFModelConfig:
+        """Resolve ``model.*``: the given path, or the embedded default built on first use."""
+        if cfg.path:
+            path = Path(cfg.path)
+        else:
+            from recipe.tiny import ensure_tiny_model
+
+            path = ensure_tiny_model()
+        return cls(path, dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code)
+
+    def _load_hf_config(self) -> Any:
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(self.path, trust_remote_code=self.trust_remote_code)
+        except (ValueError, KeyError, OSError, json.JSONDecodeError) as exc:
+            raise ModelPathError(f"model.path={str(self.path)!r}: unreadable config.json ({exc})") from exc
+        if not _is_causal_lm_config(config):
+            raise ModelPathError(
+                f"model.path={str(self.path)!r}: model_type={config.model_type!r} is not a causal LM "
+                "(AutoModelForCausalLM cannot load it)"
+            )
+        return config
+
+    @cached_property
+    def tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(self.path, trust_remote_code=self.trust_remote_code)
+        except (ValueError, OSError) as exc:
+            raise ModelPathError(f"model.path={str(self.path)!r}: no usable tokenizer ({exc})") from exc
+        if tok.pad_token_id is None and self.pad_token_id is not None:
+            tok.pad_token_id = self.pad_token_id
+        return tok
+
+    @cached_property
+    def generation_config(self) -> Any | None:
+        """The directory's ``generation_config.json``, or None when it has none."""
+        from transformers import GenerationConfig
+
+        if not (self.path / "generation_config.json").is_file():
+            return None
+        return GenerationConfig.from_pretrained(self.path)
+
+    def get_processor(self) -> Any:
+        """The multimodal processor when the directory has one, else the tokenizer."""
+        from transformers import AutoProcessor
+
+        try:
+            processor = AutoProcessor.from_pretrained(
+                self.path, trust_remote_code=self.trust_remote_code
+            )
+        except (ValueError, OSError, TypeError, KeyError):
+            return self.tokenizer
+        # AutoProcessor hands back the tokenizer itself for text-only models.
+        return processor if hasattr(processor, "tokenizer") else self.tokenizer
+
+    @cached_property
+    def eos_token_ids(self) -> list[int]:
+        """Stop ids: generation_config's ``eos_token_id`` (int or list), else the tokenizer's."""
+        gen = self.generation_config
+        ids = getattr(gen, "eos_token_id", None) if gen is not None else None
+        if ids is None:
+            ids = self._tokenizer_ids("eos_token_id")
+        if ids is None:
+            raise ModelPathError(
+                f"model.path={str(self.path)!r}: no eos_token_id in generation_config or tokenizer"
+            )
+        return [ids] if isinstance(ids, int) else list(ids)
+
+    @property
+    def eos_token_id(self) -> int:
+        return self.eos_token_ids[0]
+
+    @cached_property
+    def pad_token_id(self) -> int | None:
+        """generation_config's ``pad_token_id``, else the tokenizer's, else the first eos id."""
+        gen = self.generation_config
+        pad = getattr(gen, "pad_token_id", None) if gen is not None else None
+        if pad is None:
+            pad = self._tokenizer_ids("pad_token_id")
+        if pad is None:
+            pad = self.eos_token_ids[0]
+        return pad[0] if isinstance(pad, list) else pad
+
+    def _tokenizer_ids(self, attr: str) -> Any:
+        # Read through __dict__ to avoid recursing into the tokenizer property while it builds.
+        tok = self.__dict__.get("tokenizer")
+        if tok is None:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(self.path, trust_remote_code=self.trust_remote_code)
+        return getattr(tok, attr, None)
+
+    def __repr__(self) -> str:
+        return f"HFModelConfig(path={str(self.path)!r}, model_type={self.hf_config.model_type!r})"

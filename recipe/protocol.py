@@ -1,0 +1,86 @@
+"""Typed messages that travel between components.
+
+Every message is a slotted dataclass with documented fields; no untyped dict bags cross an
+actor boundary. Lengths are in tokens unless a name says otherwise.
+
+    data/ --PromptRecord--> rollout --Trajectory--> queue --> trainer (TrainBatch)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ChatMessages = list[dict[str, str]]
+
+
+@dataclass(slots=True, frozen=True)
+class PromptRecord:
+    """One prompt of a dataset, before tokenisation.
+
+    ``uid`` is unique within a run's train (or val) set and stable across restarts: it is the
+    key of the exactly-once prompt ledger.
+    """
+
+    uid: str
+    """Stable unique id, e.g. ``train-000123`` or ``<file>:<row>``."""
+    prompt: str | ChatMessages
+    """A plain string, or chat messages ``[{"role": ..., "content": ...}, ...]``."""
+    ground_truth: str
+    """The verifiable answer the reward function compares against."""
+    data_source: str
+    """Selects the scorer in the reward registry (verl's ``data_source``)."""
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    """Passed unchanged to the reward function as ``extra_info``."""
+
+
+FINISH_REASONS = ("stop", "length", "aborted")
+
+
+@dataclass(slots=True)
+class Trajectory:
+    """One response to one prompt. A GRPO group is ``rollout.n`` trajectories sharing
+    ``prompt_uid``.
+
+    Invariant: ``response_ids``, ``rollout_logprobs`` and ``token_versions`` have equal length.
+    A response resumed after a weight sync (partial rollout) keeps its earlier tokens with the
+    versions that produced them, so ``min_version < max_version`` for it.
+    """
+
+    prompt_uid: str
+    """The prompt's ``PromptRecord.uid`` (also the GRPO group id)."""
+    sample_index: int
+    """Index of this response within its group, 0..n-1."""
+    prompt_ids: list[int]
+    """Prompt token ids (after the chat template), length P."""
+    response_ids: list[int]
+    """Generated token ids, length R <= rollout.response_length (eos included when it stopped)."""
+    rollout_logprobs: list[float]
+    """Log-prob of each response token under the engine's weights when it was sampled (R,)."""
+    token_versions: list[int]
+    """Policy version that produced each response token (R,)."""
+    finish_reason: str
+    """``stop`` (eos/stop string), ``length`` (hit response_length) or ``aborted``."""
+    reward: float = 0.0
+    """Scalar reward of the full response."""
+    response_text: str = ""
+    """Decoded response (what the reward function scored)."""
+
+    def __post_init__(self) -> None:
+        n = len(self.response_ids)
+        assert len(self.rollout_logprobs) == n and len(self.token_versions) == n, (
+            "response_ids, rollout_logprobs and token_versions must have equal length"
+        )
+        assert self.finish_reason in FINISH_REASONS, self.finish_reason
+
+    @property
+    def min_version(self) -> int:
+        return min(self.token_versions) if self.token_versions else -1
+
+    @property
+    def max_version(self) -> int:
+        return max(self.token_versions) if self.token_versions else -1
+
+    @property
+    def num_response_tokens(self) -> int:
+        return len(self.response_ids)

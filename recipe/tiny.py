@@ -1,0 +1,267 @@
+"""The embedded default model: a tiny Qwen2-style causal LM warm-started on the arithmetic task.
+
+``model.path`` empty resolves here, so ``python -m recipe`` runs with nothing downloaded. On
+first use ``ensure_tiny_model`` builds, in a few tens of seconds on 2 CPU cores:
+
+    byte-level BPE tokenizer -> random Qwen2ForCausalLM -> seeded SFT on the ``sft`` split
+      -> greedy + sampled eval on ``val`` -> HF directory (safetensors, float32) + tiny_meta.json
+
+and caches the directory under ``$RECIPE_CACHE_DIR`` (default ``~/.cache/fully_async_rl``) in a
+folder named by a fingerprint of ``TinySpec``, so changing any builder constant rebuilds.
+
+Why a warm start: RL from a random init is hopeless at this scale, and a converged model leaves
+nothing to learn. The SFT is stopped early on purpose, so greedy val accuracy is low (~20-40%)
+and sampled answers within a GRPO group disagree on most prompts: the reward has variance.
+
+Simplifications: no chat template (prompts are plain strings); the tokenizer has no merges
+(every byte is a token), which makes digits and ``+ - =`` single tokens; head_dim is 64 because
+vLLM's CPU attention supports only 32/64/128.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recipe.data.arithmetic import make_arithmetic_records, sft_text
+
+logger = logging.getLogger(__name__)
+
+BUILDER_VERSION = 1
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+META_FILE = "tiny_meta.json"
+DEFAULT_CACHE_DIR = Path("~/.cache/fully_async_rl")
+LOCK_TIMEOUT_S = 900.0
+# Qwen2's pre-tokenizer split: digits are isolated, punctuation runs are grouped.
+_SPLIT_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TinySpec:
+    """Every constant the built model depends on; its fingerprint names the cache folder."""
+
+    hidden_size: int = 128
+    """Model width; 2 heads of 64 (vLLM-CPU attention needs head_dim in 32/64/128)."""
+    num_attention_heads: int = 2
+    """Query heads."""
+    num_key_value_heads: int = 2
+    """KV heads (equal to query heads: plain multi-head attention)."""
+    num_hidden_layers: int = 2
+    """Transformer blocks."""
+    intermediate_size: int = 512
+    """MLP width."""
+    max_position_embeddings: int = 2048
+    """Longest sequence (prompt + response, tokens) the model config admits."""
+    difficulty: int = 2
+    """Digits per operand of the SFT and eval problems (``data.difficulty``'s default)."""
+    sft_num_records: int = 2048
+    """Problems of the ``sft`` split trained on."""
+    sft_steps: int = 300
+    """Optimizer steps; calibrated so greedy val accuracy lands around 20-40%."""
+    sft_batch_size: int = 64
+    """Sequences per optimizer step."""
+    sft_lr: float = 3e-3
+    """AdamW learning rate after a linear warm-up."""
+    sft_warmup_steps: int = 30
+    """Linear warm-up length in optimizer steps."""
+    seed: int = 0
+    """Seed of the init, the data order and the sampled eval."""
+    num_threads: int = 2
+    """torch intra-op threads while building (fixed so the result does not depend on the host)."""
+    eval_num_prompts: int = 256
+    """``val`` prompts of the eval (seed 1, as ``data.num_val_prompts`` / ``data.seed``)."""
+    eval_num_samples: int = 8
+    """Samples per prompt at temperature 1 for the reward-variance check."""
+
+    @property
+    def fingerprint(self) -> str:
+        blob = json.dumps([BUILDER_VERSION, dataclasses.asdict(self)], sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+    @property
+    def dir_name(self) -> str:
+        return f"tiny-qwen2-v{BUILDER_VERSION}-{self.fingerprint}"
+
+
+def default_cache_dir() -> Path:
+    """``$RECIPE_CACHE_DIR`` if set, else ``~/.cache/fully_async_rl``."""
+    return Path(os.environ.get("RECIPE_CACHE_DIR") or DEFAULT_CACHE_DIR).expanduser()
+
+
+def ensure_tiny_model(cache_dir: Path | None = None, *, force: bool = False) -> Path:
+    """Path of the cached tiny model, built on first use (or rebuilt with ``force``).
+
+    Safe to call from many processes at once: one builds under a file lock, the others wait
+    and reuse its result. A directory only appears, by atomic rename, once it is complete.
+    """
+    from filelock import FileLock, Timeout
+
+    spec = TinySpec()
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / spec.dir_name
+    if (final / META_FILE).is_file() and not force:
+        return final
+    lock = FileLock(str(root / f"{spec.dir_name}.lock"))
+    try:
+        with lock.acquire(timeout=LOCK_TIMEOUT_S):
+            if (final / META_FILE).is_file() and not force:
+                return final  # another process built it while we waited
+            tmp = Path(tempfile.mkdtemp(prefix=f".{spec.dir_name}-", dir=root))
+            try:
+                _build(spec, tmp)
+                _replace_dir(tmp, final)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    except Timeout as exc:
+        raise RuntimeError(
+            f"waited {LOCK_TIMEOUT_S:.0f}s for {lock.lock_file}: another process holds it; "
+            "if none is building the tiny model, delete the lock file"
+        ) from exc
+    return final
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    if dst.exists():
+        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+        os.rename(dst, old)
+        os.rename(src, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(src, dst)
+
+
+def read_tiny_meta(model_dir: Path) -> dict[str, Any]:
+    """The build record (``tiny_meta.json``) of a tiny-model directory."""
+    return json.loads((Path(model_dir) / META_FILE).read_text())
+
+
+def _byte_alphabet() -> dict[int, str]:
+    # Byte-level BPE maps each byte to a printable character; printable Latin-1 bytes map to
+    # themselves and the rest are shifted above 255 (the usual GPT-2 convention).
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    shifted = (b for b in range(256) if b not in printable)
+    table = {b: chr(b) for b in printable}
+    table.update({b: chr(256 + i) for i, b in enumerate(shifted)})
+    return dict(sorted(table.items()))
+
+
+def build_tokenizer(out_dir: Path) -> Any:
+    """Write a byte-level BPE tokenizer (256 byte tokens + eos + pad) and reload it through
+    ``AutoTokenizer``, which is what every component will use."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import BPE
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    vocab = {char: byte for byte, char in _byte_alphabet().items()}
+    tok = Tokenizer(BPE(vocab=vocab, merges=[], continuing_subword_prefix="", fuse_unk=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_SPLIT_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(EOS_TOKEN, special=True), AddedToken(PAD_TOKEN, special=True)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN)
+    fast.save_pretrained(out_dir)
+    # Name the Qwen2 class so transformers 4 and 5 both rebuild the same BPE from this folder.
+    cfg_path = out_dir / "tokenizer_config.json"
+    tok_cfg = json.loads(cfg_path.read_text())
+    tok_cfg.update(tokenizer_class="Qwen2Tokenizer", unk_token=None, add_prefix_space=False)
+    cfg_path.write_text(json.dumps(tok_cfg, indent=2) + "\n")
+    return AutoTokenizer.from_pretrained(out_dir)
+
+
+def _check_tokenizer(tokenizer: Any) -> None:
+    """The task relies on exact round trips and one token per digit/operator."""
+    for text in ("0123456789", "12+34=46", "99-9=90", "hello world"):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if tokenizer.decode(ids) != text:
+            raise RuntimeError(f"tiny tokenizer does not round-trip {text!r}: {ids}")
+    for char in "0123456789+-=":
+        if len(tokenizer.encode(char, add_special_tokens=False)) != 1:
+            raise RuntimeError(f"tiny tokenizer splits {char!r} into several tokens")
+
+
+def _build(spec: TinySpec, out_dir: Path) -> None:
+    import torch
+    import transformers
+
+    started = time.perf_counter()
+    logger.info("building the tiny default model in %s (one-time, ~1 min)", out_dir)
+    tokenizer = build_tokenizer(out_dir)
+    _check_tokenizer(tokenizer)
+    prev_threads = torch.get_num_threads()
+    torch.set_num_threads(spec.num_threads)
+    try:
+        model = _init_model(spec, tokenizer)
+        sft = _sft(spec, model, tokenizer)
+        evals = _evaluate(spec, model, tokenizer)
+    finally:
+        torch.set_num_threads(prev_threads)
+    model.save_pretrained(out_dir)
+    model.generation_config.save_pretrained(out_dir)
+    meta = {
+        "builder_version": BUILDER_VERSION,
+        "fingerprint": spec.fingerprint,
+        "spec": dataclasses.asdict(spec),
+        "num_params": sum(p.numel() for p in model.parameters()),
+        "vocab_size": len(tokenizer),
+        **sft,
+        **evals,
+        "build_seconds": round(time.perf_counter() - started, 2),
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+    }
+    (out_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    logger.info(
+        "built the tiny model: %d params, greedy val accuracy %.3f, sampled %.3f "
+        "(mixed groups %.2f), %.1fs",
+        meta["num_params"],
+        meta["greedy_val_accuracy"],
+        meta["sampled_val_accuracy"],
+        meta["sampled_mixed_fraction"],
+        meta["build_seconds"],
+    )
+
+
+def _init_model(spec: TinySpec, tokenizer: Any) -> Any:
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        dtype="float32",
+    )
+    torch.manual_seed(spec.seed)
+    model = Qwen2ForCausalLM(config).float()
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    return model

@@ -1,0 +1,212 @@
+"""Metric sinks behind ``recipe.tracking.Tracker``: console, jsonl, wandb, tensorboard.
+
+Each sink is a small ``Backend`` (``log``, ``summary``, ``close``) built by ``make_backend`` from
+its name in ``logger.backends``. Components never see these classes: they call the Tracker, which
+hands every sink the same already-validated ``{key: float}`` record, so no code branches on which
+sinks are on. Heavy or optional imports (wandb, torch's tensorboard writer) happen only when that
+sink is built.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import secrets
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from recipe.tracking import LoggerConfig
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+WANDB_RUN_ID_FILE = "wandb_run_id"
+"""Holds the wandb run id in the run directory, so a resumed run continues the same wandb run."""
+HEADLINE_KEYS = ("reward/mean", "val/accuracy", "actor/pg_loss", "staleness/mean", "timing/step_s")
+"""Keys the console line shows by value when present; the rest are only counted."""
+
+
+def json_safe(value: Any) -> Any:
+    """Non-finite floats become ``None`` (JSON ``null``), recursively, so output is strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, str | bytes):
+        # numpy / torch scalars: plain Python numbers first, then the non-finite rule.
+        return json_safe(value.item())
+    return value
+
+
+class Backend(ABC):
+    """One metric sink. ``log`` gets finite-or-not floats under validated slash-namespaced keys."""
+
+    @abstractmethod
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        """Record one step's metrics."""
+
+    def summary(self, summary: Mapping[str, Any]) -> None:  # noqa: B027 (optional hook)
+        """Record end-of-run values; sinks without a summary notion ignore them."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Flush and release files/processes. Called once by the Tracker."""
+
+
+class JsonlBackend(Backend):
+    """``run_dir/metrics.jsonl``: one JSON object per step, ``step`` first, NaN/inf as null.
+
+    Opened in append mode so a resumed run continues the file; every line is flushed so a crash
+    loses nothing already logged.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / METRICS_FILE
+        needs_newline = _ends_mid_line(self.path)
+        self._file = self.path.open("a", encoding="utf-8")
+        if needs_newline:
+            # A previous process died mid-write; start our records on a fresh line.
+            self._file.write("\n")
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        record = {"step": step, **json_safe(dict(metrics))}
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _ends_mid_line(path: Path) -> bool:
+    if not path.exists() or path.stat().st_size == 0:
+        return False
+    with path.open("rb") as f:
+        f.seek(-1, 2)
+        return f.read(1) != b"\n"
+
+
+class ConsoleBackend(Backend):
+    """A compact rich line per ``console_every`` steps: headline values plus a count of the rest."""
+
+    def __init__(self, every: int, quiet: bool, console: Any = None) -> None:
+        from rich.console import Console
+
+        self.every = every
+        self.quiet = quiet
+        self.console = console if console is not None else Console(highlight=False)
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        if self.quiet or step % self.every != 0:
+            return
+        self.console.print(format_console_line(metrics, step), markup=False)
+
+    def summary(self, summary: Mapping[str, Any]) -> None:
+        if self.quiet or not summary:
+            return
+        from rich.table import Table
+
+        table = Table(title="summary", show_header=False)
+        for key, value in summary.items():
+            table.add_row(str(key), _format_value(value))
+        self.console.print(table)
+
+    def close(self) -> None:
+        """Nothing buffered: each line is printed when logged."""
+
+
+def format_console_line(metrics: Mapping[str, float], step: int) -> str:
+    shown = [f"{key} {_format_value(metrics[key])}" for key in HEADLINE_KEYS if key in metrics]
+    num_other = len(metrics) - len(shown)
+    parts = [f"step {step}", *shown]
+    if num_other:
+        parts.append(f"+{num_other} more")
+    return " | ".join(parts)
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+class TensorboardBackend(Backend):
+    """``run_dir/tensorboard``: one scalar per key; flushed each step for crash safety."""
+
+    def __init__(self, run_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._writer = SummaryWriter(log_dir=str(run_dir / TENSORBOARD_DIR))
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        for key, value in metrics.items():
+            self._writer.add_scalar(key, value, global_step=step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class WandbBackend(Backend):
+    """A wandb run under ``run_dir/wandb``; offline unless ``logger.wandb.mode=online``.
+
+    The run id is kept in ``run_dir/wandb_run_id`` and reused with ``resume="allow"``, so a
+    resumed run (same run directory) continues the same wandb run instead of starting a new one.
+    """
+
+    def __init__(self, cfg: LoggerConfig, run_dir: Path, run_config: dict | None) -> None:
+        import wandb
+
+        id_file = run_dir / WANDB_RUN_ID_FILE
+        run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
+        # silent + console capture off: wandb's banner and stdout mirroring would drown the
+        # console line; the run files hold everything that matters.
+        settings = wandb.Settings(silent=True, console="off")
+        self._run = wandb.init(
+            project=cfg.project,
+            name=cfg.experiment,
+            entity=cfg.wandb.entity,
+            dir=str(run_dir),
+            mode=cfg.wandb.mode,
+            config=run_config,
+            id=run_id,
+            resume="allow",
+            reinit="create_new",
+            settings=settings,
+        )
+        id_file.write_text(run_id + "\n")
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self._run.log(dict(metrics), step=step)
+
+    def summary(self, summary: Mapping[str, Any]) -> None:
+        self._run.summary.update(dict(summary))
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+BACKEND_FACTORIES: dict[str, Callable[[LoggerConfig, Path, dict | None], Backend]] = {
+    "console": lambda cfg, run_dir, run_config: ConsoleBackend(cfg.console_every, cfg.quiet),
+    "jsonl": lambda cfg, run_dir, run_config: JsonlBackend(run_dir),
+    "wandb": WandbBackend,
+    "tensorboard": lambda cfg, run_dir, run_config: TensorboardBackend(run_dir),
+}
+BACKEND_NAMES = tuple(BACKEND_FACTORIES)
+
+
+def make_backend(
+    name: str, cfg: LoggerConfig, run_dir: Path, run_config: dict | None = None
+) -> Backend:
+    """Build the sink registered under ``name`` (one of ``BACKEND_NAMES``)."""
+    if name not in BACKEND_FACTORIES:
+        raise ValueError(
+            f"logger.backends: unknown backend {name!r}; allowed: {', '.join(BACKEND_NAMES)}"
+        )
+    return BACKEND_FACTORIES[name](cfg, run_dir, run_config)

