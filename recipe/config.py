@@ -66,8 +66,9 @@ class AsyncTrainingConfig:
 
     def __post_init__(self) -> None:
         require_non_negative("async_training.staleness_threshold", self.staleness_threshold)
-        require_positive("async_training.trigger_parameter_sync_step",
-                         self.trigger_parameter_sync_step)
+        require_positive(
+            "async_training.trigger_parameter_sync_step", self.trigger_parameter_sync_step
+        )
         require_positive("async_training.require_batches", self.require_batches)
         if self.max_staleness is not None:
             require_non_negative("async_training.max_staleness", self.max_staleness)
@@ -100,8 +101,12 @@ class TrainerConfig:
             require_positive("trainer.total_training_steps", self.total_training_steps)
         require_non_negative("trainer.test_freq", self.test_freq)
         require_non_negative("trainer.save_freq", self.save_freq)
-        require(bool(self.resume_mode), "trainer.resume_mode", self.resume_mode,
-                "'auto', 'disable' or a checkpoint path")
+        require(
+            bool(self.resume_mode),
+            "trainer.resume_mode",
+            self.resume_mode,
+            "'auto', 'disable' or a checkpoint path",
+        )
         require_choice("trainer.device", self.device, DEVICES)
         if self.max_wall_s is not None:
             require_positive("trainer.max_wall_s", self.max_wall_s)
@@ -119,7 +124,7 @@ class RayConfig:
 
 @dataclass
 class RecipeConfig:
-    mode: str = "fully_async"
+    mode: str = "sync"
     """Which recipe runs: ``sync`` (colocated baseline), ``one_step_off`` or ``fully_async``."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

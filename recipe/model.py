@@ -56,7 +56,9 @@ class HFModelConfig:
     config and processor load lazily and are cached.
     """
 
-    def __init__(self, path: str | Path, *, dtype: str = "float32", trust_remote_code: bool = False):
+    def __init__(
+        self, path: str | Path, *, dtype: str = "float32", trust_remote_code: bool = False
+    ):
         self.path = Path(path).expanduser().resolve()
         self.dtype = dtype
         self.trust_remote_code = trust_remote_code
@@ -87,7 +89,9 @@ class HFModelConfig:
         try:
             config = AutoConfig.from_pretrained(self.path, trust_remote_code=self.trust_remote_code)
         except (ValueError, KeyError, OSError, json.JSONDecodeError) as exc:
-            raise ModelPathError(f"model.path={str(self.path)!r}: unreadable config.json ({exc})") from exc
+            raise ModelPathError(
+                f"model.path={str(self.path)!r}: unreadable config.json ({exc})"
+            ) from exc
         if not _is_causal_lm_config(config):
             raise ModelPathError(
                 f"model.path={str(self.path)!r}: model_type={config.model_type!r} is not a causal LM "
@@ -102,7 +106,9 @@ class HFModelConfig:
         try:
             tok = AutoTokenizer.from_pretrained(self.path, trust_remote_code=self.trust_remote_code)
         except (ValueError, OSError) as exc:
-            raise ModelPathError(f"model.path={str(self.path)!r}: no usable tokenizer ({exc})") from exc
+            raise ModelPathError(
+                f"model.path={str(self.path)!r}: no usable tokenizer ({exc})"
+            ) from exc
         if tok.pad_token_id is None and self.pad_token_id is not None:
             tok.pad_token_id = self.pad_token_id
         return tok

@@ -129,6 +129,11 @@ class MetricsAccumulator:
 
     def extend(self, other: MetricsAccumulator) -> None:
         """Fold in ``other``'s records as if they were added here after ours (``last`` wins)."""
+        for key, stat in other._stats.items():  # check first so a clash leaves self unchanged
+            if key in self._stats and self._stats[key].reduce != stat.reduce:
+                raise ValueError(
+                    f"metric {key!r} has reduce={stat.reduce!r} and {self._stats[key].reduce!r}"
+                )
         for key, stat in other._stats.items():
             self._merge(key, _Stat(stat.reduce, stat.value, stat.weight))
 
@@ -169,9 +174,12 @@ class MetricsAccumulator:
         if new.reduce in ("mean", "sum"):
             old.value += new.value
         elif new.reduce == "max":
-            old.value = max(old.value, new.value)
+            # NaN is sticky (plain max() would keep or drop it depending on argument order).
+            if math.isnan(new.value) or new.value > old.value:
+                old.value = new.value
         elif new.reduce == "min":
-            old.value = min(old.value, new.value)
+            if math.isnan(new.value) or new.value < old.value:
+                old.value = new.value
         else:
             old.value = new.value
         old.weight += new.weight

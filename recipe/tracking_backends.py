@@ -60,6 +60,9 @@ class Backend(ABC):
         """Flush and release files/processes. Called once by the Tracker."""
 
 
+PARAM_VERSION_KEY = "trainer/param_version"
+
+
 class JsonlBackend(Backend):
     """``run_dir/metrics.jsonl``: one JSON object per step, ``step`` first, NaN/inf as null.
 
@@ -76,7 +79,11 @@ class JsonlBackend(Backend):
             self._file.write("\n")
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        record = {"step": step, **json_safe(dict(metrics))}
+        record: dict[str, Any] = {"step": step}
+        if PARAM_VERSION_KEY in metrics:
+            # The run-directory contract: every line names the weights version at top level.
+            record["param_version"] = int(metrics[PARAM_VERSION_KEY])
+        record.update(json_safe(dict(metrics)))
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
 
@@ -105,7 +112,7 @@ class ConsoleBackend(Backend):
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         if self.quiet or step % self.every != 0:
             return
-        self.console.print(format_console_line(metrics, step), markup=False)
+        self.console.print(format_console_line(metrics, step), markup=False, soft_wrap=True)
 
     def summary(self, summary: Mapping[str, Any]) -> None:
         if self.quiet or not summary:
@@ -158,6 +165,7 @@ class WandbBackend(Backend):
 
     The run id is kept in ``run_dir/wandb_run_id`` and reused with ``resume="allow"``, so a
     resumed run (same run directory) continues the same wandb run instead of starting a new one.
+    ``close`` returns once the run's files are complete.
     """
 
     def __init__(self, cfg: LoggerConfig, run_dir: Path, run_config: dict | None) -> None:
@@ -189,7 +197,13 @@ class WandbBackend(Backend):
         self._run.summary.update(dict(summary))
 
     def close(self) -> None:
+        import wandb
+
         self._run.finish()
+        # finish() returns before wandb's service has written the run file (seen offline with
+        # wandb 0.31); teardown waits for it and ends the service process. The Tracker is the
+        # only wandb user of its process, so no other run is cut short.
+        wandb.teardown()
 
 
 BACKEND_FACTORIES: dict[str, Callable[[LoggerConfig, Path, dict | None], Backend]] = {

@@ -24,6 +24,10 @@ class CheckpointEngineConfig:
 
     def __post_init__(self) -> None:
         require_choice("checkpoint_engine.backend", self.backend, BACKENDS)
-        require(self.bucket_size_mb >= 0, "checkpoint_engine.bucket_size_mb", self.bucket_size_mb,
-                "0 (auto) or a size in MiB > 0")
+        require(
+            self.bucket_size_mb >= 0,
+            "checkpoint_engine.bucket_size_mb",
+            self.bucket_size_mb,
+            "0 (auto) or a size in MiB > 0",
+        )
         require_positive("checkpoint_engine.timeout_s", self.timeout_s)

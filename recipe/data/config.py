@@ -14,7 +14,8 @@ class DataConfig:
     train_files: list[str] = field(default_factory=list)
     """Parquet/jsonl files in verl's row schema. Empty: the synthetic ``task`` is used."""
     val_files: list[str] = field(default_factory=list)
-    """Validation files in the same schema. Empty: a held-out synthetic set is used."""
+    """Validation files in the same schema. Empty: a held-out synthetic set when the train set
+    is synthetic too, else no validation (warned)."""
     task: str = "arithmetic"
     """Synthetic task used when no files are given."""
     difficulty: int = 2

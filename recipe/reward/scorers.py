@@ -25,6 +25,7 @@ _BOXED_WORD = re.compile(r"\s+([^\s${}]+)")
 _LEFT_RIGHT = re.compile(r"\\(?:left|right)(?![a-zA-Z])")
 _LATEX_SPACES = re.compile(r"\\[!,;:]")
 _THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_FRAC_SHORTHAND = re.compile(r"\\frac(\d)(\d)")
 _FRAC = re.compile(r"(-?)\\frac\{([^{}]+)\}\{([^{}]+)\}")
 _GSM8K_ANSWER = re.compile(r"####\s*([-$0-9.,]+)")
 
@@ -92,10 +93,11 @@ def last_boxed(text: str) -> str | None:
 
 
 def normalize_math_answer(answer: str) -> str:
-    """Light LaTeX normalisation: spacing, ``\\left``/``\\right``, ``\\dfrac``, trailing '.'."""
+    """Light LaTeX normalisation: spacing, ``\\left``/``\\right``, ``\\dfrac``, ``\\frac12``."""
     answer = _LEFT_RIGHT.sub("", answer)
     answer = _LATEX_SPACES.sub("", answer)
     answer = answer.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    answer = _FRAC_SHORTHAND.sub(r"\\frac{\1}{\2}", answer)
     answer = "".join(answer.split())
     return answer.strip("$").rstrip(".")
 

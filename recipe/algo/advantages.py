@@ -1,0 +1,102 @@
+"""Outcome-reward advantage estimators over GRPO groups.
+
+Every estimator maps one scalar reward per response and the group each response belongs to
+(``rollout.n`` responses of one prompt share a group) to one advantage per response. The
+trainer broadcasts it over the response tokens. Estimators are looked up by
+``algorithm.adv_estimator`` in ``ADVANTAGE_ESTIMATORS``.
+
+Both estimators work on a flat batch with arbitrary group order, so the caller never has to
+sort or reshape by group; a group of one response has no baseline and gets advantage 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from recipe.algo.config import AlgorithmConfig
+
+AdvantageFn = Callable[..., torch.Tensor]
+
+
+def _group_sums(
+    values_b: torch.Tensor, group_index_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row group size and group sum of ``values_b``, both (B,)."""
+    _, inverse_b = torch.unique(group_index_b, return_inverse=True)
+    num_groups = int(inverse_b.max().item()) + 1 if inverse_b.numel() else 0
+    counts_g = torch.zeros(num_groups, dtype=values_b.dtype, device=values_b.device).index_add_(
+        0, inverse_b, torch.ones_like(values_b)
+    )
+    sums_g = torch.zeros(num_groups, dtype=values_b.dtype, device=values_b.device).index_add_(
+        0, inverse_b, values_b
+    )
+    return counts_g[inverse_b], sums_g[inverse_b]
+
+
+def grpo_advantages(
+    rewards_b: torch.Tensor,
+    group_index_b: torch.Tensor,
+    *,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """GRPO: ``(r - mean_g) / (std_g + eps)`` with the unbiased group std (as ``torch.std``).
+
+    ``norm_by_std=False`` gives Dr.GRPO's ``r - mean_g``. Singleton groups get 0.
+    Returns (B,) float32 (computed in float64 so the group statistics do not round).
+    """
+    rewards_b = rewards_b.detach().to(torch.float64)
+    counts_b, sums_b = _group_sums(rewards_b, group_index_b)
+    mean_b = sums_b / counts_b
+    centered_b = rewards_b - mean_b
+    if norm_by_std:
+        sq_sums_b = _group_sums(centered_b.square(), group_index_b)[1]
+        std_b = torch.sqrt(sq_sums_b / (counts_b - 1).clamp(min=1))
+        centered_b = centered_b / (std_b + eps)
+    return torch.where(counts_b > 1, centered_b, torch.zeros_like(centered_b)).to(torch.float32)
+
+
+def rloo_advantages(rewards_b: torch.Tensor, group_index_b: torch.Tensor) -> torch.Tensor:
+    """RLOO: each response's baseline is the mean reward of the OTHER responses of its group,
+    i.e. ``r_i - (sum_g - r_i) / (n_g - 1)``. Singleton groups get 0. Returns (B,) float32."""
+    rewards_b = rewards_b.detach().to(torch.float64)
+    counts_b, sums_b = _group_sums(rewards_b, group_index_b)
+    baseline_b = (sums_b - rewards_b) / (counts_b - 1).clamp(min=1)
+    adv_b = torch.where(counts_b > 1, rewards_b - baseline_b, torch.zeros_like(rewards_b))
+    return adv_b.to(torch.float32)
+
+
+def _grpo_from_config(rewards_b, group_index_b, config: AlgorithmConfig) -> torch.Tensor:
+    return grpo_advantages(rewards_b, group_index_b, norm_by_std=config.norm_adv_by_std_in_grpo)
+
+
+def _rloo_from_config(rewards_b, group_index_b, config: AlgorithmConfig) -> torch.Tensor:
+    return rloo_advantages(rewards_b, group_index_b)
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
+    "grpo": _grpo_from_config,
+    "rloo": _rloo_from_config,
+}
+"""``algorithm.adv_estimator`` -> ``fn(rewards_b, group_index_b, config) -> advantages_b``."""
+
+
+def compute_advantages(
+    rewards_b: torch.Tensor, group_index_b: torch.Tensor, config: AlgorithmConfig
+) -> torch.Tensor:
+    """Advantages (B,) with the estimator that ``config.adv_estimator`` names."""
+    try:
+        fn = ADVANTAGE_ESTIMATORS[config.adv_estimator]
+    except KeyError:
+        raise ValueError(
+            f"algorithm.adv_estimator={config.adv_estimator!r} is not registered: "
+            f"choose one of {sorted(ADVANTAGE_ESTIMATORS)}"
+        ) from None
+    if rewards_b.shape != group_index_b.shape or rewards_b.dim() != 1:
+        raise ValueError(
+            f"rewards_b {tuple(rewards_b.shape)} and group_index_b "
+            f"{tuple(group_index_b.shape)} must both be (B,)"
+        )
+    return fn(rewards_b, group_index_b, config)

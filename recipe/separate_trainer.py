@@ -1,0 +1,231 @@
+"""``SeparateRayPPOTrainer``: the small base every recipe shares.
+
+    SeparateRayPPOTrainer          inputs checked, Ray, tracking, the PPO step pieces
+      |- SyncTrainer               recipe/sync_trainer.py (colocated baseline)
+      |- OneStepOffTrainer         one_step_off/
+      |- FullyAsyncTrainer         fully_async_policy/  (trainer side only)
+      '- FullyAsyncRollouter       fully_async_policy/  (rollout side only)
+
+It owns what the recipes share and nothing recipe-specific: bad input (model path, data,
+reward functions, prompt lengths) is rejected in ``__init__`` before Ray starts; worker groups
+are built on demand by the subclass that needs them (``_build_trainer_group`` /
+``_build_rollout_group``); the PPO step is split into named pieces (``_compute_old_log_prob``,
+``_compute_advantages``, ``_update_actor``, ``_fit_update_weights``) that a loop calls in
+order; validation and metric tracking are shared. Subclasses call ``super().__init__``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from recipe.algo.advantages import compute_advantages
+from recipe.config import RecipeConfig
+from recipe.data.dataset import build_datasets
+from recipe.data.prompts import encode_prompts
+from recipe.model import HFModelConfig
+from recipe.protocol import PromptRecord, Trajectory
+from recipe.reward import RewardFunction
+from recipe.tracking import MetricsAccumulator, Tracker
+from recipe.workers.batch import TrainBatch
+
+logger = logging.getLogger(__name__)
+
+
+class SeparateRayPPOTrainer:
+    """Shared base of the recipes. See the module docstring for what lives here."""
+
+    def __init__(self, cfg: RecipeConfig, run_dir: Path) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # Input checks come first: each raises a ValueError naming the key, file or row.
+        self.model = HFModelConfig.from_config(cfg.model)
+        self.train_records, self.val_records = build_datasets(cfg.data)
+        self.reward_fn = RewardFunction(cfg.reward)
+        self.reward_fn.check_data_sources(
+            {r.data_source for r in self.train_records + self.val_records}
+        )
+        self.prompt_ids = self._encode_all(self.train_records + self.val_records)
+        self.version = 0
+        """Weights version served by the rollout engines; +1 per push."""
+        self.global_step = 0
+        """Trainer steps done."""
+        self.device = _resolve_device(cfg.trainer.device)
+        self.tracker = Tracker(cfg.logger, self.run_dir, run_config=asdict(cfg))
+        self.trainer_group: Any = None
+        self.rollout_group: Any = None
+        self._weights_dir = Path(tempfile.mkdtemp(prefix="weights-", dir=_shm_dir()))
+        self._init_ray()
+
+    # ---- construction -------------------------------------------------------------------
+
+    def _encode_all(self, records: list[PromptRecord]) -> dict[str, list[int]]:
+        ids = encode_prompts(
+            self.model.tokenizer, records, max_prompt_length=self.cfg.data.max_prompt_length
+        )
+        return {r.uid: p for r, p in zip(records, ids, strict=True)}
+
+    def _init_ray(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            return
+        ray_cfg = self.cfg.ray
+        ray.init(
+            address=ray_cfg.address,
+            num_cpus=ray_cfg.num_cpus if ray_cfg.address is None else None,
+            include_dashboard=ray_cfg.include_dashboard,
+            log_to_driver=True,
+            runtime_env={"env_vars": _worker_env()},
+        )
+
+    def _build_trainer_group(self, *, total_optimizer_steps: int) -> Any:
+        from recipe.workers.trainer import TrainerSpec
+        from recipe.workers.trainer_group import TrainerGroup
+
+        spec = TrainerSpec(
+            model_path=str(self.model.path),
+            total_optimizer_steps=total_optimizer_steps,
+            rollout_correction=self.cfg.algorithm.rollout_correction,
+            compute_dtype=self.cfg.model.dtype,
+            seed=self.cfg.trainer.seed,
+        )
+        self.trainer_group = TrainerGroup(self.cfg.actor, spec, use_gpu=self.device == "cuda")
+        return self.trainer_group
+
+    def _build_rollout_group(self) -> Any:
+        from recipe.workers.rollout_group import RolloutGroup
+
+        self.rollout_group = RolloutGroup(self.model, self.cfg.rollout, device=self.device)
+        return self.rollout_group
+
+    # ---- the PPO step pieces ------------------------------------------------------------
+
+    def _score(self, record: PromptRecord, trajs: list[Trajectory]) -> None:
+        """Fill ``reward`` of each trajectory of one prompt group (in place)."""
+        for traj in trajs:
+            result = self.reward_fn.score(
+                record.data_source, traj.response_text, record.ground_truth, record.extra_info
+            )
+            traj.reward = result.score
+
+    def _make_batch(self, groups: list[list[Trajectory]]) -> TrainBatch:
+        trajs = [t for group in groups for t in group]
+        return TrainBatch.from_trajectories(trajs, pad_token_id=self.model.pad_token_id)
+
+    def _compute_old_log_prob(self, batch: TrainBatch, metrics: MetricsAccumulator) -> TrainBatch:
+        """Old log-probs of PPO. Bypass mode: the rollout log-probs are the old policy (the
+        trainer still measures the rollout/trainer mismatch, which costs one forward)."""
+        with metrics.timer("timing/old_log_prob_s"):
+            logprobs_bt, entropy_bt = self.trainer_group.compute_log_prob(batch)
+        mask = batch.response_mask_bt
+        num_tokens = max(int(mask.sum()), 1)
+        diff = (logprobs_bt - batch.rollout_logprobs_bt).abs()[mask]
+        metrics.add(
+            "mismatch/logprob_abs_diff_mean", float(diff.sum()) / num_tokens, weight=num_tokens
+        )
+        metrics.add(
+            "mismatch/logprob_abs_diff_max",
+            float(diff.max()) if diff.numel() else 0.0,
+            reduce="max",
+        )
+        if self.cfg.algorithm.rollout_correction.bypass_mode:
+            return batch
+        batch.old_logprobs_bt = logprobs_bt
+        return batch
+
+    def _compute_advantages(self, batch: TrainBatch) -> TrainBatch:
+        adv_b = compute_advantages(batch.rewards_b, batch.group_index_b, self.cfg.algorithm)
+        return batch.with_advantages(adv_b)
+
+    def _update_actor(self, batch: TrainBatch, metrics: MetricsAccumulator) -> None:
+        with metrics.timer("timing/update_s"):
+            actor_metrics = self.trainer_group.update_actor(batch)
+        for key, value in actor_metrics.items():
+            metrics.add(key, value, reduce="last")
+
+    def _fit_update_weights(self, metrics: MetricsAccumulator) -> None:
+        """Push the trainer's weights to every rollout engine; the version goes up by one.
+
+        The simplest correct transport: rank 0 writes one safetensors file of full HF-named
+        tensors (in shared memory on Linux) and each engine reloads from it.
+        """
+        with metrics.timer("timing/sync_s"):
+            path = self._weights_dir / "policy.safetensors"
+            num_bytes = self.trainer_group.export_weights(str(path))
+            self.rollout_group.update_weights_from_file(str(path), self.version + 1)
+            path.unlink(missing_ok=True)
+        self.version += 1
+        metrics.add("sync/bytes", num_bytes, reduce="last")
+
+    # ---- validation ---------------------------------------------------------------------
+
+    def _validate(self) -> dict[str, float]:
+        """Greedy (``rollout.val_temperature``) answers to the val set, scored."""
+        if not self.val_records:
+            return {}
+        start = time.perf_counter()
+        groups = self.rollout_group.generate(
+            self.val_records,
+            [self.prompt_ids[r.uid] for r in self.val_records],
+            n=1,
+            temperature=self.cfg.rollout.val_temperature,
+            top_p=1.0,
+            top_k=-1,
+        )
+        scores, lengths = [], []
+        for record, trajs in zip(self.val_records, groups, strict=True):
+            self._score(record, trajs)
+            scores += [t.reward for t in trajs]
+            lengths += [t.num_response_tokens for t in trajs]
+        return {
+            "val/accuracy": sum(s >= 1.0 for s in scores) / len(scores),
+            "val/reward_mean": sum(scores) / len(scores),
+            "val/response_length_mean": sum(lengths) / len(lengths),
+            "timing/val_s": time.perf_counter() - start,
+        }
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Shut workers down and close the tracker; safe to call twice."""
+        for group in (self.rollout_group, self.trainer_group):
+            if group is not None:
+                try:
+                    group.shutdown()
+                except Exception:  # closing must go on for the rest
+                    logger.exception("shutting down %s failed", type(group).__name__)
+        self.rollout_group = self.trainer_group = None
+        self.tracker.close()
+        for leftover in self._weights_dir.glob("*"):
+            leftover.unlink(missing_ok=True)
+        self._weights_dir.rmdir() if self._weights_dir.exists() else None
+
+
+def _resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("trainer.device='cuda' but no CUDA device is visible")
+    return device
+
+
+def _shm_dir() -> str | None:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+def _worker_env() -> dict[str, str]:
+    """Environment every Ray worker inherits (the tiny-model cache, quiet vLLM/W&B)."""
+    keys = ("RECIPE_CACHE_DIR", "VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE")
+    env = {k: os.environ[k] for k in keys if k in os.environ}
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env

@@ -1,0 +1,166 @@
+"""The synchronous colocated baseline (``mode=sync``): the yardstick of every async speedup.
+
+    for step in range(total_steps):
+        prompts  = cursor.take(data.train_batch_size)          exactly-once order
+        groups   = rollout.generate(prompts, n=rollout.n)      engines on version v
+        rewards  = score(groups)
+        old_lp   = trainer.compute_log_prob(batch)             also the mismatch metric
+        adv      = grpo(rewards)
+        trainer.update_actor(batch)
+        push weights -> engines serve version v + 1
+
+Generation and training never overlap: every sample is trained by the version that produced
+it (staleness 0), so any async recipe can be compared against it on the same prompts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from recipe.config import RecipeConfig
+from recipe.data.cursor import PromptCursor
+from recipe.protocol import Trajectory
+from recipe.separate_trainer import SeparateRayPPOTrainer
+from recipe.tracking import MetricsAccumulator
+
+logger = logging.getLogger(__name__)
+
+
+class SyncTrainer(SeparateRayPPOTrainer):
+    """Generate, score, train and push in lock step on shared resources."""
+
+    def __init__(self, cfg: RecipeConfig, run_dir: Path) -> None:
+        super().__init__(cfg, run_dir)
+        self.cursor = PromptCursor(self.train_records, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
+        self.total_steps = self._plan_steps()
+        mini_batches = cfg.prompts_per_step // cfg.actor.ppo_mini_batch_size
+        self._build_trainer_group(
+            total_optimizer_steps=self.total_steps * mini_batches * cfg.actor.ppo_epochs
+        )
+        self._build_rollout_group()
+
+    def _plan_steps(self) -> int:
+        cfg = self.cfg
+        total_prompts = cfg.rollout.total_rollout_steps or cfg.trainer.total_epochs * len(
+            self.train_records
+        )
+        steps = total_prompts // cfg.prompts_per_step
+        if cfg.trainer.total_training_steps is not None:
+            steps = min(steps, cfg.trainer.total_training_steps)
+        if steps < 1:
+            raise ValueError(
+                f"rollout.total_rollout_steps={total_prompts} prompts is less than one trainer step "
+                f"({cfg.prompts_per_step} prompts)"
+            )
+        logger.info(
+            "mode=sync: %d trainer steps x %d prompts x %d responses; one weight version per step",
+            steps,
+            cfg.prompts_per_step,
+            cfg.rollout.n,
+        )
+        return steps
+
+    def fit(self) -> dict[str, Any]:
+        start = time.perf_counter()
+        initial = self._validate() if self.cfg.trainer.val_before_train else {}
+        if initial:
+            self.tracker.log({**initial, "trainer/param_version": self.version}, step=0)
+        last_val = initial
+        num_samples = 0
+        bar = tqdm(total=self.total_steps, desc="sync", unit="step", disable=self.cfg.logger.quiet)
+        for _ in range(self.total_steps):
+            metrics = self._train_step()
+            self.global_step += 1
+            num_samples += int(metrics["throughput/samples"])
+            if self._should_validate():
+                last_val = self._validate()
+                metrics.update(last_val)
+            metrics["trainer/param_version"] = self.version
+            self.tracker.log(metrics, step=self.global_step)
+            bar.update(1)
+            bar.set_postfix(
+                v=self.version,
+                reward=f"{metrics['reward/mean']:.3f}",
+                acc=f"{last_val.get('val/accuracy', float('nan')):.3f}",
+            )
+            if self._out_of_time(start):
+                logger.info("trainer.max_wall_s reached after %d steps", self.global_step)
+                break
+        bar.close()
+        final = last_val if self._validated_last() else self._validate()
+        wall_s = time.perf_counter() - start
+        summary = {
+            "mode": self.cfg.mode,
+            "steps": self.global_step,
+            "param_version": self.version,
+            "prompts/trained": self.global_step * self.cfg.prompts_per_step,
+            "samples/trained": num_samples,
+            "initial/val_accuracy": initial.get("val/accuracy"),
+            "final/val_accuracy": final.get("val/accuracy"),
+            "staleness/max": 0,
+            "throughput/samples_per_s": num_samples / wall_s,
+            "wall_s": wall_s,
+        }
+        self.tracker.log_summary(summary)
+        return summary
+
+    def _train_step(self) -> dict[str, float]:
+        cfg = self.cfg
+        metrics = MetricsAccumulator()
+        step_start = time.perf_counter()
+        records = self.cursor.take(cfg.prompts_per_step)
+        with metrics.timer("timing/gen_s"):
+            groups = self.rollout_group.generate(
+                records,
+                [self.prompt_ids[r.uid] for r in records],
+                n=cfg.rollout.n,
+                temperature=cfg.rollout.temperature,
+                top_p=cfg.rollout.top_p,
+                top_k=cfg.rollout.top_k,
+            )
+        for record, trajs in zip(records, groups, strict=True):
+            self._score(record, trajs)
+        batch = self._make_batch(groups)
+        batch = self._compute_old_log_prob(batch, metrics)
+        batch = self._compute_advantages(batch)
+        self._update_actor(batch, metrics)
+        self._fit_update_weights(metrics)
+        step_s = time.perf_counter() - step_start
+        out = metrics.reduce()
+        out.update(_sample_metrics([t for g in groups for t in g], step_s))
+        out["timing/step_s"] = step_s
+        return out
+
+    def _should_validate(self) -> bool:
+        freq = self.cfg.trainer.test_freq
+        return freq > 0 and self.version % freq == 0
+
+    def _validated_last(self) -> bool:
+        return self._should_validate() and self.global_step > 0
+
+    def _out_of_time(self, start: float) -> bool:
+        budget = self.cfg.trainer.max_wall_s
+        return budget is not None and time.perf_counter() - start > budget
+
+
+def _sample_metrics(trajs: list[Trajectory], step_s: float) -> dict[str, float]:
+    """Reward, length and throughput of one step's samples (staleness is 0 in sync mode)."""
+    rewards = [t.reward for t in trajs]
+    lengths = [t.num_response_tokens for t in trajs]
+    tokens = sum(lengths) + sum(len(t.prompt_ids) for t in trajs)
+    return {
+        "reward/mean": sum(rewards) / len(rewards),
+        "reward/accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
+        "response_length/mean": sum(lengths) / len(lengths),
+        "response_length/clip_ratio": sum(t.finish_reason == "length" for t in trajs) / len(trajs),
+        "staleness/mean": 0.0,
+        "staleness/max": 0.0,
+        "throughput/samples": float(len(trajs)),
+        "throughput/tokens_per_s": tokens / step_s,
+        "throughput/samples_per_s": len(trajs) / step_s,
+    }

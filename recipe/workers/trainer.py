@@ -1,0 +1,358 @@
+"""``TrainerWorker``: one data-parallel rank of the FSDP2 policy trainer.
+
+A plain class: ``recipe.workers.trainer_group.TrainerGroup`` runs one per rank as a Ray actor,
+and unit tests drive it in-process at world size 1. Each rank holds float32 master weights
+sharded by FSDP2 (gloo on CPU, NCCL on CUDA) and an AdamW optimizer over its shards.
+
+    TrainBatch shard --> compute_log_prob --> (logprobs_bt, entropy_bt)   no grad, micro-batched
+                     --> update_actor     --> metrics                      mini-batch per optimizer
+                                                                           step, micro-batch grad
+                                                                           accumulation, epochs
+
+Exactness across world sizes: every micro-batch loss is normalised by the GLOBAL token /
+sequence count of its mini-batch and FSDP sums (not averages) gradients, so world size N
+computes the same update as world size 1 up to float summation order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+
+from recipe.algo.config import RolloutCorrectionConfig
+from recipe.algo.losses import (
+    agg_loss,
+    count_tokens_and_seqs,
+    kl_penalty,
+    ppo_clip_loss,
+    truncated_is_weights,
+)
+from recipe.utils.config_check import require_choice, require_positive
+from recipe.workers.batch import TrainBatch
+from recipe.workers.config import ActorConfig
+from recipe.workers.fsdp_utils import (
+    CpuWeightSlots,
+    PolicyModule,
+    all_reduce_sum,
+    build_optimizer,
+    copy_tokenizer,
+    full_tensor_metadata,
+    iter_full_tensors,
+    join_process_group,
+    load_full_state_dict,
+    shard_policy,
+)
+
+logger = logging.getLogger(__name__)
+
+# Token-weighted metric sums reduced once per update_actor (order of the all-reduce buffer).
+_SUM_KEYS = ("pg_loss", "kl_loss", "entropy", "clipfrac", "ppo_kl", "tis_weight", "tokens")
+
+
+@dataclass(slots=True)
+class TrainerSpec:
+    """What every rank needs to build the same trainer (besides ``actor.*``)."""
+
+    model_path: str
+    """Local HF causal-LM directory to load the policy (and reference) from."""
+    total_optimizer_steps: int | None = None
+    """Optimizer steps of the whole run; sizes the LR schedule (required for cosine)."""
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """``algorithm.rollout_correction``: TIS cap applied when a batch carries old log-probs."""
+    logits_temperature: float = 1.0
+    """Logits are divided by this before log-softmax (match the rollout sampling temperature
+    when the engine reports log-probs of the tempered distribution)."""
+    compute_dtype: str = "float32"
+    """FSDP2 forward/backward dtype (``bfloat16`` on GPU); master weights stay float32."""
+    seed: int = 0
+    """Torch seed set before the model is built."""
+
+    def __post_init__(self) -> None:
+        require_positive("logits_temperature", self.logits_temperature)
+        require_choice("compute_dtype", self.compute_dtype, ("float32", "bfloat16", "float16"))
+        if self.total_optimizer_steps is not None:
+            require_positive("total_optimizer_steps", self.total_optimizer_steps)
+
+
+class TrainerWorker:
+    """One FSDP2 rank: policy (+ optional frozen reference), AdamW, LR schedule, CPU slots."""
+
+    def __init__(
+        self,
+        actor: ActorConfig,
+        spec: TrainerSpec,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        master_addr: str = "127.0.0.1",
+        master_port: int = 29500,
+        device: str = "cpu",
+    ):
+        if actor.ppo_mini_batch_size % world_size:
+            raise ValueError(
+                f"actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} must be a multiple of "
+                f"the trainer world size {world_size}"
+            )
+        self.actor, self.spec = actor, spec
+        self.rank, self.world_size = rank, world_size
+        require_choice("trainer device", device, ("cpu", "cuda"))
+        # Ray exposes exactly one GPU to each rank's actor, so the current device is it.
+        self.device = torch.device(
+            f"cuda:{torch.cuda.current_device()}" if device == "cuda" else "cpu"
+        )
+        self._owns_group = join_process_group(rank, world_size, master_addr, master_port, device)
+        self._mesh = init_device_mesh(self.device.type, (world_size,))
+        torch.manual_seed(spec.seed)
+        self._policy = self._build_policy(trainable=True)
+        self._ref = self._build_policy(trainable=False) if actor.use_kl_loss else None
+        self._optimizer, self._scheduler = build_optimizer(
+            list(self._policy.parameters()), actor, spec.total_optimizer_steps
+        )
+        self._cpu_slots = CpuWeightSlots(self._policy, pin_memory=self.device.type == "cuda")
+
+    def _build_policy(self, *, trainable: bool) -> PolicyModule:
+        from transformers import AutoModelForCausalLM
+
+        lm = AutoModelForCausalLM.from_pretrained(self.spec.model_path, dtype=torch.float32)
+        policy = PolicyModule(lm)
+        policy.requires_grad_(trainable)
+        shard_policy(policy, self._mesh, getattr(torch, self.spec.compute_dtype))
+        return policy
+
+    # ---- log-probs ------------------------------------------------------------------------
+
+    def compute_log_prob(
+        self, batch: TrainBatch, *, slot: str | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logprobs_bt, entropy_bt) on CPU, float32, 0 off the response mask. ``slot``: use
+        the weights saved by ``save_model_to_cpu(slot)`` (swapped in, then swapped back)."""
+        if slot is None:
+            return self._forward_no_grad(self._policy, batch)
+        with self._swapped_in(slot):
+            return self._forward_no_grad(self._policy, batch)
+
+    def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:
+        """Reference-model log-probs (B, T) on CPU (needs ``actor.use_kl_loss``)."""
+        if self._ref is None:
+            raise ValueError("reference log-probs need actor.use_kl_loss=true")
+        return self._forward_no_grad(self._ref, batch)[0]
+
+    @torch.no_grad()
+    def _forward_no_grad(
+        self, module: PolicyModule, batch: TrainBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        logprob_bt = torch.zeros(batch.input_ids_bt.shape, dtype=torch.float32)
+        entropy_bt = torch.zeros_like(logprob_bt)
+        row = 0
+        for micro in batch.split(self.actor.ppo_micro_batch_size_per_gpu):
+            lp_bt, ent_bt = self._forward(module, micro.trim_padding().to(self.device))
+            rows, cols = lp_bt.shape
+            logprob_bt[row : row + rows, :cols] = lp_bt.cpu()
+            entropy_bt[row : row + rows, :cols] = ent_bt.cpu()
+            row += rows
+        # The FSDP root keeps its parameters gathered after a forward without backward.
+        module.reshard()
+        return logprob_bt, entropy_bt
+
+    def _forward(self, module: PolicyModule, micro: TrainBatch) -> tuple[torch.Tensor, ...]:
+        return module(
+            micro.input_ids_bt,
+            micro.attention_mask_bt,
+            micro.position_ids_bt,
+            micro.response_mask_bt,
+            self.actor.logprob_chunk_size,
+            self.spec.logits_temperature,
+        )
+
+    # ---- training -------------------------------------------------------------------------
+
+    def update_actor(self, batch: TrainBatch) -> dict[str, float]:
+        """PPO update on this rank's shard: ``ppo_epochs`` passes over mini-batches of
+        ``ppo_mini_batch_size / world_size`` prompt groups, one optimizer step each."""
+        if batch.advantages_bt is None or batch.batch_size == 0:
+            raise ValueError("update_actor needs a non-empty batch with advantages_bt")
+        if self._ref is not None and batch.ref_logprobs_bt is None:
+            batch = dataclasses.replace(batch, ref_logprobs_bt=self.compute_ref_log_prob(batch))
+        groups_per_step = self.actor.ppo_mini_batch_size // self.world_size
+        mini_batches = batch.split_groups(groups_per_step)
+        sums = dict.fromkeys(_SUM_KEYS, 0.0)
+        grad_norms: list[float] = []
+        lr = self._optimizer.param_groups[0]["lr"]
+        for _ in range(self.actor.ppo_epochs):
+            for mini in mini_batches:
+                lr = self._optimizer.param_groups[0]["lr"]
+                grad_norms.append(self._train_step(mini, sums))
+        totals = dict(zip(_SUM_KEYS, all_reduce_sum(list(sums.values()), self.device), strict=True))
+        num_steps, num_tokens = len(grad_norms), max(totals["tokens"], 1.0)
+        metrics = {
+            "actor/pg_loss": totals["pg_loss"] / num_steps,
+            "actor/grad_norm": sum(grad_norms) / num_steps,
+            "actor/lr": lr,
+            "actor/entropy": totals["entropy"] / num_tokens,
+            "actor/ppo_kl": totals["ppo_kl"] / num_tokens,
+            "actor/clipfrac": totals["clipfrac"] / num_tokens,
+        }
+        if self._ref is not None:
+            metrics["actor/kl_loss"] = totals["kl_loss"] / num_steps
+        if batch.old_logprobs_bt is not None:
+            metrics["actor/tis_weight_mean"] = totals["tis_weight"] / num_tokens
+        return metrics
+
+    def _train_step(self, mini: TrainBatch, sums: dict[str, float]) -> float:
+        """Forward/backward every micro-batch of one mini-batch, then one optimizer step."""
+        local_tokens, local_seqs = count_tokens_and_seqs(mini.response_mask_bt)
+        num_tokens, num_seqs = all_reduce_sum([local_tokens, local_seqs], self.device)
+        for micro in mini.split(self.actor.ppo_micro_batch_size_per_gpu):
+            micro = micro.trim_padding().to(self.device)
+            logprob_bt, entropy_bt = self._forward(self._policy, micro)
+            loss = self._micro_loss(micro, logprob_bt, entropy_bt, num_tokens, num_seqs, sums)
+            loss.backward()
+        return self._optimizer_step()
+
+    def _micro_loss(
+        self,
+        micro: TrainBatch,
+        logprob_bt: torch.Tensor,
+        entropy_bt: torch.Tensor,
+        num_tokens: float,
+        num_seqs: float,
+        sums: dict[str, float],
+    ) -> torch.Tensor:
+        """This micro-batch's share of the mini-batch loss; adds its metric sums to ``sums``."""
+        cfg, mask_bt = self.actor, micro.response_mask_bt
+        counts = {"num_tokens": num_tokens, "num_seqs": num_seqs}
+        old_bt, is_weights_bt = micro.rollout_logprobs_bt, None
+        if micro.old_logprobs_bt is not None:
+            old_bt = micro.old_logprobs_bt
+            cap = self.spec.rollout_correction.tis_cap
+            is_weights_bt = truncated_is_weights(old_bt, micro.rollout_logprobs_bt, mask_bt, cap)
+            sums["tis_weight"] += float(is_weights_bt.sum())
+        pg_loss, stats = ppo_clip_loss(
+            logprob_bt, old_bt, micro.advantages_bt, mask_bt,
+            clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high,
+            agg_mode=cfg.loss_agg_mode, is_weights_bt=is_weights_bt, **counts,
+        )  # fmt: skip
+        loss = pg_loss
+        if cfg.entropy_coeff > 0:
+            loss = loss - cfg.entropy_coeff * agg_loss(
+                entropy_bt, mask_bt, cfg.loss_agg_mode, **counts
+            )
+        if micro.ref_logprobs_bt is not None and self._ref is not None:
+            kl_bt = kl_penalty(logprob_bt, micro.ref_logprobs_bt, cfg.kl_loss_type)
+            kl_loss = agg_loss(kl_bt, mask_bt, cfg.loss_agg_mode, **counts)
+            loss = loss + cfg.kl_loss_coef * kl_loss
+            sums["kl_loss"] += float(kl_loss.detach())
+        sums["pg_loss"] += float(pg_loss.detach())
+        sums["entropy"] += float((entropy_bt.detach() * mask_bt).sum())
+        sums["clipfrac"] += float(stats.pg_clipfrac) * stats.num_tokens
+        sums["ppo_kl"] += float(stats.ppo_kl) * stats.num_tokens
+        sums["tokens"] += stats.num_tokens
+        return loss
+
+    def _optimizer_step(self) -> float:
+        """Clip, step (skipped when the gradient is not finite), zero grads; the global norm."""
+        grads = [p.grad for p in self._policy.parameters() if p.grad is not None]
+        if self.actor.grad_clip > 0:
+            params = [p for p in self._policy.parameters() if p.grad is not None]
+            norm = torch.nn.utils.clip_grad_norm_(params, self.actor.grad_clip)
+        else:
+            norm = torch.nn.utils.get_total_norm(grads)
+        norm_value = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        if math.isfinite(norm_value):
+            self._optimizer.step()
+        else:
+            logger.warning("non-finite grad norm %s: optimizer step skipped", norm_value)
+        self._scheduler.step()
+        self._optimizer.zero_grad(set_to_none=True)
+        return norm_value
+
+    # ---- weights --------------------------------------------------------------------------
+
+    def save_model_to_cpu(self, slot: str) -> None:
+        """Copy this rank's parameter shards to CPU under ``slot`` (real copies, never views)."""
+        self._cpu_slots.save(slot)
+
+    def restore_model_from_cpu(self, slot: str) -> None:
+        """Overwrite this rank's parameter shards with the copy saved under ``slot``."""
+        self._cpu_slots.restore(slot)
+
+    def drop_cpu_slot(self, slot: str) -> None:
+        self._cpu_slots.drop(slot)
+
+    @contextmanager
+    def _swapped_in(self, slot: str) -> Iterator[None]:
+        self.save_model_to_cpu("__current__")
+        try:
+            self.restore_model_from_cpu(slot)
+            yield
+        finally:
+            self.restore_model_from_cpu("__current__")
+            self.drop_cpu_slot("__current__")
+
+    def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full (unsharded) HF-named tensors on this rank's device, tied weights once.
+        Collective: all ranks must iterate together. At world size 1 a tensor may alias the
+        live weight: consume it before the next optimizer step."""
+        self._policy.reshard()
+        yield from iter_full_tensors(self._policy.lm)
+
+    def weight_metadata(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """(name, full shape, dtype) of every tensor ``iter_full_params`` yields, in order."""
+        return full_tensor_metadata(self._policy.lm)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full HF state dict on CPU on rank 0 (empty elsewhere). Collective."""
+        full = {}
+        for name, tensor in self.iter_full_params():
+            if self.rank == 0:
+                full[name] = tensor.to("cpu", copy=True)  # never alias live weights
+        return full
+
+    def export_weights(self, path: str) -> int:
+        """Rank 0 writes the full HF-named tensors to one safetensors file (written aside,
+        then renamed, so a reader never sees half a file); returns the tensor bytes.
+        Collective."""
+        state_dict = self.full_state_dict()
+        if self.rank != 0:
+            return 0
+        from safetensors.torch import save_file
+
+        tmp_path = f"{path}.partial"
+        save_file(state_dict, tmp_path)
+        os.replace(tmp_path, path)
+        return sum(t.numel() * t.element_size() for t in state_dict.values())
+
+    def save_hf(self, path: str | Path) -> None:
+        """Rank 0 writes an HF directory (weights, config, tokenizer when the source has one).
+        Collective."""
+        state_dict = self.full_state_dict()
+        if self.rank == 0:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            self._policy.lm.save_pretrained(path, state_dict=state_dict)
+            copy_tokenizer(self.spec.model_path, path)
+        if self.world_size > 1:
+            dist.barrier()
+
+    def load_hf(self, path: str | Path) -> None:
+        """Load policy weights from an HF directory (every rank reads it); optimizer untouched."""
+        from transformers import AutoModelForCausalLM
+
+        source = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        self._policy.reshard()
+        load_full_state_dict(self._policy.lm, source.state_dict())
+
+    def close(self) -> None:
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_group = False

@@ -1,0 +1,224 @@
+"""``TrainerGroup``: the driver-side handle of N ``TrainerWorker`` Ray actors (one per rank).
+
+    driver: TrainBatch (B rows) --shard by whole prompt groups--> rank 0 .. rank N-1 (Ray actors)
+            logprobs (B, T)     <--reassemble by row index------  per-rank (B_r, T)
+            metrics             <--rank 0 (workers all-reduce)--  update_actor
+
+Sharding follows ``TrainBatch.shard_rows`` with ``actor.ppo_mini_batch_size`` groups per
+mini-batch, so every optimizer step sees the same prompts for any world size. Each rank must
+run the same number of micro-batches (FSDP collectives pair up across ranks); a batch that
+cannot be split that way is refused with a ValueError before anything runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from recipe.workers.batch import TrainBatch
+from recipe.workers.config import ActorConfig
+from recipe.workers.trainer import TrainerSpec, TrainerWorker
+
+logger = logging.getLogger(__name__)
+
+_READY_TIMEOUT_S = 600.0
+
+
+def _rendezvous_address() -> tuple[str, int]:
+    """This node's IP and a free TCP port for ``torch.distributed``'s rendezvous."""
+    import ray
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        port = sock.getsockname()[1]
+    return ray.util.get_node_ip_address(), port
+
+
+class TrainerGroup:
+    """N trainer ranks in one placement group; methods fan out to all ranks and wait."""
+
+    def __init__(
+        self,
+        actor: ActorConfig,
+        spec: TrainerSpec,
+        *,
+        world_size: int | None = None,
+        use_gpu: bool | None = None,
+        placement_group: Any = None,
+    ):
+        """``world_size`` defaults to ``actor.world_size``; ``use_gpu`` None: GPUs when the Ray
+        cluster has any; ``placement_group``: one bundle per rank (created when None)."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.actor, self.spec = actor, spec
+        self.world_size = world_size or actor.world_size
+        if use_gpu is None:
+            use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+        bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
+        self._owns_pg = placement_group is None
+        if placement_group is None:
+            placement_group = ray.util.placement_group([bundle] * self.world_size, strategy="PACK")
+        ray.get(placement_group.ready(), timeout=_READY_TIMEOUT_S)
+        self._pg = placement_group
+
+        def on_bundle(index: int) -> PlacementGroupSchedulingStrategy:
+            return PlacementGroupSchedulingStrategy(placement_group, index)
+
+        addr, port = ray.get(
+            ray.remote(_rendezvous_address)
+            .options(num_cpus=0, scheduling_strategy=on_bundle(0))
+            .remote()
+        )
+        worker_cls = ray.remote(TrainerWorker)
+        self.workers = [
+            worker_cls.options(
+                num_cpus=1, num_gpus=1 if use_gpu else 0, scheduling_strategy=on_bundle(rank)
+            ).remote(
+                actor,
+                spec,
+                rank=rank,
+                world_size=self.world_size,
+                master_addr=addr,
+                master_port=port,
+                device="cuda" if use_gpu else "cpu",
+            )
+            for rank in range(self.world_size)
+        ]
+        try:
+            self._get_all([w.__ray_ready__.remote() for w in self.workers])
+        except BaseException:
+            # Ranks still blocked in the rendezvous would never answer close().
+            self.shutdown(graceful=False)
+            raise
+        logger.info("trainer group up: %d ranks, rendezvous %s:%d", self.world_size, addr, port)
+
+    # ---- fan-out --------------------------------------------------------------------------
+
+    @staticmethod
+    def _get_all(refs: list[Any]) -> list[Any]:
+        """Results in order; raises the first failure at once instead of waiting on the ranks
+        that are blocked in a collective with the failed one."""
+        import ray
+
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=None)
+            ray.get(done)
+        return ray.get(refs)
+
+    def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call ``method`` on every rank with the same arguments; results in rank order."""
+        return self._get_all([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+
+    def shard_rows(self, batch: TrainBatch) -> list[list[int]]:
+        """Rows of each rank; ValueError when ranks would run different micro-batch counts."""
+        per_mini = self.actor.ppo_mini_batch_size
+        rows = [
+            batch.shard_rows(r, self.world_size, groups_per_mini_batch=per_mini)
+            for r in range(self.world_size)
+        ]
+        micro = self.actor.ppo_micro_batch_size_per_gpu
+        plans = [
+            [
+                math.ceil(m.batch_size / micro)
+                for m in batch.select(r).split_groups(per_mini // self.world_size)
+            ]
+            for r in rows
+        ]
+        if any(plan != plans[0] for plan in plans):
+            raise ValueError(
+                f"prompt groups of unequal size give trainer ranks different micro-batch counts "
+                f"{plans}: keep every group at rollout.n responses"
+            )
+        return rows
+
+    # ---- PPO steps ------------------------------------------------------------------------
+
+    def compute_log_prob(
+        self, batch: TrainBatch, *, slot: str | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logprobs_bt, entropy_bt) (B, T) in the batch's row order."""
+        rows = self.shard_rows(batch)
+        results = self._get_all(
+            [
+                w.compute_log_prob.remote(batch.select(r), slot=slot)
+                for w, r in zip(self.workers, rows, strict=True)
+            ]
+        )
+        return tuple(self._reassemble(batch, rows, [res[i] for res in results]) for i in (0, 1))
+
+    def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:
+        rows = self.shard_rows(batch)
+        results = self._get_all(
+            [
+                w.compute_ref_log_prob.remote(batch.select(r))
+                for w, r in zip(self.workers, rows, strict=True)
+            ]
+        )
+        return self._reassemble(batch, rows, results)
+
+    @staticmethod
+    def _reassemble(
+        batch: TrainBatch, rows: list[list[int]], parts: list[torch.Tensor]
+    ) -> torch.Tensor:
+        out_bt = torch.zeros(batch.input_ids_bt.shape, dtype=torch.float32)
+        for rank_rows, part_bt in zip(rows, parts, strict=True):
+            out_bt[torch.tensor(rank_rows, dtype=torch.int64)] = part_bt
+        return out_bt
+
+    def update_actor(self, batch: TrainBatch) -> dict[str, float]:
+        """One PPO update over the batch; metrics are global (every rank all-reduces them)."""
+        rows = self.shard_rows(batch)
+        metrics = self._get_all(
+            [
+                w.update_actor.remote(batch.select(r))
+                for w, r in zip(self.workers, rows, strict=True)
+            ]
+        )
+        return metrics[0]
+
+    # ---- weights --------------------------------------------------------------------------
+
+    def save_model_to_cpu(self, slot: str) -> None:
+        self.execute_all("save_model_to_cpu", slot)
+
+    def restore_model_from_cpu(self, slot: str) -> None:
+        self.execute_all("restore_model_from_cpu", slot)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full HF-named CPU tensors (tied weights once), gathered by rank 0."""
+        return self.execute_all("full_state_dict")[0]
+
+    def export_weights(self, path: str) -> int:
+        """Rank 0 writes the full weights to ``path`` (safetensors); returns their bytes."""
+        return self.execute_all("export_weights", str(path))[0]
+
+    def weight_metadata(self) -> list[tuple[str, tuple[int, ...], str]]:
+        return self.execute_all("weight_metadata")[0]
+
+    def save_hf(self, path: str | Path) -> None:
+        self.execute_all("save_hf", str(path))
+
+    def load_hf(self, path: str | Path) -> None:
+        self.execute_all("load_hf", str(path))
+
+    def shutdown(self, *, graceful: bool = True) -> None:
+        """Leave the process groups, end the actors this group started, free the bundles."""
+        import ray
+
+        if graceful and self.workers:
+            close_refs = [w.close.remote() for w in self.workers]
+            _, not_closed = ray.wait(close_refs, num_returns=len(close_refs), timeout=30)
+            if not_closed:
+                logger.warning("%d trainer ranks did not close in 30 s", len(not_closed))
+        for worker in self.workers:
+            ray.kill(worker)
+        self.workers = []
+        if self._owns_pg:
+            ray.util.remove_placement_group(self._pg)

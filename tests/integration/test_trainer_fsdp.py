@@ -1,0 +1,130 @@
+"""FSDP2 data parallelism on real Ray actors: world size 2 computes the same update as 1.
+
+Tolerance: both runs do the same float32 math except the order of additions (world 2 sums two
+half-batch gradients in a reduce-scatter, world 1 accumulates two micro-batches in one rank,
+and micro-batches are padded to different lengths). Float32 reassociation errors are about
+1e-7 relative per op, so log-probs, losses and the grad norm are compared at rtol 1e-5.
+Parameters after Adam are compared at atol = lr / 100: Adam's first steps move each weight
+by about lr * sign(grad) whatever the gradient's size, so only a grad that is zero up to
+rounding could flip a step (an error of up to 2 * lr); a real sharding or normalisation bug
+(e.g. averaging instead of summing, or local instead of global token counts) changes the
+loss and grad norm by a factor of ~2 and breaks every check here.
+"""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from recipe.algo.advantages import grpo_advantages
+from recipe.protocol import Trajectory
+from recipe.workers.batch import TrainBatch
+from recipe.workers.config import ActorConfig
+from recipe.workers.trainer import TrainerSpec
+from recipe.workers.trainer_group import TrainerGroup
+
+pytestmark = pytest.mark.integration
+
+LR = 1e-3
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def model_dir(request, tmp_path_factory):
+    try:
+        return Path(request.getfixturevalue("tiny_model_path"))
+    except pytest.FixtureLookupError:
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        torch.manual_seed(0)
+        config = Qwen2Config(
+            vocab_size=300, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=2, head_dim=64,
+            tie_word_embeddings=True, max_position_embeddings=256,
+        )  # fmt: skip
+        out_dir = tmp_path_factory.mktemp("tiny_qwen2")
+        Qwen2ForCausalLM(config).save_pretrained(out_dir)
+        return out_dir
+
+
+def make_batch(model_dir) -> TrainBatch:
+    """4 prompts x 2 responses of different lengths; rollout log-probs are set later."""
+    vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    gen = torch.Generator().manual_seed(0)
+    trajs = []
+    for p in range(4):
+        prompt = torch.randint(0, vocab_size, (2 + p,), generator=gen).tolist()
+        for i in range(2):
+            resp = torch.randint(0, vocab_size, (3 + 3 * i + p,), generator=gen).tolist()
+            trajs.append(
+                Trajectory(
+                    f"p{p}", i, prompt, resp, [0.0] * len(resp), [0] * len(resp), "stop",
+                    reward=float(torch.rand(1, generator=gen)),
+                )
+            )  # fmt: skip
+    batch = TrainBatch.from_trajectories(trajs, pad_token_id=0)
+    return batch.with_advantages(grpo_advantages(batch.rewards_b, batch.group_index_b))
+
+
+def run_one_update(model_dir, world_size, batch, hf_dir):
+    """Log-probs before, metrics of one update (2 optimizer steps), weights after; on the way,
+    checks the CPU slot, save_hf and load_hf of this world size."""
+    # 2 prompts per optimizer step; world 1 accumulates 2 micro-batches of 2 rows per step,
+    # world 2 runs 1 micro-batch per rank per step.
+    actor = ActorConfig(lr=LR, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2)
+    group = TrainerGroup(actor, TrainerSpec(str(model_dir)), world_size=world_size, use_gpu=False)
+    try:
+        logprob_bt, _ = group.compute_log_prob(batch)
+        group.save_model_to_cpu("initial")
+        # Rollout log-probs off by +-0.3 so both clip sides are active in the loss.
+        gen = torch.Generator().manual_seed(1)
+        noise_bt = 0.3 * (torch.randint(0, 2, logprob_bt.shape, generator=gen) * 2 - 1)
+        rollout_bt = (logprob_bt + noise_bt) * batch.response_mask_bt
+        metrics = group.update_actor(dataclasses.replace(batch, rollout_logprobs_bt=rollout_bt))
+        weights = group.full_state_dict()
+        assert torch.equal(group.compute_log_prob(batch, slot="initial")[0], logprob_bt)
+        group.save_hf(hf_dir)
+        group.load_hf(model_dir)
+        reloaded = group.full_state_dict()
+        assert all(torch.equal(reloaded[k], v) for k, v in initial_weights(model_dir).items())
+        return logprob_bt, metrics, weights
+    finally:
+        group.shutdown()
+
+
+def initial_weights(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return {k: v for k, v in lm.state_dict().items() if k != "lm_head.weight"}
+
+
+def test_world_size_two_matches_world_size_one(ray_cluster, model_dir, tmp_path):
+    batch = make_batch(model_dir)
+    logprob_1, metrics_1, weights_1 = run_one_update(model_dir, 1, batch, tmp_path / "ws1")
+    logprob_2, metrics_2, weights_2 = run_one_update(model_dir, 2, batch, tmp_path / "ws2")
+
+    torch.testing.assert_close(logprob_2, logprob_1, rtol=1e-5, atol=1e-5)
+    assert metrics_1["actor/clipfrac"] > 0
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/clipfrac"):
+        assert metrics_2[key] == pytest.approx(metrics_1[key], rel=1e-5, abs=1e-7), key
+    # a mean of small log-ratio differences: compare absolutely
+    assert metrics_2["actor/ppo_kl"] == pytest.approx(metrics_1["actor/ppo_kl"], abs=1e-6)
+    assert set(weights_2) == set(weights_1)
+    max_diff = max((weights_2[k] - weights_1[k]).abs().max().item() for k in weights_1)
+    assert max_diff < LR / 100
+    initial = initial_weights(model_dir)
+    assert max((weights_1[k] - w).abs().max().item() for k, w in initial.items()) > LR / 2
+    # the rank-0 HF export of the sharded model holds the trained weights
+    exported = initial_weights(tmp_path / "ws2")
+    assert all(torch.equal(exported[k], weights_2[k]) for k in weights_2)

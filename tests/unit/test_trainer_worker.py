@@ -1,0 +1,249 @@
+"""TrainBatch packing / sharding and a world-size-1 TrainerWorker driven in-process (gloo)."""
+
+import dataclasses
+import json
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from recipe.algo.advantages import grpo_advantages
+from recipe.algo.losses import ppo_clip_loss
+from recipe.protocol import Trajectory
+from recipe.workers.batch import TrainBatch
+from recipe.workers.config import ActorConfig
+from recipe.workers.fsdp_utils import lr_factor
+from recipe.workers.trainer import TrainerSpec, TrainerWorker
+
+METRIC_KEYS = {
+    "actor/pg_loss",
+    "actor/grad_norm",
+    "actor/lr",
+    "actor/entropy",
+    "actor/ppo_kl",
+    "actor/clipfrac",
+}
+
+
+def build_random_qwen2(out_dir):
+    """A tiny random Qwen2 (tied embeddings, head_dim 64) saved in HF format."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=300,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+        tie_word_embeddings=True,
+        max_position_embeddings=256,
+    )
+    Qwen2ForCausalLM(config).save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def model_dir(request, tmp_path_factory):
+    try:
+        return Path(request.getfixturevalue("tiny_model_path"))
+    except pytest.FixtureLookupError:
+        return build_random_qwen2(tmp_path_factory.mktemp("tiny_qwen2"))
+
+
+def make_trajectories(vocab_size, *, num_prompts=3, n=2, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    trajs = []
+    for p in range(num_prompts):
+        prompt = torch.randint(0, vocab_size, (3 + p,), generator=gen).tolist()
+        for i in range(n):
+            resp = torch.randint(0, vocab_size, (2 + 2 * i + p,), generator=gen).tolist()
+            trajs.append(
+                Trajectory(
+                    prompt_uid=f"p{p}",
+                    sample_index=i,
+                    prompt_ids=prompt,
+                    response_ids=resp,
+                    rollout_logprobs=[-0.1 * (k + 1) for k in range(len(resp))],
+                    token_versions=[0] * len(resp),
+                    finish_reason="stop",
+                    reward=float(i == 0),
+                )
+            )
+    return trajs
+
+
+def make_batch(model_dir, **kwargs):
+    vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    batch = TrainBatch.from_trajectories(make_trajectories(vocab_size, **kwargs), pad_token_id=0)
+    return batch.with_advantages(grpo_advantages(batch.rewards_b, batch.group_index_b))
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def worker(model_dir):
+    actor = ActorConfig(
+        lr=1e-3, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=3, logprob_chunk_size=4
+    )
+    w = TrainerWorker(actor, TrainerSpec(str(model_dir)), master_port=free_port())
+    yield w
+    w.close()
+
+
+# ---- TrainBatch -------------------------------------------------------------------------
+
+
+def test_train_batch_aligns_values_with_the_token_they_score():
+    trajs = make_trajectories(50, num_prompts=1, n=2)
+    batch = TrainBatch.from_trajectories(trajs, pad_token_id=7)
+    row1 = trajs[1]
+    prompt_len, resp_len = len(row1.prompt_ids), len(row1.response_ids)
+    assert batch.seq_len == prompt_len + resp_len
+    assert batch.input_ids_bt[1].tolist() == row1.prompt_ids + row1.response_ids
+    assert batch.response_mask_bt[1].nonzero().flatten().tolist() == list(
+        range(prompt_len, prompt_len + resp_len)
+    )
+    torch.testing.assert_close(
+        batch.rollout_logprobs_bt[1, prompt_len:], torch.tensor(row1.rollout_logprobs)
+    )
+    row0_len = len(trajs[0].prompt_ids) + len(trajs[0].response_ids)
+    assert batch.input_ids_bt[0, row0_len:].eq(7).all()
+    assert batch.attention_mask_bt[0].sum() == row0_len
+    assert batch.group_index_b.tolist() == [0, 0]
+
+
+def test_shard_interleaves_mini_batches_so_every_rank_gets_its_slice_of_each():
+    trajs = make_trajectories(50, num_prompts=4, n=2)
+    batch = TrainBatch.from_trajectories(trajs, pad_token_id=0)
+    # mini-batches {g0, g1}, {g2, g3}: rank 0 gets g0 and g2, rank 1 gets g1 and g3
+    assert batch.shard_rows(0, 2, groups_per_mini_batch=2) == [0, 1, 4, 5]
+    assert batch.shard_rows(1, 2, groups_per_mini_batch=2) == [2, 3, 6, 7]
+    assert batch.shard_rows(1, 2) == [4, 5, 6, 7]
+    with pytest.raises(ValueError, match="cannot be split evenly"):
+        batch.shard_rows(0, 3)
+    assert [b.batch_size for b in batch.split_groups(3)] == [6, 2]
+    assert [b.batch_size for b in batch.split(3)] == [3, 3, 2]
+
+
+# ---- TrainerWorker ----------------------------------------------------------------------
+
+
+def test_log_probs_match_a_plain_hf_forward(worker, model_dir):
+    from transformers import AutoModelForCausalLM
+
+    batch = make_batch(model_dir)
+    logprob_bt, entropy_bt = worker.compute_log_prob(batch)
+    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        logits = lm(
+            input_ids=batch.input_ids_bt,
+            attention_mask=batch.attention_mask_bt,
+            position_ids=batch.position_ids_bt,
+        ).logits
+    logp_all = logits[:, :-1].log_softmax(-1)
+    expected_bt = torch.zeros_like(logprob_bt)
+    expected_bt[:, 1:] = logp_all.gather(-1, batch.input_ids_bt[:, 1:, None]).squeeze(-1)
+    expected_bt *= batch.response_mask_bt
+    torch.testing.assert_close(logprob_bt, expected_bt, rtol=0, atol=1e-5)
+    expected_entropy = -(logp_all.exp() * logp_all).sum(-1)
+    mask = batch.response_mask_bt[:, 1:]
+    torch.testing.assert_close(entropy_bt[:, 1:][mask], expected_entropy[mask], rtol=0, atol=1e-5)
+    assert entropy_bt[~batch.response_mask_bt].eq(0).all()
+
+
+def test_chunked_and_unchunked_log_probs_are_equal(worker, model_dir):
+    batch = make_batch(model_dir)
+    chunked = worker.compute_log_prob(batch)
+    worker.actor.logprob_chunk_size = 1_000_000
+    try:
+        whole = worker.compute_log_prob(batch)
+    finally:
+        worker.actor.logprob_chunk_size = 4
+    for a, b in zip(chunked, whole, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_cpu_copy_restores_bitwise_and_does_not_move_with_training(worker, model_dir):
+    batch = make_batch(model_dir)
+    before = worker.full_state_dict()
+    worker.save_model_to_cpu("pushed")
+    worker.update_actor(batch)
+    trained = worker.full_state_dict()
+    assert any(not torch.equal(before[k], trained[k]) for k in before)
+    # old log-probs from the saved copy equal a fresh forward of the saved weights
+    from_slot = worker.compute_log_prob(batch, slot="pushed")[0]
+    assert torch.equal(worker.full_state_dict()["model.norm.weight"], trained["model.norm.weight"])
+    worker.restore_model_from_cpu("pushed")
+    restored = worker.full_state_dict()
+    assert all(torch.equal(before[k], restored[k]) for k in before)
+    assert torch.equal(worker.compute_log_prob(batch)[0], from_slot)
+    with pytest.raises(ValueError, match="no CPU weights"):
+        worker.restore_model_from_cpu("missing")
+
+
+def test_one_update_lowers_the_surrogate_loss_and_reports_metrics(worker, model_dir):
+    batch = make_batch(model_dir, seed=1)
+    old_bt = worker.compute_log_prob(batch)[0]
+    batch = dataclasses.replace(batch, rollout_logprobs_bt=old_bt)
+
+    def surrogate():
+        logp_bt = worker.compute_log_prob(batch)[0]
+        return ppo_clip_loss(
+            logp_bt, old_bt, batch.advantages_bt, batch.response_mask_bt,
+            clip_low=0.2, clip_high=0.28, agg_mode="token-mean",
+        )[0].item()  # fmt: skip
+
+    loss_before = surrogate()
+    metrics = worker.update_actor(batch)
+    assert surrogate() < loss_before - 1e-3
+    assert set(metrics) == METRIC_KEYS
+    assert metrics["actor/lr"] == pytest.approx(1e-3)
+    assert metrics["actor/grad_norm"] > 0
+
+
+def test_decoupled_batch_reports_truncated_is_weights(worker, model_dir):
+    batch = make_batch(model_dir)
+    old_bt = worker.compute_log_prob(batch)[0]
+    batch = dataclasses.replace(batch, old_logprobs_bt=old_bt)
+    metrics = worker.update_actor(batch)
+    assert 0 < metrics["actor/tis_weight_mean"] <= TrainerSpec("x").rollout_correction.tis_cap
+
+
+def test_kl_loss_is_zero_while_the_policy_equals_the_reference(worker, model_dir):
+    actor = ActorConfig(use_kl_loss=True, ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=4)
+    kl_worker = TrainerWorker(actor, TrainerSpec(str(model_dir)))  # joins the existing group
+    batch = make_batch(model_dir)
+    metrics = kl_worker.update_actor(batch)
+    assert metrics["actor/kl_loss"] == 0.0
+    assert kl_worker.update_actor(batch)["actor/kl_loss"] > 0
+
+
+def test_save_hf_round_trips_the_full_state_dict(worker, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    worker.save_hf(tmp_path / "hf")
+    full = worker.full_state_dict()
+    assert "lm_head.weight" not in full  # tied to the embedding
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    assert all(torch.equal(t, loaded.state_dict()[k]) for k, t in full.items())
+    names = [name for name, _, _ in worker.weight_metadata()]
+    assert names == list(full)
+    worker.load_hf(tmp_path / "hf")
+    assert all(torch.equal(t, worker.full_state_dict()[k]) for k, t in full.items())
+
+
+def test_lr_schedule_warms_up_linearly_then_decays_by_cosine():
+    cfg = ActorConfig(lr_schedule="cosine", lr_warmup_steps=2, min_lr_ratio=0.1)
+    factors = [lr_factor(step, cfg, total_steps=6) for step in range(7)]
+    assert factors[:3] == pytest.approx([0.5, 1.0, 1.0])
+    assert factors[4] == pytest.approx(0.1 + 0.9 * 0.5)
+    assert factors[6] == pytest.approx(0.1)
+    assert lr_factor(100, ActorConfig(), total_steps=None) == 1.0
