@@ -85,9 +85,9 @@ class TrainerConfig:
     val_before_train: bool = True
     """Validate the initial weights."""
     save_freq: int = 0
-    """Checkpoint every N weight versions (0: never)."""
+    """Save the policy (HF format) to ``checkpoints/step_N/`` every N trainer steps (0: never)."""
     resume_mode: str = "disable"
-    """``auto`` (newest complete checkpoint of the run dir), ``disable``, or a checkpoint path."""
+    """``disable``: start fresh (resuming from a checkpoint is not available yet)."""
     seed: int = 0
     """Seed of the trainer (init, dropout, data order fallback)."""
     device: str = "auto"
@@ -101,11 +101,13 @@ class TrainerConfig:
             require_positive("trainer.total_training_steps", self.total_training_steps)
         require_non_negative("trainer.test_freq", self.test_freq)
         require_non_negative("trainer.save_freq", self.save_freq)
+        # TODO(resume): 'auto' and checkpoint paths arrive with full run-state checkpoints;
+        # until then resuming would silently restart, so it is refused.
         require(
-            bool(self.resume_mode),
+            self.resume_mode == "disable",
             "trainer.resume_mode",
             self.resume_mode,
-            "'auto', 'disable' or a checkpoint path",
+            "'disable' (resuming is not available in this version)",
         )
         require_choice("trainer.device", self.device, DEVICES)
         if self.max_wall_s is not None:

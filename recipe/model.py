@@ -94,8 +94,8 @@ class HFModelConfig:
             ) from exc
         if not _is_causal_lm_config(config):
             raise ModelPathError(
-                f"model.path={str(self.path)!r}: model_type={config.model_type!r} is not a causal LM "
-                "(AutoModelForCausalLM cannot load it)"
+                f"model.path={str(self.path)!r}: model_type={config.model_type!r} is not a "
+                "causal LM (AutoModelForCausalLM cannot load it)"
             )
         return config
 

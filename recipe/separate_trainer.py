@@ -16,8 +16,10 @@ order; validation and metric tracking are shared. Subclasses call ``super().__in
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import asdict
@@ -125,7 +127,7 @@ class SeparateRayPPOTrainer:
         """Old log-probs of PPO. Bypass mode: the rollout log-probs are the old policy (the
         trainer still measures the rollout/trainer mismatch, which costs one forward)."""
         with metrics.timer("timing/old_log_prob_s"):
-            logprobs_bt, entropy_bt = self.trainer_group.compute_log_prob(batch)
+            logprobs_bt, _entropy_bt = self.trainer_group.compute_log_prob(batch)
         mask = batch.response_mask_bt
         num_tokens = max(int(mask.sum()), 1)
         diff = (logprobs_bt - batch.rollout_logprobs_bt).abs()[mask]
@@ -165,6 +167,29 @@ class SeparateRayPPOTrainer:
             path.unlink(missing_ok=True)
         self.version += 1
         metrics.add("sync/bytes", num_bytes, reduce="last")
+
+    # ---- checkpoint IO ------------------------------------------------------------------
+
+    def _save_checkpoint(self, state: dict[str, Any]) -> Path:
+        """``checkpoints/step_N/``: the HF-format policy plus ``trainer_state.json``.
+
+        Written into a hidden sibling directory and renamed into place, so a crash mid-write
+        never leaves a directory that looks complete.
+        """
+        final = self.run_dir / "checkpoints" / f"step_{self.global_step}"
+        partial = final.with_name(f".{final.name}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        self.trainer_group.save_hf(partial)
+        meta = {"global_step": self.global_step, "param_version": self.version, **state}
+        (partial / "trainer_state.json").write_text(json.dumps(meta, indent=2))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(partial, final)
+        logger.info("checkpoint written: %s", final)
+        return final
+
+    def _should_save(self) -> bool:
+        freq = self.cfg.trainer.save_freq
+        return freq > 0 and self.global_step % freq == 0
 
     # ---- validation ---------------------------------------------------------------------
 
@@ -224,8 +249,10 @@ def _shm_dir() -> str | None:
 
 def _worker_env() -> dict[str, str]:
     """Environment every Ray worker inherits (the tiny-model cache, quiet vLLM/W&B)."""
-    keys = ("RECIPE_CACHE_DIR", "VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE")
+    keys = ("RECIPE_CACHE_DIR", "VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE", "VLLM_LOGGING_LEVEL")
     env = {k: os.environ[k] for k in keys if k in os.environ}
     env.setdefault("HF_HUB_OFFLINE", "1")
+    # vLLM logs every pause/reload at INFO; a sync per step would drown the run's own output.
+    env.setdefault("VLLM_LOGGING_LEVEL", os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env

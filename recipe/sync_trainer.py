@@ -54,8 +54,8 @@ class SyncTrainer(SeparateRayPPOTrainer):
             steps = min(steps, cfg.trainer.total_training_steps)
         if steps < 1:
             raise ValueError(
-                f"rollout.total_rollout_steps={total_prompts} prompts is less than one trainer step "
-                f"({cfg.prompts_per_step} prompts)"
+                f"rollout.total_rollout_steps={total_prompts} prompts is less than one trainer "
+                f"step ({cfg.prompts_per_step} prompts)"
             )
         logger.info(
             "mode=sync: %d trainer steps x %d prompts x %d responses; one weight version per step",
@@ -82,6 +82,8 @@ class SyncTrainer(SeparateRayPPOTrainer):
                 metrics.update(last_val)
             metrics["trainer/param_version"] = self.version
             self.tracker.log(metrics, step=self.global_step)
+            if self._should_save():
+                self._save_checkpoint({"cursor": self.cursor.state_dict()})
             bar.update(1)
             bar.set_postfix(
                 v=self.version,

@@ -70,7 +70,7 @@ class TinySpec:
     """Digits per operand of the SFT and eval problems (``data.difficulty``'s default)."""
     sft_num_records: int = 2048
     """Problems of the ``sft`` split trained on."""
-    sft_steps: int = 450
+    sft_steps: int = 425
     """Optimizer steps; calibrated so greedy val accuracy lands around 20-40%."""
     sft_batch_size: int = 256
     """Sequences per optimizer step."""
@@ -80,8 +80,9 @@ class TinySpec:
     """Linear warm-up length in optimizer steps."""
     seed: int = 0
     """Seed of the init, the data order and the sampled eval."""
-    num_threads: int = 2
-    """torch intra-op threads while building (fixed so the result does not depend on the host)."""
+    num_threads: int = 1
+    """torch intra-op threads while building. One: on a shared, busy CPU OpenMP's spinning
+    threads made the SFT 7x slower with two; and a fixed count keeps the result host-independent."""
     eval_num_prompts: int = 256
     """``val`` prompts of the eval (seed 1, as ``data.num_val_prompts`` / ``data.seed``)."""
     eval_num_samples: int = 8
@@ -124,7 +125,7 @@ def ensure_tiny_model(cache_dir: Path | None = None, *, force: bool = False) -> 
             tmp = Path(tempfile.mkdtemp(prefix=f".{spec.dir_name}-", dir=root))
             try:
                 _build(spec, tmp)
-                _replace_dir(tmp, final)
+                _publish(tmp, final)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     except Timeout as exc:
@@ -135,14 +136,16 @@ def ensure_tiny_model(cache_dir: Path | None = None, *, force: bool = False) -> 
     return final
 
 
-def _replace_dir(src: Path, dst: Path) -> None:
-    if dst.exists():
-        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+def _publish(src: Path, dst: Path) -> None:
+    """Make ``src`` world-readable (workers may run as other users) and rename it to ``dst``."""
+    src.chmod(0o755)
+    for child in src.iterdir():
+        child.chmod(0o644)
+    old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+    if dst.exists():  # only with force: a reader may briefly miss the folder, never see half
         os.rename(dst, old)
-        os.rename(src, dst)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(src, dst)
+    os.rename(src, dst)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def read_tiny_meta(model_dir: Path) -> dict[str, Any]:
@@ -160,9 +163,9 @@ def _byte_alphabet() -> dict[int, str]:
     return dict(sorted(table.items()))
 
 
-def build_tokenizer(out_dir: Path) -> Any:
+def build_tokenizer(out_dir: Path, *, model_max_length: int) -> Any:
     """Write a byte-level BPE tokenizer (256 byte tokens + eos + pad) and reload it through
-    ``AutoTokenizer``, which is what every component will use."""
+    ``AutoTokenizer``, as every component will, checking the round trip."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
     from tokenizers.models import BPE
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -182,16 +185,19 @@ def build_tokenizer(out_dir: Path) -> Any:
     )
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN)
     fast.save_pretrained(out_dir)
-    # Name the Qwen2 class so transformers 4 and 5 both rebuild the same BPE from this folder.
+    # AutoTokenizer rebuilds a qwen2 folder's tokenizer as Qwen2Tokenizer (vocab + merges +
+    # Qwen2's pre-tokenizer); the tokenizer above is built to be exactly that.
     cfg_path = out_dir / "tokenizer_config.json"
     tok_cfg = json.loads(cfg_path.read_text())
-    tok_cfg.update(tokenizer_class="Qwen2Tokenizer", unk_token=None, add_prefix_space=False)
+    tok_cfg.update(
+        tokenizer_class="Qwen2Tokenizer",
+        unk_token=None,
+        add_prefix_space=False,
+        model_max_length=model_max_length,
+    )
     cfg_path.write_text(json.dumps(tok_cfg, indent=2) + "\n")
-    return AutoTokenizer.from_pretrained(out_dir)
-
-
-def _check_tokenizer(tokenizer: Any) -> None:
-    """The task relies on exact round trips and one token per digit/operator."""
+    tokenizer = AutoTokenizer.from_pretrained(out_dir)
+    # The task relies on exact round trips and on one token per digit and operator.
     for text in ("0123456789", "12+34=46", "99-9=90", "hello world"):
         ids = tokenizer.encode(text, add_special_tokens=False)
         if tokenizer.decode(ids) != text:
@@ -199,6 +205,7 @@ def _check_tokenizer(tokenizer: Any) -> None:
     for char in "0123456789+-=":
         if len(tokenizer.encode(char, add_special_tokens=False)) != 1:
             raise RuntimeError(f"tiny tokenizer splits {char!r} into several tokens")
+    return tokenizer
 
 
 def _build(spec: TinySpec, out_dir: Path) -> None:
@@ -207,14 +214,15 @@ def _build(spec: TinySpec, out_dir: Path) -> None:
 
     started = time.perf_counter()
     logger.info("building the tiny default model in %s (one-time, ~1 min)", out_dir)
-    tokenizer = build_tokenizer(out_dir)
-    _check_tokenizer(tokenizer)
+    tokenizer = build_tokenizer(out_dir, model_max_length=spec.max_position_embeddings)
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(spec.num_threads)
     try:
-        model = _init_model(spec, tokenizer)
-        sft = _sft(spec, model, tokenizer)
-        evals = _evaluate(spec, model, tokenizer)
+        # The caller's global RNG (a trainer, a test) must not depend on whether we built.
+        with torch.random.fork_rng(devices=[]):
+            model = _init_model(spec, tokenizer)
+            sft = _sft(spec, model, tokenizer)
+            evals = _evaluate(spec, model, tokenizer)
     finally:
         torch.set_num_threads(prev_threads)
     model.save_pretrained(out_dir)
@@ -281,7 +289,7 @@ def _encode_sft(spec: TinySpec, tokenizer: Any) -> tuple[Any, Any, Any]:
     for record in records:
         ids = tokenizer.encode(sft_text(record), add_special_tokens=False)
         num_prompt = len(tokenizer.encode(record.prompt, add_special_tokens=False))
-        rows.append((ids + [tokenizer.eos_token_id], num_prompt))
+        rows.append(([*ids, tokenizer.eos_token_id], num_prompt))
     max_len = max(len(ids) for ids, _ in rows)
     input_ids = torch.full((len(rows), max_len), tokenizer.pad_token_id, dtype=torch.long)
     labels = torch.full_like(input_ids, -100)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from recipe.utils.config_check import require, require_choice, require_positive
+from recipe.utils.config_check import require, require_choice, require_fraction, require_positive
 
 BACKENDS = ("auto", "file", "shm", "gloo", "nccl", "cuda_ipc")
 
@@ -17,10 +17,16 @@ class CheckpointEngineConfig:
     cuda_ipc colocated on one GPU, nccl across GPUs); ``file`` writes a safetensors file."""
     bucket_size_mb: int = 0
     """Bucket size in MiB; 0 sizes it from free memory."""
+    bucket_memory_fraction: float = 0.05
+    """With ``bucket_size_mb=0``: a bucket is this fraction of the sender device's free memory
+    (clamped to [1 MiB, 1 GiB] and to the model size)."""
     timeout_s: float = 120.0
     """Deadline of every sync phase; a peer that misses it fails the sync with the phase named."""
     verify: bool = True
     """Compare per-bucket checksums on both sides after each push."""
+    release_buffers: bool = False
+    """Free staging buffers and process groups after every sync (less resident memory, a
+    rebuild per sync); for colocated runs where memory is tight."""
 
     def __post_init__(self) -> None:
         require_choice("checkpoint_engine.backend", self.backend, BACKENDS)
@@ -30,4 +36,5 @@ class CheckpointEngineConfig:
             self.bucket_size_mb,
             "0 (auto) or a size in MiB > 0",
         )
+        require_fraction("checkpoint_engine.bucket_memory_fraction", self.bucket_memory_fraction)
         require_positive("checkpoint_engine.timeout_s", self.timeout_s)

@@ -20,7 +20,7 @@ class DataConfig:
     """Synthetic task used when no files are given."""
     difficulty: int = 2
     """Synthetic task difficulty: the number of digits of each operand (1-6)."""
-    num_train_prompts: int = 20000
+    num_train_prompts: int = 8000
     """Size of the synthetic train set (prompts)."""
     num_val_prompts: int = 256
     """Size of the synthetic validation set (prompts), disjoint from the train set."""

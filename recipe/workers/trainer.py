@@ -311,6 +311,18 @@ class TrainerWorker:
         """(name, full shape, dtype) of every tensor ``iter_full_params`` yields, in order."""
         return full_tensor_metadata(self._policy.lm)
 
+    def weight_sender_call(self, method: str, *args: object) -> object:
+        """``WeightSender.<method>(*args)`` of this rank (``recipe.checkpoint_engine``): the
+        trainer's end of weight pushes, created on first use."""
+        sender = getattr(self, "_weight_sender", None)
+        if sender is None:
+            from recipe.checkpoint_engine.endpoints import WeightSender
+
+            sender = self._weight_sender = WeightSender(
+                self.rank, self.iter_full_params, self.device
+            )
+        return sender.call(method, *args)
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Full HF state dict on CPU on rank 0 (empty elsewhere). Collective."""
         full = {}

@@ -116,6 +116,11 @@ class TrainerGroup:
         """Call ``method`` on every rank with the same arguments; results in rank order."""
         return self._get_all([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
 
+    def submit_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Start ``method`` on every rank without waiting; ObjectRefs in rank order (for
+        callers that wait with their own deadline, e.g. the ParameterSynchronizer)."""
+        return [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
+
     def shard_rows(self, batch: TrainBatch) -> list[list[int]]:
         """Rows of each rank; ValueError when ranks would run different micro-batch counts."""
         per_mini = self.actor.ppo_mini_batch_size

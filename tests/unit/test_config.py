@@ -64,7 +64,10 @@ def test_config_key_set_matches_snapshot():
         ("rollout.n=0", "rollout.n"),
         ("async_training.staleness_threshold=-0.5", "async_training.staleness_threshold"),
         ("async_training.require_batches=0", "async_training.require_batches"),
-        ("async_training.trigger_parameter_sync_step=0", "async_training.trigger_parameter_sync_step"),
+        (
+            "async_training.trigger_parameter_sync_step=0",
+            "async_training.trigger_parameter_sync_step",
+        ),
         ("actor.loss_agg_mode=sum", "actor.loss_agg_mode"),
         ("rollout.backend=sglang", "rollout.backend"),
         ("rollout.top_p=1.5", "rollout.top_p"),
@@ -98,7 +101,11 @@ def test_knob_without_effect_in_mode_warns(caplog):
 def test_cli_prints_composed_config():
     out = subprocess.run(
         [sys.executable, "-m", "recipe", "--cfg", "job", "mode=sync"],
-        capture_output=True, text=True, cwd=REPO, timeout=120, check=True,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        check=True,
     ).stdout
     assert "mode: sync" in out and "trigger_parameter_sync_step" in out
 
@@ -106,7 +113,10 @@ def test_cli_prints_composed_config():
 def test_cli_invalid_value_exits_with_one_line_naming_the_key(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "recipe", "rollout.n=0", f"hydra.run.dir={tmp_path}"],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
     )
     assert proc.returncode == 2
     error_lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]

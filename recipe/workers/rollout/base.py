@@ -10,6 +10,7 @@ State machine and its invariant::
     RUNNING --pause()--> PAUSED --resume()--> RUNNING        any --shutdown()--> CLOSED
                            |
                            +-- update_weights_from_file(): load, bump version (stays PAUSED)
+                           +-- commit_weights(): load a verified push, bump version (same)
 
     Invariant: weights change only while PAUSED with no engine request in flight, so all
     tokens of one engine request come from one weights version, the one stamped on them.
@@ -249,6 +250,47 @@ class RolloutWorker(ABC):
         logger.info("rollout worker serves version %d from %s", version, path)
         if was_running:
             await self.resume()
+
+    # ---- pushed weights (recipe.checkpoint_engine) ---------------------------------------
+
+    async def weight_receiver_call(self, method: str, *args: Any) -> list[Any]:
+        """``WeightReceiver.<method>(*args)`` on each engine worker, in local-rank order.
+
+        ``receive`` fills a staging buffer, never the live weights, but it is part of an
+        update, so it needs the worker PAUSED.
+        """
+        self._check_open()
+        from recipe.checkpoint_engine.base import raise_wire_error
+
+        if method == "receive" and not self._paused:
+            raise RuntimeError(f"{type(self).__name__}: receive pushed weights only while paused")
+        return [raise_wire_error(result) for result in await self._receiver_call(method, args)]
+
+    async def commit_weights(self, version: int, transfer_id: int) -> dict[str, Any]:
+        """Load the verified push ``transfer_id`` from staging, reset caches, then serve
+        ``version``. Needs PAUSED and stays PAUSED; a failure keeps the old version."""
+        self._check_open()
+        if not self._paused:
+            raise RuntimeError(f"{type(self).__name__}: commit pushed weights only while paused")
+        if version <= self._version:
+            raise ValueError(
+                f"commit_weights(version={version}): versions must increase "
+                f"(serving {self._version})"
+            )
+        from recipe.checkpoint_engine.base import raise_wire_error
+
+        reports = [raise_wire_error(r) for r in await self._receiver_call("load", (transfer_id,))]
+        await self._after_weights_loaded()
+        self._version = version
+        logger.info("rollout worker serves pushed version %d (transfer %d)", version, transfer_id)
+        return reports[0]
+
+    async def _receiver_call(self, method: str, args: tuple[Any, ...]) -> list[Any]:
+        """Run a ``WeightReceiver`` method where this engine's weights live."""
+        raise NotImplementedError(f"{type(self).__name__} cannot receive pushed weights")
+
+    async def _after_weights_loaded(self) -> None:  # noqa: B027 - optional hook
+        """Drop state computed by the old weights (KV and prefix caches)."""
 
     async def shutdown(self) -> None:
         """Abort what is in flight and release the engine. Idempotent."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -160,6 +161,11 @@ class HFRolloutWorker(RolloutWorker):
             tensors = load_file(path)
         except (OSError, ValueError) as exc:
             raise ValueError(f"update_weights_from_file: cannot read {path!r} ({exc})") from exc
+        self._copy_named_tensors(tensors, f"update_weights_from_file({path!r})")
+
+    @torch.no_grad()
+    def _copy_named_tensors(self, tensors: dict[str, torch.Tensor], what: str) -> None:
+        """Copy full HF-named tensors into the model, all checked before the first copy."""
         params = self._model.state_dict()
         unknown = sorted(set(tensors) - set(params))
         tied = (
@@ -172,11 +178,26 @@ class HFRolloutWorker(RolloutWorker):
         if unknown or missing or bad_shape:
             # Checked before any copy: a bad file never leaves the model half-updated.
             raise ValueError(
-                f"update_weights_from_file({path!r}) does not match the model: unknown "
+                f"{what} does not match the model: unknown "
                 f"{unknown[:5]}, missing {missing[:5]}, wrong shape {bad_shape[:5]}"
             )
         for name, tensor in tensors.items():
             params[name].copy_(tensor)
+
+    async def _receiver_call(self, method: str, args: tuple[Any, ...]) -> list[Any]:
+        # The weights live in this process: the receiver does too (created on first use).
+        receiver = getattr(self, "_weight_receiver", None)
+        if receiver is None:
+            from recipe.checkpoint_engine.endpoints import WeightReceiver
+
+            receiver = self._weight_receiver = WeightReceiver(self._load_pushed, self._device)
+        async with self._lock:  # off the event loop, never beside a generating batch
+            return [await asyncio.to_thread(receiver.call, method, *args)]
+
+    def _load_pushed(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> int:
+        named = dict(tensors)
+        self._copy_named_tensors(named, "a pushed weight set")
+        return len(named)
 
     async def _close_engine(self) -> None:
         async with self._lock:

