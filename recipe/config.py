@@ -80,7 +80,7 @@ class TrainerConfig:
     """Passes over the train set when rollout.total_rollout_steps is not set."""
     total_training_steps: int | None = None
     """Stop after this many trainer steps (overrides the epoch count when smaller)."""
-    test_freq: int = 5
+    test_freq: int = 10
     """Validate every N weight versions (0: only before and after training)."""
     val_before_train: bool = True
     """Validate the initial weights."""

@@ -24,7 +24,7 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -44,6 +44,10 @@ logger = logging.getLogger(__name__)
 class SeparateRayPPOTrainer:
     """Shared base of the recipes. See the module docstring for what lives here."""
 
+    owns_tracker: ClassVar[bool] = True
+    """Whether this side writes the run's metrics (one Tracker per run: the rollouter of the
+    fully async recipe runs beside the trainer and leaves it to the trainer)."""
+
     def __init__(self, cfg: RecipeConfig, run_dir: Path) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -61,7 +65,9 @@ class SeparateRayPPOTrainer:
         self.global_step = 0
         """Trainer steps done."""
         self.device = _resolve_device(cfg.trainer.device)
-        self.tracker = Tracker(cfg.logger, self.run_dir, run_config=asdict(cfg))
+        self.tracker: Tracker | None = (
+            Tracker(cfg.logger, self.run_dir, run_config=asdict(cfg)) if self.owns_tracker else None
+        )
         self.trainer_group: Any = None
         self.rollout_group: Any = None
         self._weights_dir = Path(tempfile.mkdtemp(prefix="weights-", dir=_shm_dir()))
@@ -89,6 +95,15 @@ class SeparateRayPPOTrainer:
             runtime_env={"env_vars": _worker_env()},
         )
 
+    @property
+    def colocated(self) -> bool:
+        """Trainer ranks and engines share GPUs (the sync baseline); else separate GPUs."""
+        return self.cfg.mode == "sync"
+
+    def _trainer_gpu_fraction(self) -> float:
+        # Ray fractions only schedule; the engine's real memory cap is gpu_memory_utilization.
+        return 1.0 - self.cfg.rollout.gpu_memory_utilization if self.colocated else 1.0
+
     def _build_trainer_group(self, *, total_optimizer_steps: int) -> Any:
         from recipe.workers.trainer import TrainerSpec
         from recipe.workers.trainer_group import TrainerGroup
@@ -100,13 +115,23 @@ class SeparateRayPPOTrainer:
             compute_dtype=self.cfg.model.dtype,
             seed=self.cfg.trainer.seed,
         )
-        self.trainer_group = TrainerGroup(self.cfg.actor, spec, use_gpu=self.device == "cuda")
+        self.trainer_group = TrainerGroup(
+            self.cfg.actor,
+            spec,
+            use_gpu=self.device == "cuda",
+            gpu_fraction=self._trainer_gpu_fraction(),
+        )
         return self.trainer_group
 
     def _build_rollout_group(self) -> Any:
         from recipe.workers.rollout_group import RolloutGroup
 
-        self.rollout_group = RolloutGroup(self.model, self.cfg.rollout, device=self.device)
+        self.rollout_group = RolloutGroup(
+            self.model,
+            self.cfg.rollout,
+            device=self.device,
+            gpu_fraction=1.0 - self._trainer_gpu_fraction() if self.colocated else 1.0,
+        )
         return self.rollout_group
 
     # ---- the PPO step pieces ------------------------------------------------------------
@@ -123,11 +148,15 @@ class SeparateRayPPOTrainer:
         trajs = [t for group in groups for t in group]
         return TrainBatch.from_trajectories(trajs, pad_token_id=self.model.pad_token_id)
 
-    def _compute_old_log_prob(self, batch: TrainBatch, metrics: MetricsAccumulator) -> TrainBatch:
+    def _compute_old_log_prob(
+        self, batch: TrainBatch, metrics: MetricsAccumulator, *, slot: str | None = None
+    ) -> TrainBatch:
         """Old log-probs of PPO. Bypass mode: the rollout log-probs are the old policy (the
-        trainer still measures the rollout/trainer mismatch, which costs one forward)."""
+        trainer still measures the rollout/trainer mismatch, which costs one forward).
+        ``slot``: forward with the weights saved by ``save_model_to_cpu(slot)`` instead of the
+        current ones (the pushed version, in the async recipes)."""
         with metrics.timer("timing/old_log_prob_s"):
-            logprobs_bt, _entropy_bt = self.trainer_group.compute_log_prob(batch)
+            logprobs_bt, _entropy_bt = self.trainer_group.compute_log_prob(batch, slot=slot)
         mask = batch.response_mask_bt
         num_tokens = max(int(mask.sum()), 1)
         diff = (logprobs_bt - batch.rollout_logprobs_bt).abs()[mask]
@@ -229,7 +258,8 @@ class SeparateRayPPOTrainer:
                 except Exception:  # closing must go on for the rest
                     logger.exception("shutting down %s failed", type(group).__name__)
         self.rollout_group = self.trainer_group = None
-        self.tracker.close()
+        if self.tracker is not None:
+            self.tracker.close()
         for leftover in self._weights_dir.glob("*"):
             leftover.unlink(missing_ok=True)
         self._weights_dir.rmdir() if self._weights_dir.exists() else None

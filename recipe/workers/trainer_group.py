@@ -49,10 +49,13 @@ class TrainerGroup:
         *,
         world_size: int | None = None,
         use_gpu: bool | None = None,
+        gpu_fraction: float = 1.0,
         placement_group: Any = None,
     ):
         """``world_size`` defaults to ``actor.world_size``; ``use_gpu`` None: GPUs when the Ray
-        cluster has any; ``placement_group``: one bundle per rank (created when None)."""
+        cluster has any; ``gpu_fraction``: the share of a GPU each rank reserves (< 1 when the
+        rollout engines share the trainer's GPUs, colocated); ``placement_group``: one bundle
+        per rank (created when None)."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -60,7 +63,7 @@ class TrainerGroup:
         self.world_size = world_size or actor.world_size
         if use_gpu is None:
             use_gpu = ray.cluster_resources().get("GPU", 0) > 0
-        bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
+        bundle = {"CPU": 1, "GPU": gpu_fraction} if use_gpu else {"CPU": 1}
         self._owns_pg = placement_group is None
         if placement_group is None:
             placement_group = ray.util.placement_group([bundle] * self.world_size, strategy="PACK")
@@ -78,7 +81,9 @@ class TrainerGroup:
         worker_cls = ray.remote(TrainerWorker)
         self.workers = [
             worker_cls.options(
-                num_cpus=1, num_gpus=1 if use_gpu else 0, scheduling_strategy=on_bundle(rank)
+                num_cpus=1,
+                num_gpus=gpu_fraction if use_gpu else 0,
+                scheduling_strategy=on_bundle(rank),
             ).remote(
                 actor,
                 spec,
