@@ -69,7 +69,7 @@ def test_sync_run_writes_the_run_directory_contract(tiny_model_path, tmp_path):
     assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
     assert [r["param_version"] for r in records] == [0, 1, 2, 3, 4]
     for record in records[1:]:
-        assert STEP_KEYS <= record.keys(), STEP_KEYS - record.keys()
+        assert record.keys() >= STEP_KEYS, STEP_KEYS - record.keys()
     assert "val/accuracy" in records[0] and "val/accuracy" in records[2]
     # Same weights on both sides, float32: log-probs agree to rounding.
     assert max(r["mismatch/logprob_abs_diff_mean"] for r in records[1:]) < 1e-4
