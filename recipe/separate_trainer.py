@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -68,9 +67,10 @@ class SeparateRayPPOTrainer:
         self.tracker: Tracker | None = (
             Tracker(cfg.logger, self.run_dir, run_config=asdict(cfg)) if self.owns_tracker else None
         )
+        self.param_sync: Any = None
+        """The ParameterSynchronizer, built at the first push (it needs both groups)."""
         self.trainer_group: Any = None
         self.rollout_group: Any = None
-        self._weights_dir = Path(tempfile.mkdtemp(prefix="weights-", dir=_shm_dir()))
         self._init_ray()
 
     # ---- construction -------------------------------------------------------------------
@@ -184,18 +184,22 @@ class SeparateRayPPOTrainer:
             metrics.add(key, value, reduce="last")
 
     def _fit_update_weights(self, metrics: MetricsAccumulator) -> None:
-        """Push the trainer's weights to every rollout engine; the version goes up by one.
+        """Push the trainer's weights to every rollout engine through the checkpoint engine
+        (``checkpoint_engine.*``: paused, bucketed, verified); the version goes up by one.
 
-        The simplest correct transport: rank 0 writes one safetensors file of full HF-named
-        tensors (in shared memory on Linux) and each engine reloads from it.
+        On failure the engines stay paused on the old version and ``WeightSyncError`` names
+        the phase and the peer.
         """
-        with metrics.timer("timing/sync_s"):
-            path = self._weights_dir / "policy.safetensors"
-            num_bytes = self.trainer_group.export_weights(str(path))
-            self.rollout_group.update_weights_from_file(str(path), self.version + 1)
-            path.unlink(missing_ok=True)
-        self.version += 1
-        metrics.add("sync/bytes", num_bytes, reduce="last")
+        if self.param_sync is None:
+            from recipe.checkpoint_engine import ParameterSynchronizer
+
+            self.param_sync = ParameterSynchronizer(
+                self.trainer_group, self.rollout_group, self.cfg.checkpoint_engine
+            )
+            self.param_sync.init_communicator()
+        for key, value in self.param_sync.sync_weights(timer=metrics.timer).items():
+            metrics.add(key, value, reduce="last")
+        self.version = self.param_sync.version
 
     # ---- checkpoint IO ------------------------------------------------------------------
 
@@ -251,18 +255,15 @@ class SeparateRayPPOTrainer:
 
     def close(self) -> None:
         """Shut workers down and close the tracker; safe to call twice."""
-        for group in (self.rollout_group, self.trainer_group):
+        for group in (self.param_sync, self.rollout_group, self.trainer_group):
             if group is not None:
                 try:
                     group.shutdown()
                 except Exception:  # closing must go on for the rest
                     logger.exception("shutting down %s failed", type(group).__name__)
-        self.rollout_group = self.trainer_group = None
+        self.param_sync = self.rollout_group = self.trainer_group = None
         if self.tracker is not None:
             self.tracker.close()
-        for leftover in self._weights_dir.glob("*"):
-            leftover.unlink(missing_ok=True)
-        self._weights_dir.rmdir() if self._weights_dir.exists() else None
 
 
 def _resolve_device(device: str) -> str:
@@ -271,10 +272,6 @@ def _resolve_device(device: str) -> str:
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("trainer.device='cuda' but no CUDA device is visible")
     return device
-
-
-def _shm_dir() -> str | None:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 def _worker_env() -> dict[str, str]:

@@ -20,6 +20,7 @@ pause window is reported by ``ParameterSynchronizer`` (``sync/pause_s``) in real
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import multiprocessing as mp
 import statistics
@@ -31,12 +32,13 @@ import torch
 
 from recipe.checkpoint_engine.base import TransferPlan, make_checkpoint_engine, raise_wire_error
 from recipe.checkpoint_engine.endpoints import WeightReceiver
-from recipe.checkpoint_engine.layout import BucketLayout, TensorMeta
+from recipe.checkpoint_engine.layout import BucketLayout, TensorMeta, as_bytes
 
 logger = logging.getLogger(__name__)
 
 # name -> (hidden, intermediate, vocab, layers); the large ones follow Qwen2.5's shapes.
 SIZES: dict[str, tuple[int, int, int, int]] = {
+    "2M": (128, 512, 6000, 4),
     "10M": (256, 1024, 8192, 8),
     "50M": (512, 2048, 16384, 10),
     "100M": (768, 3072, 32000, 8),
@@ -101,13 +103,26 @@ def _receiver_main(conn: Any, device: str, meta: list[TensorMeta], threads: int)
         if method == "exit":
             receiver.close()
             return
+        if method == "digest":
+            conn.send(digest(engine))
+            continue
         try:
             conn.send(receiver.call(method, *args))
         except Exception as exc:  # reported to the driver, which fails the run
             conn.send({"exception": repr(exc)})
 
 
-def _result(conn: Any) -> Any:
+def digest(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """A hash of every tensor's bytes (bitwise equality across processes and devices)."""
+    return {
+        name: hashlib.blake2b(as_bytes(t).cpu().numpy().tobytes(), digest_size=16).hexdigest()
+        for name, t in tensors.items()
+    }
+
+
+def _result(conn: Any, timeout_s: float = 300.0) -> Any:
+    if not conn.poll(timeout_s):
+        raise TimeoutError(f"a receiver process did not answer within {timeout_s:.0f} s")
     result = raise_wire_error(conn.recv())
     if isinstance(result, dict) and "exception" in result:
         raise RuntimeError(f"receiver failed: {result['exception']}")
@@ -159,8 +174,12 @@ def run_backend(backend: str, meta: list[TensorMeta], args: argparse.Namespace) 
         sender.init(info)
         for conn in pipes:
             _result(conn)
-        runs = [_one_push(sender, tensors, pipes, transfer_id) for transfer_id in
-                range(1, args.repeats + 2)][1:]  # fmt: skip
+        pushes = range(1, args.repeats + 2)  # the first push faults pages in: not timed
+        runs = [_one_push(sender, tensors, pipes, transfer_id) for transfer_id in pushes][1:]
+        expected = digest(tensors)
+        for conn in pipes:
+            conn.send(("digest", ()))
+        equal = all(_result(conn) == expected for conn in pipes)
     finally:
         for conn in pipes:
             conn.send(("exit", ()))
@@ -168,8 +187,13 @@ def run_backend(backend: str, meta: list[TensorMeta], args: argparse.Namespace) 
             proc.join(30)
         sender.finalize()
     best = min(runs, key=lambda r: r["seconds"])
-    return {**best, "median_s": statistics.median(r["seconds"] for r in runs),
-            "bytes": float(layout.model_bytes)}  # fmt: skip
+    median_s = statistics.median(r["seconds"] for r in runs)
+    return {
+        **best,
+        "median_s": median_s,
+        "bytes": float(layout.model_bytes),
+        "bitwise_equal": float(equal),
+    }
 
 
 def _one_push(sender: Any, tensors: dict, pipes: list, transfer_id: int) -> dict[str, float]:
@@ -206,12 +230,17 @@ def main(argv: list[str] | None = None) -> list[str]:
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    backends = args.backends.split(",") if args.backends else (
-        ["shm", "gloo"] if args.device == "cpu" else ["cuda_ipc", "nccl"])  # fmt: skip
+    backends = (
+        args.backends.split(",")
+        if args.backends
+        else (["shm", "gloo"] if args.device == "cpu" else ["cuda_ipc", "nccl"])
+    )
     if "nccl" in backends and args.device == "cuda" and torch.cuda.device_count() < 2:
         backends.remove("nccl")
-    lines = [f"{'size':>5} {'params':>8} {'MB':>8} {'backend':>8} {'best_s':>7} {'GB/s':>6} "
-             f"{'memcpy':>7} {'ratio':>6} {'verify_s':>8} {'load_s':>7}"]  # fmt: skip
+    lines = [
+        f"{'size':>5} {'params':>8} {'MB':>8} {'backend':>8} {'best_s':>7} {'GB/s':>6} "
+        f"{'memcpy':>7} {'ratio':>6} {'verify_s':>8} {'load_s':>7} {'bitwise':>7}"
+    ]
     print(lines[0], flush=True)
     headline = ""
     for size in args.sizes.split(","):
@@ -222,16 +251,20 @@ def main(argv: list[str] | None = None) -> list[str]:
         results = {b: run_backend(b, meta, args) for b in backends}
         for backend, res in results.items():
             gbps = res["bytes"] / res["seconds"] / 1e9
-            line = (f"{size:>5} {params / 1e6:>7.1f}M {num_bytes / 1e6:>8.1f} {backend:>8} "
-                    f"{res['seconds']:>7.3f} {gbps:>6.2f} {ceiling:>7.2f} {gbps / ceiling:>6.3f} "
-                    f"{res['verify_s']:>8.3f} {res['load_s']:>7.3f}")  # fmt: skip
+            line = (
+                f"{size:>5} {params / 1e6:>7.1f}M {num_bytes / 1e6:>8.1f} {backend:>8} "
+                f"{res['seconds']:>7.3f} {gbps:>6.2f} {ceiling:>7.2f} {gbps / ceiling:>6.3f} "
+                f"{res['verify_s']:>8.3f} {res['load_s']:>7.3f} {bool(res['bitwise_equal'])!s:>7}"
+            )
             lines.append(line)
             print(line, flush=True)
         best = min(results, key=lambda b: results[b]["seconds"])
         gbps = results[best]["bytes"] / results[best]["seconds"] / 1e9
-        headline = (f"headline: {best} {size} {args.dtype}: {gbps:.2f} GB/s of model bytes per "
-                    f"replica end to end = {gbps / ceiling:.3f}x the {args.device} memcpy "
-                    f"ceiling ({ceiling:.2f} GB/s)")  # fmt: skip
+        headline = (
+            f"headline: {best} {size} {args.dtype}: {gbps:.2f} GB/s of model bytes per "
+            f"replica end to end = {gbps / ceiling:.3f}x the {args.device} memcpy "
+            f"ceiling ({ceiling:.2f} GB/s)"
+        )
     lines.append(headline)
     print(headline, flush=True)
     return lines

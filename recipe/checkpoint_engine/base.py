@@ -13,8 +13,9 @@ collective gather) and N receivers (every rollout engine worker, global ranks 1.
 Buffers and process groups live from ``prepare``/``init`` to ``finalize`` and are reused by
 every ``send``/``receive``. A receiver never touches the engine: it fills a staging buffer and
 verifies it; the caller loads the staged views only after every replica verified (so a failed
-or partial transfer leaves every engine on its old weights). Every blocking wait honours a
-``Deadline`` and raises ``WeightSyncError`` naming the phase and the peer it waited for.
+or partial transfer leaves every engine on its old weights). Every blocking wait is bounded by
+``TransferPlan.timeout_s`` and raises ``WeightSyncError`` naming the phase and the peer it
+waited for.
 """
 
 from __future__ import annotations
@@ -67,23 +68,6 @@ def raise_wire_error(result: Any) -> Any:
         error_cls = ChecksumMismatchError if name == "ChecksumMismatchError" else WeightSyncError
         raise error_cls(phase, peer, detail)
     return result
-
-
-class Deadline:
-    """Wall-clock budget of one phase."""
-
-    def __init__(self, seconds: float, phase: str):
-        self.seconds, self.phase = seconds, phase
-        self._end = time.monotonic() + seconds
-
-    def remaining(self) -> float:
-        return self._end - time.monotonic()
-
-    def check(self, peer: str, waiting_for: str) -> None:
-        if self.remaining() <= 0:
-            raise WeightSyncError(
-                self.phase, peer, f"{waiting_for} did not happen within {self.seconds:.1f} s"
-            )
 
 
 @dataclass(slots=True)
@@ -149,6 +133,7 @@ class CheckpointEngine(ABC):
             raise ValueError(f"rank {rank} is outside 0..{plan.num_receivers}")
         self.plan, self.layout, self.rank, self.device = plan, plan.layout, rank, device
         self.peer = SENDER_PEER if rank == 0 else f"receiver rank {rank}"
+        self.fingerprint = self.layout.fingerprint()  # once: it hashes every slot
         self.fault_corrupt_bucket: int | None = None
         """Fault injection for tests: the next send flips a byte of this bucket after
         checksumming it, as a corrupting transport would."""

@@ -101,7 +101,9 @@ class BroadcastEngine(CheckpointEngine):
             prefixed = dist.PrefixStore(f"weights/{info['port']}", store)
             if self._nccl:
                 options = dist.ProcessGroupNCCL.Options()
-                options._timeout = timeout
+                # The watchdog's limit lies past ours, so our deadline fires first and aborts
+                # the communicator cleanly instead of the watchdog tearing the process down.
+                options._timeout = 2 * timeout + datetime.timedelta(seconds=60)
                 self._group = dist.ProcessGroupNCCL(
                     prefixed, self.rank, self.plan.world_size, options
                 )
@@ -144,7 +146,7 @@ class BroadcastEngine(CheckpointEngine):
             transfer_id,
             self.layout.num_buckets,
             self.layout.total_bytes,
-            self.layout.fingerprint(),
+            self.fingerprint,
         ]
         return torch.tensor(values, dtype=torch.int64, device=self._buffer_device)
 

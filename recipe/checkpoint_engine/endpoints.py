@@ -85,16 +85,10 @@ class _Endpoint:
     methods: frozenset[str] = frozenset()
 
     def call(self, method: str, *args: Any) -> Any:
-        """Dispatch a remote call by name (only the endpoint's public protocol methods).
-        A ``WeightSyncError`` comes back as a value (``error_to_wire``): the caller re-raises
-        it with its type, phase and peer, which ``collective_rpc`` would otherwise lose."""
+        """Dispatch a remote call by name (only the endpoint's public protocol methods)."""
         if method not in self.methods:
             raise ValueError(f"{type(self).__name__} has no method {method!r}")
-        try:
-            return getattr(self, method)(*args)
-        except WeightSyncError as exc:
-            logger.warning("%s", exc)
-            return error_to_wire(exc)
+        return getattr(self, method)(*args)
 
 
 class WeightSender(_Endpoint):
@@ -141,9 +135,9 @@ class WeightSender(_Endpoint):
             for _ in tensors:
                 pass
             return dataclasses.asdict(TransferReport(transfer_id, gather_s=_since(start)))
-        if self._engine is None:
-            raise WeightSyncError("transfer", "trainer rank 0", "no transport: init first")
         try:
+            if self._engine is None:
+                raise WeightSyncError("transfer", "trainer rank 0", "no transport: init first")
             report = self._engine.send(tensors, transfer_id)
         except BaseException:
             for _ in tensors:  # finish the collective gather, then fail
@@ -193,6 +187,16 @@ class WeightReceiver(_Endpoint):
         self._engine: CheckpointEngine | None = None
         self._key: tuple[Any, ...] | None = None
         self._verified: int | None = None
+
+    def call(self, method: str, *args: Any) -> Any:
+        """As ``_Endpoint.call``, but a ``WeightSyncError`` comes back as a value
+        (``error_to_wire``): the rollout worker re-raises it with its type, phase and peer,
+        which ``collective_rpc`` would otherwise reduce to text."""
+        try:
+            return super().call(method, *args)
+        except WeightSyncError as exc:
+            logger.warning("%s", exc)
+            return error_to_wire(exc)
 
     @property
     def peer(self) -> str:

@@ -106,7 +106,7 @@ class SharedRegionEngine(CheckpointEngine):
         )
         self._header = mapped[: self._header_bytes].view(torch.int64)
         self._header.zero_()
-        self._header[0], self._header[1] = _MAGIC, self.layout.fingerprint()
+        self._header[0], self._header[1] = _MAGIC, self.fingerprint
         info: dict[str, Any] = {"path": self._path, "ipc": None, "device_uuid": None}
         if self._on_device:
             self._region = torch.zeros(
@@ -134,7 +134,7 @@ class SharedRegionEngine(CheckpointEngine):
         mapped = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
         self._header = mapped[: self._header_bytes].view(torch.int64)
         magic, fingerprint = int(self._header[0]), int(self._header[1])
-        if magic != _MAGIC or fingerprint != self.layout.fingerprint():
+        if magic != _MAGIC or fingerprint != self.fingerprint:
             raise WeightSyncError(
                 "init",
                 self.peer,

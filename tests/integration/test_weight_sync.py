@@ -222,3 +222,21 @@ def test_a_peer_that_never_answers_fails_the_sync_within_the_deadline(groups, ra
         assert _versions(ray, rollout) == [version + 1] * 2 and not sync.is_stale
     finally:
         sync.shutdown()
+
+
+def test_file_backend_and_released_buffers_keep_syncing_correctly(
+    groups, ray_cluster, rollout_model_path, tmp_path
+):
+    ray, (trainer, rollout) = ray_cluster, groups
+    for backend, release, seed in (("file", False, 11), ("shm", True, 12), ("shm", True, 13)):
+        version = rollout.version
+        trainer.load_hf(_perturbed_dir(rollout_model_path, tmp_path / f"m{seed}", seed=seed))
+        cfg = CheckpointEngineConfig(backend=backend, timeout_s=60, release_buffers=release)
+        sync = ParameterSynchronizer(trainer, rollout, cfg, bucket_size_bytes=BUCKET_BYTES)
+        try:
+            metrics = sync.sync_weights()
+            assert {k.removeprefix("sync/") for k in metrics} >= SYNC_KEYS
+            assert _versions(ray, rollout) == [version + 1] * 2
+            _assert_engines_hold(ray, rollout, trainer.full_state_dict(), tmp_path)
+        finally:
+            sync.shutdown()

@@ -345,3 +345,58 @@ def test_receiver_loads_only_a_verified_push_and_only_once():
     finally:
         receiver.close()
         sender.finalize()
+
+
+@pytest.mark.parametrize("backend", ["shm", "gloo"])
+def test_push_across_processes_is_bitwise_exact_for_mixed_dtypes_and_two_receivers(backend):
+    import argparse
+
+    from recipe.bench.weight_sync import run_backend, synthetic_metadata
+
+    meta = synthetic_metadata("2M", "bfloat16")  # bf16 weights, fp32 norms, 1.5 MB embedding
+    args = argparse.Namespace(
+        device="cpu",
+        bucket_mb=1,
+        receivers=2,
+        repeats=1,
+        timeout_s=60.0,
+        no_verify=False,
+        threads=1,
+    )
+    result = run_backend(backend, meta, args)
+    assert result["bitwise_equal"] == 1.0 and result["verify_s"] > 0
+
+
+def test_verification_opt_out_skips_checksums_on_both_sides():
+    plan = _plan("shm")
+    plan.verify = False
+    sender = make_checkpoint_engine(plan, rank=0, device=torch.device("cpu"))
+    receiver = make_checkpoint_engine(plan, rank=1, device=torch.device("cpu"))
+    try:
+        receiver.init(sender.prepare())
+        sent = sender.send(_tensors().items(), 1)
+        receiver.staging()[5] ^= 0x10  # not caught: nobody checks
+        got = receiver.receive(1)
+        assert sent.checksums == got.checksums == [] and got.verify_s == 0.0
+    finally:
+        sender.finalize()
+        receiver.finalize()
+
+
+def test_phase_error_keeps_the_peers_error_type_and_names_both_peers():
+    from recipe.checkpoint_engine.phases import _phase_error
+
+    class RayLikeError(Exception):
+        def __init__(self, cause: BaseException):
+            super().__init__("wrapped")
+            self.cause = cause
+
+    inner = ChecksumMismatchError("transfer", "receiver rank 2", "bucket 4 of 9 differs")
+    error = _phase_error("transfer", "rollout replica 1", RayLikeError(inner), ["trainer rank 0"])
+    assert isinstance(error, ChecksumMismatchError) and error.phase == "transfer"
+    assert str(error) == (
+        "weight sync phase 'transfer' failed at rollout replica 1 / receiver rank 2: "
+        "bucket 4 of 9 differs (still busy: trainer rank 0)"
+    )
+    plain = _phase_error("pause", "rollout replica 0", RuntimeError("boom\nengine dead"), [])
+    assert str(plain) == "weight sync phase 'pause' failed at rollout replica 0: engine dead"

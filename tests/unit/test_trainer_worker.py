@@ -90,8 +90,10 @@ def free_port():
 
 @pytest.fixture(scope="module")
 def worker(model_dir):
+    # A small lr keeps one update in the linear regime: Adam's first step moves every weight by
+    # ~lr whatever its gradient, which overshoots on the warm-started model at lr >= 1e-4.
     actor = ActorConfig(
-        lr=1e-3, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=3, logprob_chunk_size=4
+        lr=1e-5, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=3, logprob_chunk_size=4
     )
     w = TrainerWorker(actor, TrainerSpec(str(model_dir)), master_port=free_port())
     yield w
@@ -167,8 +169,10 @@ def test_chunked_and_unchunked_log_probs_are_equal(worker, model_dir):
         whole = worker.compute_log_prob(batch)
     finally:
         worker.actor.logprob_chunk_size = 4
+    # Chunking changes GEMM shapes, hence float32 summation order: rounding-level differences
+    # (~1e-6 on log-probs of magnitude ~10) and nothing more.
     for a, b in zip(chunked, whole, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 
 
 def test_cpu_copy_restores_bitwise_and_does_not_move_with_training(worker, model_dir):
@@ -205,7 +209,7 @@ def test_one_update_lowers_the_surrogate_loss_and_reports_metrics(worker, model_
     metrics = worker.update_actor(batch)
     assert surrogate() < loss_before - 1e-3
     assert set(metrics) == METRIC_KEYS
-    assert metrics["actor/lr"] == pytest.approx(1e-3)
+    assert metrics["actor/lr"] == pytest.approx(1e-5)
     assert metrics["actor/grad_norm"] > 0
 
 

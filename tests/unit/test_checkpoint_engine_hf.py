@@ -1,0 +1,76 @@
+"""The rollout-worker side of a push on ``HFRolloutWorker`` (in-process, tiny model): the
+receiver lives beside the model, commits only a verified push while PAUSED, and a corrupted
+push leaves the served weights and version untouched."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from recipe.checkpoint_engine.base import (
+    ChecksumMismatchError,
+    TransferPlan,
+    WeightSyncError,
+    make_checkpoint_engine,
+)
+from recipe.checkpoint_engine.layout import PAGE_BYTES, BucketLayout
+from recipe.model import ModelConfig
+from recipe.workers.config import RolloutConfig
+from recipe.workers.rollout.hf_worker import HFRolloutWorker
+
+
+def _push_source(worker: HFRolloutWorker, seed: int) -> dict[str, torch.Tensor]:
+    """The worker's weights plus noise, tied head left out (as the trainer yields them)."""
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        name: (t + torch.randn(t.shape, generator=gen)).contiguous()
+        for name, t in worker._model.state_dict().items()
+        if name != "lm_head.weight"
+    }
+
+
+def _served(worker: HFRolloutWorker) -> dict[str, torch.Tensor]:
+    return {n: t.clone() for n, t in worker._model.state_dict().items()}
+
+
+def test_hf_worker_commits_a_verified_push_bitwise_and_refuses_a_corrupted_one(tiny_model_path):
+    worker = HFRolloutWorker(ModelConfig(path=str(tiny_model_path)), RolloutConfig(backend="hf"))
+    first, second = _push_source(worker, 1), _push_source(worker, 2)
+    meta = [(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in first.items()]
+    layout = BucketLayout.build(meta, 4 * PAGE_BYTES)  # the embedding spans many buckets
+    plan = TransferPlan("shm", layout, num_receivers=1, timeout_s=5.0)
+    sender = make_checkpoint_engine(plan, rank=0, device=torch.device("cpu"))
+
+    async def scenario() -> None:
+        info = sender.prepare()
+        assert await worker.weight_receiver_call("connect", plan.to_wire(), [[0, 1]], info) == [1]
+        with pytest.raises(RuntimeError, match="only while paused"):
+            await worker.weight_receiver_call("receive", 1)
+        await worker.pause()
+        sender.send(first.items(), 1)
+        (report,) = await worker.weight_receiver_call("receive", 1)
+        assert len(report["checksums"]) == layout.num_buckets
+        await worker.commit_weights(1, 1)
+        assert worker.version == 1 and worker.is_paused()
+        served = _served(worker)
+        for name, tensor in first.items():
+            assert torch.equal(served[name], tensor), name
+        assert torch.equal(served["lm_head.weight"], first["model.embed_tokens.weight"])
+
+        sender.fault_corrupt_bucket = 2
+        sender.send(second.items(), 2)
+        with pytest.raises(ChecksumMismatchError, match="bucket 2 of"):
+            await worker.weight_receiver_call("receive", 2)
+        with pytest.raises(WeightSyncError, match="no verified push 2"):
+            await worker.commit_weights(2, 2)
+        assert worker.version == 1
+        after = _served(worker)
+        assert all(torch.equal(after[n], served[n]) for n in served)
+        await worker.shutdown()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        sender.finalize()
