@@ -20,6 +20,7 @@ pause window is reported by ``ParameterSynchronizer`` (``sync/pause_s``) in real
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import logging
 import multiprocessing as mp
@@ -85,6 +86,8 @@ def _receiver_main(conn: Any, device: str, meta: list[TensorMeta], threads: int)
     torch.set_num_threads(threads)
     dev = torch.device(device)
     if dev.type == "cuda":
+        if dev.index is None:  # "cuda" alone: this process's current device
+            dev = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(dev)
     engine = {n: torch.empty(s, dtype=getattr(torch, d), device=dev) for n, s, d in meta}
 
@@ -123,7 +126,11 @@ def digest(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
 def _result(conn: Any, timeout_s: float = 300.0) -> Any:
     if not conn.poll(timeout_s):
         raise TimeoutError(f"a receiver process did not answer within {timeout_s:.0f} s")
-    result = raise_wire_error(conn.recv())
+    try:
+        message = conn.recv()
+    except EOFError as exc:  # the parent closed its copy of the child's end: the child died
+        raise RuntimeError("a receiver process died (see its traceback above)") from exc
+    result = raise_wire_error(message)
     if isinstance(result, dict) and "exception" in result:
         raise RuntimeError(f"receiver failed: {result['exception']}")
     return result
@@ -164,6 +171,7 @@ def run_backend(backend: str, meta: list[TensorMeta], args: argparse.Namespace) 
             target=_receiver_main, args=(theirs, dev, meta, args.threads), daemon=True
         )
         proc.start()
+        theirs.close()  # so a receiver that dies reads as EOF here instead of a long wait
         pipes.append(mine)
         procs.append(proc)
     sender = make_checkpoint_engine(plan, rank=0, device=sender_dev)
@@ -182,7 +190,8 @@ def run_backend(backend: str, meta: list[TensorMeta], args: argparse.Namespace) 
         equal = all(_result(conn) == expected for conn in pipes)
     finally:
         for conn in pipes:
-            conn.send(("exit", ()))
+            with contextlib.suppress(OSError):  # a receiver that died has no pipe left
+                conn.send(("exit", ()))
         for proc in procs:
             proc.join(30)
         sender.finalize()
