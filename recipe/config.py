@@ -126,7 +126,7 @@ class RayConfig:
 
 @dataclass
 class RecipeConfig:
-    mode: str = "sync"
+    mode: str = "fully_async"
     """Which recipe runs: ``sync`` (colocated baseline), ``one_step_off`` or ``fully_async``."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

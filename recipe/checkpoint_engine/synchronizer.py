@@ -196,7 +196,7 @@ class ParameterSynchronizer:
         metrics["sync/total_s"] = time.perf_counter() - start
         moved_s = metrics["sync/transfer_s"] + metrics["sync/load_s"]
         metrics["sync/gbps"] = metrics["sync/bytes"] / max(moved_s, 1e-9) / 1e9
-        logger.info("weights v%d pushed: %s", target, {k: round(v, 4) for k, v in metrics.items()})
+        logger.debug("weights v%d pushed: %s", target, {k: round(v, 4) for k, v in metrics.items()})
         return metrics
 
     def _agree(self, phase: str, expected: int, *, commit: bool) -> None:

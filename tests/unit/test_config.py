@@ -45,9 +45,8 @@ def test_every_mode_preset_composes_and_validates():
         assert cfg.prompts_per_step > 0
 
 
-def test_default_mode_is_the_best_mode_that_runs():
-    # fully_async becomes the default when its recipe lands.
-    assert _compose([]).mode == "sync"
+def test_default_mode_is_fully_async():
+    assert _compose([]).mode == "fully_async"
 
 
 def test_config_key_set_matches_snapshot():

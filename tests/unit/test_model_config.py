@@ -42,7 +42,7 @@ def test_missing_path_names_the_path(tmp_path):
 
 
 def test_directory_without_config_is_rejected(tmp_path):
-    with pytest.raises(ModelPathError, match="no config.json"):
+    with pytest.raises(ModelPathError, match=r"no config\.json"):
         HFModelConfig(tmp_path)
 
 

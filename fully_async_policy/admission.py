@@ -1,0 +1,156 @@
+"""Admission control of the fully async rollouter: how many prompts may start, and in which
+order finished groups go to the trainer. Pure bookkeeping (no Ray, no engines), so the
+arithmetic is unit tested on its own.
+
+Terms: T = ``trigger_parameter_sync_step``, R = prompts per local step
+(``ppo_mini_batch_size * require_batches``), W = T * R prompts trained per version window,
+B = floor((1 + staleness_threshold) * W) the admission budget of a window.
+
+Rules::
+
+    open_window(v, trained)   live = admitted - trained          (admitted, not yet trained)
+                              allowance(v) = max(0, B - live)     "B minus what is carried over"
+    admit(uid)                one fresh prompt, labelled window v, while allowance > 0
+    readmit(ticket)           the prompt again, labelled the current window; it takes the old
+                              ticket's place, so it needs no allowance and never starves
+    complete(ticket, group)   -> groups releasable now, in release order
+
+Release order: a group of window w is released only when every ticket of the windows before
+w is released (within a window: completion order). The trainer therefore trains groups in
+window order, which gives the staleness bound::
+
+    a group labelled v has at most (v * W + B - 1) trained groups before it (every one
+    labelled <= v), so it is trained at version u <= v + floor((B - 1) / W), and its
+    oldest token is >= v. Hence  staleness = u - min_version <= floor((B - 1) / W)
+    (= 0 for staleness_threshold 0, = 1 for 0 < threshold <= 1, ~ceil(threshold) beyond).
+
+No deadlock: at every window start live + allowance >= B >= W, i.e. the trainer's W groups of
+the window are admitted; a re-admission replaces its ticket, so it keeps that true.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from recipe.utils.config_check import require_positive
+
+
+@dataclass(slots=True)
+class Ticket:
+    """One admission of one prompt."""
+
+    ticket: int
+    """Unique id (re-admissions get a new one)."""
+    uid: str
+    """The prompt's uid."""
+    window: int
+    """Version window it was admitted in."""
+
+
+def window_budget(prompts_per_step: int, sync_every_steps: int, staleness_threshold: float) -> int:
+    """B = floor((1 + staleness_threshold) * T * R) prompts per version window."""
+    require_positive("prompts per local step", prompts_per_step)
+    require_positive("async_training.trigger_parameter_sync_step", sync_every_steps)
+    demand = prompts_per_step * sync_every_steps
+    # The epsilon keeps e.g. (1 + 0.1) * 10 = 11.000000000000002 -> 11, not a float artefact.
+    return max(demand, math.floor((1.0 + staleness_threshold) * demand + 1e-9))
+
+
+class AdmissionController:
+    """Window budget, tickets and release order (see the module docstring for the rules)."""
+
+    def __init__(self, *, budget: int, window_demand: int, max_fresh: int | None) -> None:
+        """``budget``: B; ``window_demand``: W; ``max_fresh``: fresh prompts in the whole run
+        (None: unlimited)."""
+        if budget < window_demand:
+            raise ValueError(f"admission budget {budget} < window demand {window_demand}")
+        self.budget = budget
+        self.window_demand = window_demand
+        self.max_fresh = max_fresh
+        self.window = 0
+        self.allowance = budget
+        self.num_readmitted = 0
+        self.num_released = 0
+        self.admitted_uids: list[str] = []
+        self._next_ticket = 0
+        self._tickets: dict[int, Ticket] = {}  # admitted, not released, not retired
+        self._unreleased: dict[int, int] = defaultdict(int)  # window -> tickets in _tickets
+        self._held: dict[int, list[tuple[int, Any]]] = defaultdict(list)  # finished, waiting
+
+    @property
+    def staleness_bound(self) -> int:
+        """Max versions between a trained group's oldest token and the trainer's weights."""
+        return (self.budget - 1) // self.window_demand
+
+    @property
+    def num_admitted(self) -> int:
+        return len(self.admitted_uids)
+
+    def fresh_left(self) -> int | None:
+        return None if self.max_fresh is None else self.max_fresh - self.num_admitted
+
+    def open_window(self, version: int, num_trained: int) -> int:
+        """Start window ``version`` after the trainer trained ``num_trained`` groups; returns
+        the new allowance."""
+        if version < self.window:
+            raise ValueError(f"open_window({version}) after window {self.window}: must not go back")
+        live = self.num_admitted - num_trained
+        if live < 0:
+            raise ValueError(f"trained {num_trained} groups but only {self.num_admitted} admitted")
+        self.window = version
+        self.allowance = max(0, self.budget - live)
+        return self.allowance
+
+    def can_admit(self) -> bool:
+        left = self.fresh_left()
+        return self.allowance > 0 and (left is None or left > 0)
+
+    def admit(self, uid: str) -> Ticket:
+        """A fresh prompt in the current window; ``can_admit()`` must be True."""
+        assert self.can_admit(), "admit() without allowance"
+        self.allowance -= 1
+        self.admitted_uids.append(uid)
+        return self._issue(uid)
+
+    def readmit(self, ticket: int, uid: str) -> Ticket:
+        """The prompt of ``ticket`` again, in the current window (its trajectory got too old).
+        ``ticket`` may be unreleased (retired here) or already handed to the trainer."""
+        old = self._tickets.pop(ticket, None)
+        if old is not None:
+            self._unreleased[old.window] -= 1
+            self._held[old.window] = [(t, g) for t, g in self._held[old.window] if t != ticket]
+        self.num_readmitted += 1
+        return self._issue(uid)
+
+    def _issue(self, uid: str) -> Ticket:
+        new = Ticket(self._next_ticket, uid, self.window)
+        self._next_ticket += 1
+        self._tickets[new.ticket] = new
+        self._unreleased[new.window] += 1
+        return new
+
+    def complete(self, ticket: int, item: Any) -> list[Any]:
+        """``ticket``'s group is finished; returns every group releasable now, in order."""
+        if ticket not in self._tickets:
+            raise ValueError(f"ticket {ticket} is not admitted or already released")
+        self._held[self._tickets[ticket].window].append((ticket, item))
+        return self._releasable()
+
+    def _releasable(self) -> list[Any]:
+        out: list[Any] = []
+        for window in sorted(w for w, n in self._unreleased.items() if n > 0):
+            for ticket, item in self._held.pop(window, []):
+                del self._tickets[ticket]
+                self._unreleased[window] -= 1
+                out.append(item)
+            if self._unreleased[window] > 0:
+                break  # later windows wait for this one's stragglers
+        self.num_released += len(out)
+        return out
+
+    def unreleased(self) -> list[Ticket]:
+        """Tickets admitted but not yet released, oldest first."""
+        return sorted(self._tickets.values(), key=lambda t: t.ticket)

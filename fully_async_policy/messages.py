@@ -1,0 +1,117 @@
+"""Typed messages between the fully async trainer, rollouter and message queue.
+
+    rollouter --PromptGroup--> MessageQueue --list[PromptGroup] | EndOfStream--> trainer
+    trainer   --begin_sync / end_sync(version)--> rollouter --SyncPause-->  trainer
+    trainer   --poll()--> rollouter --RolloutProgress--> trainer (idle time, val results)
+    trainer   --stop()--> rollouter --RolloutLedger--> trainer (end-of-run accounting)
+
+Every message is a slotted dataclass; times are seconds, counts are prompts unless a name
+says otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from recipe.protocol import Trajectory
+
+
+@dataclass(slots=True)
+class PromptGroup:
+    """One admitted prompt's GRPO group, scored, on its way to the trainer."""
+
+    ticket: int
+    """Admission ticket (unique per admission, re-admissions get a new one)."""
+    window: int
+    """Version window the prompt was admitted in (= the engines' version at admission)."""
+    trajectories: list[Trajectory]
+    """``rollout.n`` scored responses, ordered by ``sample_index``."""
+    num_resumes: int = 0
+    """Times the group was paused by a sync and resumed (partial rollout)."""
+
+    @property
+    def prompt_uid(self) -> str:
+        return self.trajectories[0].prompt_uid
+
+    @property
+    def min_version(self) -> int:
+        """Oldest policy version that produced a token of the group (the window when empty)."""
+        versions = [t.min_version for t in self.trajectories if t.token_versions]
+        return min(versions) if versions else self.window
+
+
+@dataclass(slots=True, frozen=True)
+class EndOfStream:
+    """What ``MessageQueue.get_batch`` returns once the queue is closed and cannot fill a
+    batch: no more groups will come."""
+
+    num_left: int
+    """Groups still in the queue (fewer than asked for); ``drain()`` hands them out."""
+
+
+@dataclass(slots=True, frozen=True)
+class QueueStats:
+    """Counters of the message queue since it was created."""
+
+    size: int
+    """Groups in the queue now."""
+    capacity: int
+    """Bound on ``size`` (the admission budget of one window)."""
+    max_size: int
+    """Highest ``size`` seen."""
+    num_produced: int
+    """Groups accepted by ``put``."""
+    num_consumed: int
+    """Groups handed out by ``get_batch`` and ``drain``."""
+    num_blocked_puts: int
+    """``put`` calls that had to wait for room (backpressure)."""
+    max_put_wait_s: float
+    """Longest wait of one ``put``."""
+    total_get_wait_s: float
+    """Time ``get_batch`` callers spent waiting for groups."""
+    closed: bool
+    """Whether ``close()`` was called."""
+
+
+@dataclass(slots=True, frozen=True)
+class SyncPause:
+    """The rollouter's answer to ``begin_sync``: generation is paused, weights may change."""
+
+    num_partial_groups: int
+    """Groups cut mid-generation, to be resumed on the new weights (partial rollout)."""
+    num_drained_groups: int
+    """Groups the sync waited for to finish on the old weights (``partial_rollout=false``)."""
+    pause_s: float
+    """Time from the request to a quiet engine (aborting or draining, and validation)."""
+
+
+@dataclass(slots=True, frozen=True)
+class RolloutProgress:
+    """Cumulative rollouter counters; the trainer differences two of them per step."""
+
+    elapsed_s: float
+    """Seconds since ``run()`` started."""
+    idle_s: float
+    """Seconds with no group generating (admission budget spent, or paused for a sync)."""
+    num_admitted: int
+    """Fresh prompts admitted."""
+    num_readmitted: int
+    """Prompts admitted again after their trajectory got too old."""
+    num_in_flight: int
+    """Groups generating now."""
+    val_results: dict[int, dict[str, float]] = field(default_factory=dict)
+    """Validation metrics finished since the previous poll, by weights version."""
+
+
+@dataclass(slots=True, frozen=True)
+class RolloutLedger:
+    """End-of-run prompt accounting of the rollouter (``stop()``)."""
+
+    admitted_uids: list[str]
+    """Fresh prompts in admission order (a re-admission does not add one)."""
+    num_readmitted: int
+    """Re-admissions (``async_training.max_staleness``)."""
+    unreleased_uids: list[str]
+    """Prompts admitted but never put in the queue (generating or waiting at the stop)."""
+    num_released: int
+    """Groups put in the queue."""

@@ -1,0 +1,295 @@
+"""``FullyAsyncRollouter``: streams prompt groups through the engines into the message queue.
+
+Runs as an async Ray actor beside the trainer; it owns the rollout engines (``RolloutGroup``)
+and the prompt cursor. One event loop drives everything, so no state needs a lock::
+
+    run():    admit while the window's allowance lasts --> submit(group) to an engine
+    group:    engine result --> score --> AdmissionController.complete --> release deque
+    release:  release deque --put (blocks when full)--> MessageQueue   (one put at a time: FIFO)
+
+    trainer: begin_sync()                    end_sync(v, trained)
+               stop admitting                  open window v (allowance = B - carried)
+               wait for running validation     resume engines
+               partial_rollout=true:           resubmit cut groups with their tokens so far
+                 pause engines (in-flight      (the remaining budget; new tokens carry v)
+                 groups come back "aborted")   start validation of v (every test_freq)
+               partial_rollout=false:          admit again
+                 wait for in-flight groups to
+                 finish on the old weights,
+                 then pause
+
+State machine: RUNNING --begin_sync--> PAUSED --end_sync--> RUNNING; any --stop()--> STOPPED.
+Invariant: while PAUSED nothing generates, so the trainer may change the engines' weights.
+
+Validation runs here, on the engines, at the start of a window and next to the window's
+training generation, so the trainer never waits for it; the next ``begin_sync`` waits for it
+to end so that every val answer comes from one version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from fully_async_policy.admission import AdmissionController, Ticket
+from fully_async_policy.messages import PromptGroup, RolloutLedger, RolloutProgress, SyncPause
+from fully_async_policy.plan import RunPlan
+from recipe.config import RecipeConfig
+from recipe.data.cursor import PromptCursor
+from recipe.protocol import Trajectory
+from recipe.separate_trainer import SeparateRayPPOTrainer
+
+logger = logging.getLogger(__name__)
+
+
+class _IdleClock:
+    """Seconds during which no training group was generating."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self._idle_s = 0.0
+        self._idle_since: float | None = self.start
+
+    def set_busy(self, busy: bool) -> None:
+        now = time.perf_counter()
+        if busy and self._idle_since is not None:
+            self._idle_s += now - self._idle_since
+            self._idle_since = None
+        elif not busy and self._idle_since is None:
+            self._idle_since = now
+
+    def idle_s(self) -> float:
+        open_s = time.perf_counter() - self._idle_since if self._idle_since is not None else 0.0
+        return self._idle_s + open_s
+
+
+class FullyAsyncRollouter(SeparateRayPPOTrainer):
+    """The rollout side of the fully async recipe (see the module docstring)."""
+
+    owns_tracker = False
+
+    def __init__(self, cfg: RecipeConfig, run_dir: Path, queue: Any, plan: RunPlan) -> None:
+        super().__init__(cfg, run_dir)
+        self.queue = queue
+        self.cursor = PromptCursor(self.train_records, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
+        self.records = {r.uid: r for r in self.train_records}
+        self.admission = AdmissionController(
+            budget=plan.budget, window_demand=plan.window_demand, max_fresh=plan.total_prompts
+        )
+        self._build_rollout_group()
+        self._in_flight: dict[int, asyncio.Task] = {}
+        self._partials: list[tuple[Ticket, list[Trajectory]]] = []
+        self._num_resumes: dict[int, int] = {}
+        self._deferred: list[Ticket] = []  # re-admissions that arrived while paused
+        self._releases: deque[PromptGroup] = deque()
+        self._admitting = True
+        self._stopped = False
+        self._error: BaseException | None = None
+        self._wake = asyncio.Event()
+        self._released = asyncio.Event()
+        self._quiet = asyncio.Event()
+        self._quiet.set()
+        self._loop_done = asyncio.Event()
+        self._loop_done.set()
+        self._clock = _IdleClock()
+        self._val_task: asyncio.Task | None = None
+        self._val_results: dict[int, dict[str, float]] = {}
+        self._val_unreported: dict[int, dict[str, float]] = {}
+
+    def rollout_group_handle(self) -> Any:
+        """The engines' handles, for the trainer's weight push (the engines stay ours)."""
+        return self.rollout_group
+
+    # ---- the streaming loop ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Admit, generate and release until ``stop()``; a failure closes the queue (the
+        trainer then sees the end of the stream) and is raised from here."""
+        self._clock = _IdleClock()
+        self._loop_done.clear()
+        release_task = asyncio.create_task(self._release_loop())
+        try:
+            while not self._stopped:
+                if self._error is not None:
+                    raise self._error
+                self._admit_available()
+                self._wake.clear()
+                await self._wake.wait()
+            if self._error is not None:
+                raise self._error
+        except BaseException:
+            await self.queue.close.remote()
+            raise
+        finally:
+            await self._quiet.wait()  # stop() cut what was generating
+            await self._flush_releases(release_task)
+            self._loop_done.set()
+
+    def _admit_available(self) -> None:
+        while self._admitting and self.admission.can_admit():
+            record = self.cursor.next()
+            self._start(self.admission.admit(record.uid), resume=None)
+
+    def _start(self, ticket: Ticket, resume: list[Trajectory] | None) -> None:
+        self._in_flight[ticket.ticket] = asyncio.create_task(self._generate(ticket, resume))
+        self._quiet.clear()
+        self._clock.set_busy(True)
+
+    async def _generate(self, ticket: Ticket, resume: list[Trajectory] | None) -> None:
+        rollout = self.cfg.rollout
+        try:
+            trajs = await self.rollout_group.submit(
+                ticket.uid,
+                self.prompt_ids[ticket.uid],
+                n=rollout.n,
+                temperature=rollout.temperature,
+                top_p=rollout.top_p,
+                top_k=rollout.top_k,
+                resume=resume,
+            )
+            if any(t.finish_reason == "aborted" for t in trajs):
+                self._partials.append((ticket, trajs))  # cut by a pause: resumed at end_sync
+                return
+            self._score(self.records[ticket.uid], trajs)
+            group = PromptGroup(
+                ticket.ticket, ticket.window, trajs, self._num_resumes.pop(ticket.ticket, 0)
+            )
+            self._releases.extend(self.admission.complete(ticket.ticket, group))
+            self._released.set()
+        except Exception as exc:  # surfaces from run(), which closes the queue
+            logger.exception("generating prompt %s failed", ticket.uid)
+            self._error = self._error or exc
+            self._wake.set()
+        finally:
+            del self._in_flight[ticket.ticket]
+            if not self._in_flight:
+                self._quiet.set()
+                self._clock.set_busy(False)
+
+    async def _release_loop(self) -> None:
+        """Put released groups into the queue one at a time (keeps the release order)."""
+        try:
+            while True:
+                while self._releases:
+                    if not await self.queue.put.remote(self._releases[0]):
+                        return  # queue closed: what is left stays unreleased in the ledger
+                    self._releases.popleft()
+                self._released.clear()
+                await self._released.wait()
+        except Exception as exc:  # surfaces from run()
+            logger.exception("putting a group into the message queue failed")
+            self._error = self._error or exc
+            self._wake.set()
+
+    async def _flush_releases(self, release_task: asyncio.Task) -> None:
+        while self._releases and not release_task.done():
+            await asyncio.sleep(0.01)
+        release_task.cancel()
+
+    # ---- syncs ------------------------------------------------------------------------------
+
+    async def begin_sync(self) -> SyncPause:
+        """Stop generating so the weights can change (see the module docstring)."""
+        start = time.perf_counter()
+        self._admitting = False
+        await self._finish_validation()
+        num_drained = 0
+        if self.cfg.async_training.partial_rollout:
+            await asyncio.to_thread(self.rollout_group.pause)
+            await self._quiet.wait()
+        else:
+            num_drained = len(self._in_flight)
+            await self._quiet.wait()
+            await asyncio.to_thread(self.rollout_group.pause)
+        return SyncPause(len(self._partials), num_drained, time.perf_counter() - start)
+
+    async def end_sync(self, version: int, num_trained: int) -> None:
+        """The engines serve ``version`` now: open its window and generate again."""
+        self.version = self.rollout_group.version = version
+        self.admission.open_window(version, num_trained)
+        await asyncio.to_thread(self.rollout_group.resume)
+        partials, self._partials = self._partials, []
+        for ticket, trajs in partials:
+            self._resume_partial(ticket, trajs)
+        for ticket in self._deferred:
+            self._start(ticket, resume=None)
+        self._deferred = []
+        self._admitting = True
+        test_freq = self.cfg.trainer.test_freq
+        if test_freq > 0 and version % test_freq == 0:
+            self._val_task = asyncio.create_task(self._validate_version(version))
+        self._wake.set()
+
+    def _resume_partial(self, ticket: Ticket, trajs: list[Trajectory]) -> None:
+        max_staleness = self.cfg.async_training.max_staleness
+        started = [t.min_version for t in trajs if t.token_versions]
+        if max_staleness is not None and started and self.version - min(started) > max_staleness:
+            # Already too old to be trained: generate it again on the new weights.
+            self._num_resumes.pop(ticket.ticket, None)
+            self._start(self.admission.readmit(ticket.ticket, ticket.uid), resume=None)
+            return
+        self._num_resumes[ticket.ticket] = self._num_resumes.get(ticket.ticket, 0) + 1
+        self._start(ticket, resume=trajs)
+
+    async def readmit(self, groups: list[tuple[int, str]]) -> None:
+        """Admit again the prompts of released groups (ticket, uid) the trainer found too
+        old (``async_training.max_staleness``)."""
+        for ticket, uid in groups:
+            new = self.admission.readmit(ticket, uid)
+            if self._admitting:
+                self._start(new, resume=None)
+            else:
+                self._deferred.append(new)
+
+    # ---- validation -------------------------------------------------------------------------
+
+    async def _validate_version(self, version: int) -> None:
+        results = await asyncio.to_thread(self._validate)
+        self._val_results[version] = self._val_unreported[version] = results
+
+    async def _finish_validation(self) -> None:
+        if self._val_task is not None:
+            await self._val_task
+            self._val_task = None
+
+    async def validate(self) -> dict[str, float]:
+        """Validation metrics of the version the engines serve now (once per version)."""
+        await self._finish_validation()
+        if self.version not in self._val_results:
+            await self._validate_version(self.version)
+        self._val_unreported.pop(self.version, None)
+        return self._val_results[self.version]
+
+    # ---- progress and the end ---------------------------------------------------------------
+
+    def poll(self) -> RolloutProgress:
+        """Cumulative counters, and validation results not reported before."""
+        results, self._val_unreported = self._val_unreported, {}
+        return RolloutProgress(
+            elapsed_s=time.perf_counter() - self._clock.start,
+            idle_s=self._clock.idle_s(),
+            num_admitted=self.admission.num_admitted,
+            num_readmitted=self.admission.num_readmitted,
+            num_in_flight=len(self._in_flight),
+            val_results=results,
+        )
+
+    async def stop(self) -> RolloutLedger:
+        """Stop admitting and cut what is generating; the engines stay up for validation."""
+        self._stopped, self._admitting = True, False
+        self._wake.set()
+        await self._finish_validation()
+        await asyncio.to_thread(self.rollout_group.pause)
+        await self._loop_done.wait()
+        await asyncio.to_thread(self.rollout_group.resume)
+        unreleased = [t.uid for t in self.admission.unreleased()]
+        return RolloutLedger(
+            admitted_uids=list(self.admission.admitted_uids),
+            num_readmitted=self.admission.num_readmitted,
+            unreleased_uids=unreleased + [g.prompt_uid for g in self._releases],
+            num_released=self.admission.num_released - len(self._releases),
+        )

@@ -1,0 +1,264 @@
+"""``FullyAsyncTrainer``: the trainer side of the fully async recipe (driver process).
+
+    for step in 1..total_steps:                     local = (step - 1) % T + 1
+        groups = queue.get_batch(R)                 blocks only when the rollouter is behind
+        old_lp = pushed-version forward             bypass_mode=false (see below)
+        adv    = grpo(rewards); trainer.update_actor(batch)
+        if local == T:  rollouter.begin_sync()      generation paused (partials kept)
+                        push weights -> version + 1 (the one place weights move)
+                        rollouter.end_sync(version, trained)
+
+Old log-probs (``algorithm.rollout_correction.bypass_mode``): ``true`` uses the rollout
+log-probs; ``false`` takes them from the version just pushed: local step 1 saves the weights
+to a CPU slot (they still are the pushed ones), later local steps swap that copy in for the
+forward and back out; the trainer worker then applies truncated importance sampling between
+old and rollout log-probs.
+
+``async_training.max_staleness`` is enforced here, where staleness is final: a group whose
+oldest token is more versions behind than that goes back to the rollouter, which admits its
+prompt again (counted in ``prompts/readmitted``), and the trainer takes another group.
+
+The loop runs in the driver: its compute lives in the TrainerWorker actors, so a trainer
+actor would only add a hop, while the driver keeps the one Tracker of the run and sees a
+rollouter failure at once (it waits on the batch and on the rollouter's ``run`` together).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from fully_async_policy.messages import EndOfStream, PromptGroup, RolloutProgress
+from fully_async_policy.metrics import RunTotals, group_metrics
+from fully_async_policy.plan import plan_run
+from recipe.config import RecipeConfig
+from recipe.separate_trainer import SeparateRayPPOTrainer
+from recipe.tracking import MetricsAccumulator
+
+logger = logging.getLogger(__name__)
+
+PUSHED_SLOT = "pushed"
+"""CPU slot holding the weights version last pushed to the engines (decoupled old log-probs)."""
+
+
+class FullyAsyncTrainer(SeparateRayPPOTrainer):
+    """Pulls R groups per local step, trains, and pushes weights every T local steps."""
+
+    def __init__(self, cfg: RecipeConfig, run_dir: Path) -> None:
+        super().__init__(cfg, run_dir)
+        self.plan = plan_run(cfg, len(self.train_records))
+        optimizer_steps_per_step = cfg.async_training.require_batches * cfg.actor.ppo_epochs
+        self._build_trainer_group(
+            total_optimizer_steps=self.plan.total_steps * optimizer_steps_per_step
+        )
+        self.rollouter: Any = None
+        self.queue: Any = None
+        self._run_ref: Any = None
+        self.trained_uids: list[str] = []
+        """Prompt uid of every trained group, in training order."""
+        self.ledger: dict[str, list[str]] = {}
+        """After ``fit``: prompt uids ``admitted``, ``trained`` and ``in_flight`` at the end."""
+        self.totals = RunTotals()
+        self._wait_s = 0.0
+        self._progress = RolloutProgress(0.0, 0.0, 0, 0, 0)
+
+    def attach(self, rollouter: Any, queue: Any, engines: Any) -> None:
+        """Wire the rollouter actor, the message queue and the engines' handles (used only
+        to push weights; the rollouter owns and shuts down the engines)."""
+        self.rollouter, self.queue, self.rollout_group = rollouter, queue, engines
+
+    # ---- one local step -------------------------------------------------------------------
+
+    def _take_groups(self) -> list[PromptGroup]:
+        """R groups from the queue; groups older than ``max_staleness`` go back for
+        re-admission and are replaced."""
+        import ray
+
+        max_staleness = self.cfg.async_training.max_staleness
+        groups: list[PromptGroup] = []
+        while len(groups) < self.plan.prompts_per_step:
+            got = self._get_batch(self.plan.prompts_per_step - len(groups))
+            stale = {
+                g.ticket
+                for g in got
+                if max_staleness is not None and self.version - g.min_version > max_staleness
+            }
+            if stale:
+                back = [(g.ticket, g.prompt_uid) for g in got if g.ticket in stale]
+                ray.get(self.rollouter.readmit.remote(back))
+            groups += [g for g in got if g.ticket not in stale]
+        return groups
+
+    def _get_batch(self, num_groups: int) -> list[PromptGroup]:
+        import ray
+
+        start = time.perf_counter()
+        ref = self.queue.get_batch.remote(num_groups)
+        ready, _ = ray.wait([ref, self._run_ref], num_returns=1)
+        self._wait_s += time.perf_counter() - start
+        if ref not in ready:
+            ray.get(self._run_ref)  # raises the rollouter's error
+            raise RuntimeError("the rollouter stopped while the trainer waited for groups")
+        got = ray.get(ref)
+        if isinstance(got, EndOfStream):
+            ray.get(self._run_ref)
+            raise RuntimeError(f"the message queue closed with {got.num_left} groups left")
+        return got
+
+    def _train_step(self, local_step: int) -> dict[str, float]:
+        metrics = MetricsAccumulator()
+        groups = self._take_groups()
+        batch = self._make_batch([g.trajectories for g in groups])
+        decoupled = not self.cfg.algorithm.rollout_correction.bypass_mode
+        if decoupled and local_step == 1 and self.plan.steps_per_sync > 1:
+            with metrics.timer("timing/save_to_cpu_s"):
+                self.trainer_group.save_model_to_cpu(PUSHED_SLOT)
+        slot = PUSHED_SLOT if decoupled and local_step > 1 else None
+        batch = self._compute_old_log_prob(batch, metrics, slot=slot)
+        batch = self._compute_advantages(batch)
+        self._update_actor(batch, metrics)
+        self.trained_uids += [g.prompt_uid for g in groups]
+        self.totals.add(groups, self.version)
+        return {**metrics.reduce(), **group_metrics(groups, self.version)}
+
+    # ---- weight sync --------------------------------------------------------------------------
+
+    def _sync(self) -> dict[str, float]:
+        """Pause generation, push weights (version + 1), resume. The push reports its own
+        ``sync/*`` phases; this adds the window in which generation was paused."""
+        import ray
+
+        metrics = MetricsAccumulator()
+        start = time.perf_counter()
+        pause = ray.get(self.rollouter.begin_sync.remote())
+        self._fit_update_weights(metrics)
+        ray.get(self.rollouter.end_sync.remote(self.version, len(self.trained_uids)))
+        return metrics.reduce() | {
+            "sync/pause_window_s": time.perf_counter() - start,
+            "sync/quiesce_s": pause.pause_s,
+            "sync/partial_groups": float(pause.num_partial_groups),
+            "sync/drained_groups": float(pause.num_drained_groups),
+        }
+
+    def _progress_metrics(self, interval_s: float, wait_s: float) -> dict[str, float]:
+        """Idle ratios over the step, queue state, and validation results that came in."""
+        import ray
+
+        progress = ray.get(self.rollouter.poll.remote())
+        stats = ray.get(self.queue.stats.remote())
+        elapsed = progress.elapsed_s - self._progress.elapsed_s
+        out = {
+            "trainer/idle_ratio": wait_s / max(interval_s, 1e-9),
+            "rollouter/idle_ratio": (progress.idle_s - self._progress.idle_s) / max(elapsed, 1e-9),
+            "rollouter/in_flight": float(progress.num_in_flight),
+            "queue/size": float(stats.size),
+            "queue/max_size": float(stats.max_size),
+            "queue/blocked_puts": float(stats.num_blocked_puts),
+            "prompts/admitted": float(progress.num_admitted),
+            "prompts/readmitted": float(progress.num_readmitted),
+        }
+        self._progress = progress
+        for version in sorted(progress.val_results):
+            out |= progress.val_results[version] | {"val/param_version": float(version)}
+        return out
+
+    # ---- the run ------------------------------------------------------------------------------
+
+    def fit(self) -> dict[str, Any]:
+        """Train ``plan.total_steps`` steps; returns the summary (also in summary.json)."""
+        import ray
+
+        start = time.perf_counter()
+        initial = {}
+        if self.cfg.trainer.val_before_train:
+            initial = ray.get(self.rollouter.validate.remote())
+            self.tracker.log({**initial, "trainer/param_version": self.version}, step=0)
+        self._run_ref = self.rollouter.run.remote()
+        bar = tqdm(
+            total=self.plan.total_steps,
+            desc="fully_async",
+            unit="step",
+            disable=self.cfg.logger.quiet,
+        )
+        last_end = time.perf_counter()
+        for step in range(1, self.plan.total_steps + 1):
+            local_step = (step - 1) % self.plan.steps_per_sync + 1
+            wait_before = self._wait_s
+            metrics = self._train_step(local_step)
+            self.global_step = step
+            out_of_time = self._out_of_time(start)
+            last = step == self.plan.total_steps or out_of_time
+            if local_step == self.plan.steps_per_sync or last:
+                metrics |= self._sync()
+            now = time.perf_counter()
+            metrics |= self._progress_metrics(now - last_end, self._wait_s - wait_before)
+            metrics["timing/step_s"] = now - last_end
+            metrics["throughput/samples_per_s"] = metrics["throughput/samples"] / (now - last_end)
+            metrics["trainer/param_version"] = self.version
+            last_end = now
+            self.tracker.log(metrics, step=step)
+            if self._should_save():
+                self._save_checkpoint({"prompts_trained": len(self.trained_uids)})
+            bar.update(1)
+            bar.set_postfix(
+                v=self.version,
+                reward=f"{metrics['reward/mean']:.3f}",
+                stale=f"{metrics['staleness/mean']:.2f}",
+            )
+            if out_of_time:
+                logger.info("trainer.max_wall_s reached after %d steps", step)
+                break
+        bar.close()
+        return self._finish(start, initial)
+
+    def _out_of_time(self, start: float) -> bool:
+        budget = self.cfg.trainer.max_wall_s
+        return budget is not None and time.perf_counter() - start > budget
+
+    def _finish(self, start: float, initial: dict[str, float]) -> dict[str, Any]:
+        """Stop the rollouter, validate the final version, account for every prompt."""
+        import ray
+
+        ledger = ray.get(self.rollouter.stop.remote())
+        ray.get(self._run_ref)
+        final = ray.get(self.rollouter.validate.remote())
+        leftover = ray.get(self.queue.drain.remote())
+        ray.get(self.queue.close.remote())
+        queue_stats = ray.get(self.queue.stats.remote())
+        wall_s = time.perf_counter() - start
+        self.ledger = {
+            "admitted": ledger.admitted_uids,
+            "trained": list(self.trained_uids),
+            "in_flight": ledger.unreleased_uids + [g.prompt_uid for g in leftover],
+        }
+        summary = {
+            "mode": self.cfg.mode,
+            "steps": self.global_step,
+            "param_version": self.version,
+            "prompts/admitted": len(ledger.admitted_uids),
+            "prompts/trained": len(self.trained_uids),
+            "prompts/readmitted": ledger.num_readmitted,
+            "prompts/in_flight": len(self.ledger["in_flight"]),
+            "initial/val_accuracy": initial.get("val/accuracy"),
+            "final/val_accuracy": final.get("val/accuracy"),
+            **self.totals.summary(),
+            "staleness/bound": self.plan.staleness_bound,
+            "trainer/idle_ratio": self._wait_s / wall_s,
+            "rollouter/idle_ratio": self._progress.idle_s / max(self._progress.elapsed_s, 1e-9),
+            "queue/capacity": queue_stats.capacity,
+            "queue/max_size": queue_stats.max_size,
+            "queue/blocked_puts": queue_stats.num_blocked_puts,
+            "throughput/samples_per_s": self.totals.num_samples / wall_s,
+            "wall_s": wall_s,
+        }
+        self.tracker.log_summary(summary)
+        return summary
+
+    def close(self) -> None:
+        """Close the trainer group and tracker; the engines are the rollouter's to close."""
+        self.rollout_group = None
+        super().close()

