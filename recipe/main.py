@@ -31,15 +31,15 @@ def _runner(mode: str):
         from recipe.sync_trainer import SyncTrainer
 
         return SyncTrainer
+    if mode == "one_step_off":
+        from one_step_off.trainer import OneStepOffTrainer
+
+        return OneStepOffTrainer
     if mode == "fully_async":
         from fully_async_policy.main import FullyAsyncRecipe
 
         return FullyAsyncRecipe
-    # TODO(one_step_off): its recipe lands in one_step_off/; until then the mode name fails
-    # here with the modes that run.
-    raise ValueError(
-        f"mode={mode!r} is not available in this version: allowed 'sync', 'fully_async'"
-    )
+    raise ValueError(f"mode={mode!r}: allowed 'sync', 'one_step_off', 'fully_async'")
 
 
 @hydra.main(version_base=None, config_path=str(CONFIG_DIR), config_name="config")

@@ -1,0 +1,15 @@
+"""``python -m one_step_off [key=value ...]``: ``python -m recipe mode=one_step_off``.
+
+The same Hydra entry, config tree and run directory as ``python -m recipe``; only the mode
+preset is fixed (a ``mode=`` given on the command line is refused, not silently overridden).
+"""
+
+import sys
+
+from recipe.main import main
+
+if __name__ == "__main__":
+    if any(arg.startswith("mode=") for arg in sys.argv[1:]):
+        sys.exit("error: python -m one_step_off runs mode=one_step_off; drop the mode= key")
+    sys.argv.insert(1, "mode=one_step_off")
+    main()

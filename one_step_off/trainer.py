@@ -1,0 +1,238 @@
+"""``OneStepOffTrainer`` (``mode=one_step_off``): batch k+1 generates while batch k trains.
+
+    submit batch 0                                   engines on version 0
+    for k in range(total_steps):
+        wait batch k                                 timing/wait_prev_gen_s
+        submit batch k+1                             engines on version k, overlaps training
+        score, old log-probs, advantages, update on batch k
+        wait batch k+1                               timing/wait_prev_gen_s
+        push weights -> engines serve version k + 1
+
+Generation of batch k+1 runs on the rollout resources during batch k's training, so it comes
+from the weights *before* batch k's update: batch 0 is trained at staleness 0 and every later
+batch at exactly 1. The push waits for batch k+1 to finish first: a push pauses the engines,
+and waiting means it never cuts a group, so every token of a batch has one version (no partial
+rollout is needed, which is the one-step-off contract). Prompts come from the same seeded
+``PromptCursor`` as ``mode=sync``, so both modes train the same prompts at every step; only
+the generating version (and therefore the sampling seed) differs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from recipe.config import RecipeConfig
+from recipe.data.cursor import PromptCursor
+from recipe.protocol import PromptRecord, Trajectory
+from recipe.separate_trainer import SeparateRayPPOTrainer
+from recipe.tracking import MetricsAccumulator
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class PendingBatch:
+    """One batch of prompt groups submitted to the engines and maybe still generating."""
+
+    records: list[PromptRecord]
+    """The batch's prompts, in cursor order."""
+    refs: list[Any]
+    """One Ray ObjectRef per prompt group (``records`` order)."""
+    version: int
+    """Weights version the engines served when the batch was submitted."""
+    cursor_before: dict[str, int]
+    """Cursor state before the batch was taken: what a checkpoint stores while it is untrained."""
+    groups: list[list[Trajectory]] | None = field(default=None)
+    """The finished groups, once waited for."""
+
+
+class OneStepOffTrainer(SeparateRayPPOTrainer):
+    """Train batch k while the rollout workers generate batch k+1; one push per step."""
+
+    def __init__(self, cfg: RecipeConfig, run_dir: Path) -> None:
+        super().__init__(cfg, run_dir)
+        self.cursor = PromptCursor(self.train_records, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
+        self.total_steps = self._plan_steps()
+        self.num_samples = 0
+        """Responses trained so far."""
+        self.staleness_sum = 0
+        """Sum of per-response staleness over the run (versions), for the sample-weighted mean."""
+        self.staleness_max = 0
+        """Largest per-response staleness over the run (versions)."""
+        mini_batches = cfg.prompts_per_step // cfg.actor.ppo_mini_batch_size
+        self._build_trainer_group(
+            total_optimizer_steps=self.total_steps * mini_batches * cfg.actor.ppo_epochs
+        )
+        self._build_rollout_group()
+
+    def _plan_steps(self) -> int:
+        cfg = self.cfg
+        total_prompts = cfg.rollout.total_rollout_steps or cfg.trainer.total_epochs * len(
+            self.train_records
+        )
+        steps = total_prompts // cfg.prompts_per_step
+        if cfg.trainer.total_training_steps is not None:
+            steps = min(steps, cfg.trainer.total_training_steps)
+        if steps < 1:
+            raise ValueError(
+                f"rollout.total_rollout_steps={total_prompts} prompts is less than one trainer "
+                f"step ({cfg.prompts_per_step} prompts)"
+            )
+        logger.info(
+            "mode=one_step_off: %d trainer steps x %d prompts x %d responses; batch k+1 "
+            "generates while batch k trains",
+            steps,
+            cfg.prompts_per_step,
+            cfg.rollout.n,
+        )
+        return steps
+
+    # ---- the loop -----------------------------------------------------------------------
+
+    def fit(self) -> dict[str, Any]:
+        start = time.perf_counter()
+        initial = self._validate() if self.cfg.trainer.val_before_train else {}
+        if initial:
+            self.tracker.log({**initial, "trainer/param_version": self.version}, step=0)
+        last_val = initial
+        bar = tqdm(total=self.total_steps, desc="one_step_off", disable=self.cfg.logger.quiet)
+        pending = self._submit_batch()
+        while pending is not None:
+            metrics = MetricsAccumulator()
+            step_start = time.perf_counter()
+            current = pending
+            groups = self._wait(current, metrics)
+            last_step = self.global_step + 1 == self.total_steps
+            pending = None if last_step else self._submit_batch()
+            out = self._train_batch(current.records, groups, metrics)
+            if pending is not None:
+                self._wait(pending, metrics)  # before the push: a pause would cut its groups
+            self._fit_update_weights(metrics)
+            self.global_step += 1
+            out.update(metrics.reduce())
+            out["timing/step_s"] = time.perf_counter() - step_start
+            out["throughput/samples_per_s"] = out["throughput/samples"] / out["timing/step_s"]
+            out["throughput/tokens_per_s"] = out.pop("throughput/tokens") / out["timing/step_s"]
+            if self._should_validate():
+                last_val = self._validate()
+                out.update(last_val)
+            out["trainer/param_version"] = self.version
+            self.tracker.log(out, step=self.global_step)
+            if self._should_save():
+                cursor = pending.cursor_before if pending else self.cursor.state_dict()
+                self._save_checkpoint({"cursor": cursor})
+            bar.update(1)
+            bar.set_postfix(
+                v=self.version,
+                reward=f"{out['reward/mean']:.3f}",
+                stale=f"{out['staleness/mean']:.2f}",
+                acc=f"{last_val.get('val/accuracy', float('nan')):.3f}",
+            )
+            if pending is not None and self._out_of_time(start):
+                logger.info("trainer.max_wall_s reached after %d steps", self.global_step)
+                break
+        bar.close()
+        final = last_val if self._validated_last() else self._validate()
+        return self._summarize(initial, final, time.perf_counter() - start)
+
+    # ---- steps of the loop --------------------------------------------------------------
+
+    def _submit_batch(self) -> PendingBatch:
+        """Take the next ``prompts_per_step`` prompts and start every group on the engines."""
+        cfg = self.cfg.rollout
+        cursor_before = self.cursor.state_dict()
+        records = self.cursor.take(self.cfg.prompts_per_step)
+        refs = [
+            self.rollout_group.submit(
+                r.uid,
+                self.prompt_ids[r.uid],
+                n=cfg.n,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                top_k=cfg.top_k,
+            )
+            for r in records
+        ]
+        return PendingBatch(records, refs, self.version, cursor_before)
+
+    def _wait(self, pending: PendingBatch, metrics: MetricsAccumulator) -> list[list[Trajectory]]:
+        """The batch's groups; the time spent blocked counts as ``timing/wait_prev_gen_s``."""
+        import ray
+
+        with metrics.timer("timing/wait_prev_gen_s"):  # ~0 for a batch already waited for
+            if pending.groups is None:
+                pending.groups = ray.get(pending.refs)
+        return pending.groups
+
+    def _train_batch(
+        self,
+        records: list[PromptRecord],
+        groups: list[list[Trajectory]],
+        metrics: MetricsAccumulator,
+    ) -> dict[str, float]:
+        """Score, old log-probs, advantages and update on one batch at ``self.version``."""
+        for record, trajs in zip(records, groups, strict=True):
+            self._score(record, trajs)
+        trajs = [t for g in groups for t in g]
+        out = self._sample_metrics(trajs)
+        batch = self._make_batch(groups)
+        batch = self._compute_old_log_prob(batch, metrics)
+        batch = self._compute_advantages(batch)
+        self._update_actor(batch, metrics)
+        return out
+
+    def _sample_metrics(self, trajs: list[Trajectory]) -> dict[str, float]:
+        """Reward, length and staleness of one batch, trained on ``self.version``."""
+        num = len(trajs)
+        rewards = [t.reward for t in trajs]
+        lengths = [t.num_response_tokens for t in trajs]
+        staleness = [self.version - t.min_version for t in trajs if t.token_versions]
+        self.num_samples += num
+        self.staleness_sum += sum(staleness)
+        self.staleness_max = max(self.staleness_max, *staleness, 0)
+        return {
+            "reward/mean": sum(rewards) / num,
+            "reward/accuracy": sum(r >= 1.0 for r in rewards) / num,
+            "response_length/mean": sum(lengths) / num,
+            "response_length/clip_ratio": sum(t.finish_reason == "length" for t in trajs) / num,
+            "staleness/mean": sum(staleness) / len(staleness) if staleness else 0.0,
+            "staleness/max": float(max(staleness, default=0)),
+            "throughput/samples": float(num),
+            "throughput/tokens": float(sum(lengths) + sum(len(t.prompt_ids) for t in trajs)),
+        }
+
+    def _summarize(
+        self, initial: dict[str, float], final: dict[str, float], wall_s: float
+    ) -> dict[str, Any]:
+        summary = {
+            "mode": self.cfg.mode,
+            "steps": self.global_step,
+            "param_version": self.version,
+            "prompts/trained": self.global_step * self.cfg.prompts_per_step,
+            "samples/trained": self.num_samples,
+            "initial/val_accuracy": initial.get("val/accuracy"),
+            "final/val_accuracy": final.get("val/accuracy"),
+            "staleness/max": self.staleness_max,
+            "staleness/mean": self.staleness_sum / max(self.num_samples, 1),
+            "throughput/samples_per_s": self.num_samples / wall_s,
+            "wall_s": wall_s,
+        }
+        self.tracker.log_summary(summary)
+        return summary
+
+    def _should_validate(self) -> bool:
+        freq = self.cfg.trainer.test_freq
+        return freq > 0 and self.version % freq == 0
+
+    def _validated_last(self) -> bool:
+        return self._should_validate() and self.global_step > 0
+
+    def _out_of_time(self, start: float) -> bool:
+        budget = self.cfg.trainer.max_wall_s
+        return budget is not None and time.perf_counter() - start > budget
