@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Nightly CPU convergence: each mode that exists trains the embedded default for a full epoch
-# (250 steps) and must beat the thresholds in ci/thresholds.json. Schedule it with cron or a CI
+# Nightly CPU convergence: each mode trains the embedded default for a full epoch
+# (8,000 prompts) and must beat the thresholds in ci/thresholds.json. Schedule it with cron or a CI
 # scheduler on a CPU runner, e.g. `0 3 * * * cd /path/to/repo && ci/nightly_cpu.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 make venv
 out=${NIGHTLY_OUT:-outputs/nightly/$(date +%Y-%m-%d)}
 status=0
-for mode in sync; do
+for mode in sync one_step_off fully_async; do
   .venv/bin/python -m recipe mode=$mode logger.quiet=true hydra.run.dir="$out/$mode"
   .venv/bin/python ci/check_run.py "$out/$mode" "$mode" || status=1
 done
