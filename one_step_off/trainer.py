@@ -71,28 +71,6 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         )
         self._build_rollout_group()
 
-    def _plan_steps(self) -> int:
-        cfg = self.cfg
-        total_prompts = cfg.rollout.total_rollout_steps or cfg.trainer.total_epochs * len(
-            self.train_records
-        )
-        steps = total_prompts // cfg.prompts_per_step
-        if cfg.trainer.total_training_steps is not None:
-            steps = min(steps, cfg.trainer.total_training_steps)
-        if steps < 1:
-            raise ValueError(
-                f"rollout.total_rollout_steps={total_prompts} prompts is less than one trainer "
-                f"step ({cfg.prompts_per_step} prompts)"
-            )
-        logger.info(
-            "mode=one_step_off: %d trainer steps x %d prompts x %d responses; batch k+1 "
-            "generates while batch k trains",
-            steps,
-            cfg.prompts_per_step,
-            cfg.rollout.n,
-        )
-        return steps
-
     # ---- the loop -----------------------------------------------------------------------
 
     def fit(self) -> dict[str, Any]:
@@ -225,14 +203,3 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         }
         self.tracker.log_summary(summary)
         return summary
-
-    def _should_validate(self) -> bool:
-        freq = self.cfg.trainer.test_freq
-        return freq > 0 and self.version % freq == 0
-
-    def _validated_last(self) -> bool:
-        return self._should_validate() and self.global_step > 0
-
-    def _out_of_time(self, start: float) -> bool:
-        budget = self.cfg.trainer.max_wall_s
-        return budget is not None and time.perf_counter() - start > budget

@@ -44,27 +44,6 @@ class SyncTrainer(SeparateRayPPOTrainer):
         )
         self._build_rollout_group()
 
-    def _plan_steps(self) -> int:
-        cfg = self.cfg
-        total_prompts = cfg.rollout.total_rollout_steps or cfg.trainer.total_epochs * len(
-            self.train_records
-        )
-        steps = total_prompts // cfg.prompts_per_step
-        if cfg.trainer.total_training_steps is not None:
-            steps = min(steps, cfg.trainer.total_training_steps)
-        if steps < 1:
-            raise ValueError(
-                f"rollout.total_rollout_steps={total_prompts} prompts is less than one trainer "
-                f"step ({cfg.prompts_per_step} prompts)"
-            )
-        logger.info(
-            "mode=sync: %d trainer steps x %d prompts x %d responses; one weight version per step",
-            steps,
-            cfg.prompts_per_step,
-            cfg.rollout.n,
-        )
-        return steps
-
     def fit(self) -> dict[str, Any]:
         start = time.perf_counter()
         initial = self._validate() if self.cfg.trainer.val_before_train else {}
@@ -137,17 +116,6 @@ class SyncTrainer(SeparateRayPPOTrainer):
         out.update(_sample_metrics([t for g in groups for t in g], step_s))
         out["timing/step_s"] = step_s
         return out
-
-    def _should_validate(self) -> bool:
-        freq = self.cfg.trainer.test_freq
-        return freq > 0 and self.version % freq == 0
-
-    def _validated_last(self) -> bool:
-        return self._should_validate() and self.global_step > 0
-
-    def _out_of_time(self, start: float) -> bool:
-        budget = self.cfg.trainer.max_wall_s
-        return budget is not None and time.perf_counter() - start > budget
 
 
 def _sample_metrics(trajs: list[Trajectory], step_s: float) -> dict[str, float]:
