@@ -40,21 +40,8 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="module")
-def model_dir(request, tmp_path_factory):
-    try:
-        return Path(request.getfixturevalue("tiny_model_path"))
-    except pytest.FixtureLookupError:
-        from transformers import Qwen2Config, Qwen2ForCausalLM
-
-        torch.manual_seed(0)
-        config = Qwen2Config(
-            vocab_size=300, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-            num_attention_heads=2, num_key_value_heads=2, head_dim=64,
-            tie_word_embeddings=True, max_position_embeddings=256,
-        )  # fmt: skip
-        out_dir = tmp_path_factory.mktemp("tiny_qwen2")
-        Qwen2ForCausalLM(config).save_pretrained(out_dir)
-        return out_dir
+def model_dir(tiny_model_path):
+    return Path(tiny_model_path)
 
 
 def make_batch(model_dir) -> TrainBatch:

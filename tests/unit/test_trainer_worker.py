@@ -26,32 +26,9 @@ METRIC_KEYS = {
 }
 
 
-def build_random_qwen2(out_dir):
-    """A tiny random Qwen2 (tied embeddings, head_dim 64) saved in HF format."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=300,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=64,
-        tie_word_embeddings=True,
-        max_position_embeddings=256,
-    )
-    Qwen2ForCausalLM(config).save_pretrained(out_dir)
-    return out_dir
-
-
 @pytest.fixture(scope="module")
-def model_dir(request, tmp_path_factory):
-    try:
-        return Path(request.getfixturevalue("tiny_model_path"))
-    except pytest.FixtureLookupError:
-        return build_random_qwen2(tmp_path_factory.mktemp("tiny_qwen2"))
+def model_dir(tiny_model_path):
+    return Path(tiny_model_path)
 
 
 def make_trajectories(vocab_size, *, num_prompts=3, n=2, seed=0):
