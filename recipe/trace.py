@@ -1,0 +1,488 @@
+"""The run's timeline: ``trace.json`` in Chrome trace event format (opens in ui.perfetto.dev).
+
+    driver (trainer)   Tracer(pid 1) --span / complete / counter--> buffer --+
+    rollouter actor    Tracer(pid 2) --drain_trace(), pulled every step---->+--> TraceFile
+    engine replica r   RequestTrace --RolloutGroup.drain_trace(), pid 10+r->+    trace.json
+
+Every process buffers its own events; the trainer pulls them once per step and appends them
+to ``trace.json``, so one file holds the whole pipeline. Tracks (Chrome "threads"):
+
+    pid 1 trainer       tid 1 "steps" (one slice per trainer step, with its figures),
+                        tid 2 "trainer" (phases: wait_batch, old_log_prob, advantages, update,
+                        sync -> weight_push -> pause/transfer/gather/load/resume, validate,
+                        checkpoint), counters (version, queue size, in-flight groups)
+    pid 2 rollouter     "sync" (pause for a push), "validation", "queue" (blocked puts)
+    pid 10+r engine r   one track per concurrent slot: each generation request (one prompt
+                        group) is one slice with its uid, n, tokens and versions; a group cut
+                        by a pause and resumed shows as two slices
+
+Clock: ``time.time()`` in microseconds, so processes on one host agree (across hosts, as
+far as their clocks do). Complete ("X") slices on one track never overlap unless nested:
+each process keeps spans of concurrent activities on separate tracks.
+
+The file is grown in place: new events are written over the closing ``]}`` which is then
+written again, so after every flush it is a complete JSON object, and a run that crashes
+loses only what was not flushed yet (at most ``flush_interval_s``). One event per line, so
+a file cut mid-write is still readable (``load_trace`` skips the broken line).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from recipe.tracking_backends import json_safe
+
+logger = logging.getLogger(__name__)
+
+TRACE_FILE = "trace.json"
+TRAINER_PID = 1
+ROLLOUTER_PID = 2
+ENGINE_PID_BASE = 10
+"""Engine replica r is process ``ENGINE_PID_BASE + r`` in the trace."""
+STEPS_TID = 1
+PHASES_TID = 2
+SENDER_TID = 3
+"""The trainer's weight sender (rank 0): phases it reports, e.g. the gather of a push."""
+ROLLOUTER_TIDS = {"sync": 1, "validation": PHASES_TID, "queue": 3}
+"""The rollouter's tracks; validation shares the tid of the trainer's phases, so the shared
+``_validate`` records on the right track in both processes."""
+MAX_BUFFERED_EVENTS = 200_000
+"""A buffer nobody drains stops growing here (events beyond it are counted, not kept)."""
+
+_HEADER = '{"displayTimeUnit": "ms", "otherData": %s, "traceEvents": [\n'
+_TAIL = "\n]}\n"
+
+
+def now_us() -> float:
+    """Wall-clock microseconds (the trace's time base)."""
+    return time.time() * 1e6
+
+
+class Tracer:
+    """Buffers trace events of one process; ``drain()`` hands them over. Thread safe.
+
+    ``enabled=False`` gives a tracer that records nothing, so callers never branch on it.
+    """
+
+    def __init__(
+        self,
+        pid: int,
+        process_name: str | None,
+        *,
+        sort_index: int | None = None,
+        enabled: bool = True,
+    ) -> None:
+        self.pid = pid
+        self.enabled = enabled
+        self._lock = threading.Lock()
+        self._events: list[dict[str, Any]] = []
+        self._num_dropped = 0
+        self._named: set[tuple[int, int | None]] = set()
+        if process_name is not None:
+            self.name_process(process_name, sort_index=sort_index)
+
+    # ---- naming -------------------------------------------------------------------------
+
+    def name_process(
+        self, name: str, *, pid: int | None = None, sort_index: int | None = None
+    ) -> None:
+        pid = self.pid if pid is None else pid
+        if not self._first_time((pid, None)):
+            return
+        self._add({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
+        if sort_index is not None:
+            meta = {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0}
+            self._add(meta | {"args": {"sort_index": sort_index}})
+
+    def name_thread(self, tid: int, name: str, *, pid: int | None = None) -> None:
+        pid = self.pid if pid is None else pid
+        if not self._first_time((pid, tid)):
+            return
+        meta = {"ph": "M", "pid": pid, "tid": tid}
+        self._add(meta | {"name": "thread_name", "args": {"name": name}})
+        self._add(meta | {"name": "thread_sort_index", "args": {"sort_index": tid}})
+
+    def _first_time(self, key: tuple[int, int | None]) -> bool:
+        with self._lock:
+            if key in self._named:
+                return False
+            self._named.add(key)
+            return True
+
+    # ---- events -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def span(
+        self,
+        name: str,
+        *,
+        tid: int = PHASES_TID,
+        cat: str = "trainer",
+        args: Mapping[str, Any] | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """A complete slice around the block; yields its ``args`` dict to fill in. Recorded
+        also when the block raises (with ``error`` set), so a failing phase is visible."""
+        span_args: dict[str, Any] = dict(args or {})
+        start_us = now_us()
+        try:
+            yield span_args
+        except BaseException as exc:
+            span_args["error"] = type(exc).__name__
+            raise
+        finally:
+            self.complete(name, start_us, now_us(), tid=tid, cat=cat, args=span_args)
+
+    def complete(
+        self,
+        name: str,
+        start_us: float,
+        end_us: float,
+        *,
+        tid: int = PHASES_TID,
+        pid: int | None = None,
+        cat: str = "trainer",
+        args: Mapping[str, Any] | None = None,
+    ) -> None:
+        """One "X" slice from ``start_us`` to ``end_us`` (microseconds, ``now_us`` clock)."""
+        event = {
+            "ph": "X",
+            "name": name,
+            "cat": cat,
+            "pid": self.pid if pid is None else pid,
+            "tid": tid,
+            "ts": round(start_us, 1),
+            "dur": round(max(end_us - start_us, 0.0), 1),
+        }
+        if args:
+            event["args"] = dict(args)
+        self._add(event)
+
+    def counter(
+        self, name: str, values: Mapping[str, float], *, ts_us: float | None = None
+    ) -> None:
+        """A "C" event: one counter track per ``name``, one series per key of ``values``."""
+        series = {k: float(v) for k, v in values.items() if v is not None}
+        if series:
+            ts = round(now_us() if ts_us is None else ts_us, 1)
+            event = {"ph": "C", "name": name, "pid": self.pid, "tid": 0, "ts": ts}
+            self._add(event | {"args": series})
+
+    def _add(self, event: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with self._lock:
+            if len(self._events) >= MAX_BUFFERED_EVENTS:
+                self._num_dropped += 1
+                return
+            self._events.append(event)
+
+    def drain(self) -> list[dict[str, Any]]:
+        """Take every buffered event (an instant event reports any that were dropped)."""
+        with self._lock:
+            events, self._events = self._events, []
+            dropped, self._num_dropped = self._num_dropped, 0
+        if dropped:
+            logger.warning("trace buffer of pid %d was full: %d events dropped", self.pid, dropped)
+            events.append(
+                {
+                    "ph": "i",
+                    "s": "p",
+                    "name": "trace events dropped",
+                    "pid": self.pid,
+                    "tid": 0,
+                    "ts": round(now_us(), 1),
+                    "args": {"num_dropped": dropped},
+                }
+            )
+        return events
+
+
+def traced(name: str, *, tid: int = PHASES_TID, cat: str = "trainer") -> Callable:
+    """Method decorator: the call is one slice on ``self.tracer`` (sync or async methods)."""
+
+    def wrap(fn: Callable) -> Callable:
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def run_async(self: Any, *args: Any, **kwargs: Any) -> Any:
+                with self.tracer.span(name, tid=tid, cat=cat):
+                    return await fn(self, *args, **kwargs)
+
+            return run_async
+
+        @functools.wraps(fn)
+        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            with self.tracer.span(name, tid=tid, cat=cat):
+                return fn(self, *args, **kwargs)
+
+        return run
+
+    return wrap
+
+
+class RequestTrace:
+    """Generation requests of one engine replica, one slice each.
+
+    A replica serves many requests at once, and slices on one track must not overlap, so each
+    request takes the lowest free *slot* (track) while it runs. The replica's index is known
+    only to the caller, so events get their pid when drained.
+    """
+
+    def __init__(self) -> None:
+        self._tracer = Tracer(ENGINE_PID_BASE, None)  # pid and names are set per drain
+        self._busy: set[int] = set()
+        self._num_slots = 0
+
+    def begin(self) -> tuple[float, int]:
+        """Start of a request: (start time in us, its slot)."""
+        slot = next(i for i in range(len(self._busy) + 1) if i not in self._busy)
+        self._busy.add(slot)
+        self._num_slots = max(self._num_slots, slot + 1)
+        return now_us(), slot
+
+    def end(self, slot: int) -> None:
+        self._busy.discard(slot)
+
+    def generated(self, request: Any, trajectories: list[Any], start_us: float, slot: int) -> None:
+        """Record one finished (or paused) request: prompt uid, n, tokens, versions."""
+        resumed = request.resume is not None
+        done_before = {t.sample_index: t.num_response_tokens for t in request.resume or []}
+        lengths = [t.num_response_tokens for t in trajectories]
+        new = [t.num_response_tokens - done_before.get(t.sample_index, 0) for t in trajectories]
+        versions = sorted({v for t in trajectories for v in t.token_versions})
+        finish: dict[str, int] = {}
+        for traj in trajectories:
+            finish[traj.finish_reason] = finish.get(traj.finish_reason, 0) + 1
+        args = {
+            "prompt_uid": request.prompt_uid,
+            "n": request.n,
+            "new_tokens": sum(new),
+            "tokens": sum(lengths),
+            "new_lengths": new,
+            "versions": versions,
+            "finish": finish,
+            "resumed": resumed,
+            "temperature": request.temperature,
+        }
+        name = "generate (resumed)" if resumed else "generate"
+        cut = "aborted" in finish
+        self._tracer.complete(
+            name + (" [cut]" if cut else ""),
+            start_us,
+            now_us(),
+            tid=slot + 1,
+            cat="rollout",
+            args=args,
+        )
+
+    def drain(self, replica: int) -> list[dict[str, Any]]:
+        """Buffered slices with pid ``ENGINE_PID_BASE + replica`` and the track names."""
+        pid = ENGINE_PID_BASE + replica
+        self._tracer.name_process(f"engine replica {replica}", pid=pid, sort_index=pid)
+        for slot in range(self._num_slots):
+            self._tracer.name_thread(slot + 1, f"slot {slot}", pid=pid)
+        events = self._tracer.drain()
+        for event in events:
+            event["pid"] = pid
+        return events
+
+
+class TraceFile:
+    """``trace.json``, appended in place (see the module docstring). Not thread safe: one
+    owner (the driver) adds and flushes.
+
+    An existing file (a resumed run in the same directory) is continued: complete events
+    are kept, a line cut by a crash is dropped.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        other_data: Mapping[str, Any] | None = None,
+        flush_interval_s: float = 10.0,
+    ) -> None:
+        self.path = Path(path)
+        self.flush_interval_s = flush_interval_s
+        self._pending: list[dict[str, Any]] = []
+        self._last_flush = 0.0
+        self._closed = False
+        kept = load_trace(self.path) if self.path.exists() else []
+        self._file = self.path.open("w", encoding="utf-8")
+        self._file.write(_HEADER % json.dumps(dict(other_data or {})))
+        self._num_written = 0
+        self._tail_at = self._file.tell()
+        self._write(kept)
+
+    def add(self, events: Iterable[dict[str, Any]]) -> None:
+        self._pending.extend(events)
+
+    def flush(self, *, force: bool = False) -> None:
+        """Write what was added, if ``flush_interval_s`` passed since the last write (or
+        ``force``)."""
+        if self._closed or not self._pending:
+            return
+        if not force and time.monotonic() - self._last_flush < self.flush_interval_s:
+            return
+        events, self._pending = self._pending, []
+        self._write(events)
+
+    def _write(self, events: list[dict[str, Any]]) -> None:
+        self._file.seek(self._tail_at)
+        parts = []
+        for event in events:
+            parts.append(("" if self._num_written == 0 else ",\n") + _dumps(event))
+            self._num_written += 1
+        self._file.write("".join(parts))
+        self._tail_at = self._file.tell()
+        self._file.write(_TAIL)
+        self._file.truncate()
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._last_flush = time.monotonic()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.flush(force=True)
+        self._closed = True
+        self._file.close()
+
+
+def _dumps(event: Mapping[str, Any]) -> str:
+    return json.dumps(json_safe(dict(event)), separators=(",", ":"), allow_nan=False)
+
+
+def load_trace(path: Path) -> list[dict[str, Any]]:
+    """The events of a trace file; a file cut by a crash gives its complete events."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        events = []
+        for line in text.splitlines()[1:]:
+            with contextlib.suppress(json.JSONDecodeError):
+                event = json.loads(line.strip().rstrip(","))
+                if isinstance(event, dict) and "ph" in event:
+                    events.append(event)
+        logger.warning("%s was cut mid-write; kept %d complete events", path, len(events))
+        return events
+    if isinstance(data, list):
+        return data
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise ValueError(f"{path}: not a Chrome trace (no 'traceEvents' list)")
+    return data["traceEvents"]
+
+
+def busy_s(events: Iterable[Mapping[str, Any]], start_us: float, end_us: float) -> float:
+    """Seconds within [start_us, end_us] covered by at least one of the slices ``events``."""
+    spans = sorted(
+        (max(e["ts"], start_us), min(e["ts"] + e["dur"], end_us))
+        for e in events
+        if e.get("ph") == "X"
+    )
+    total, cur_start, cur_end = 0.0, None, None
+    for lo, hi in spans:
+        if hi <= lo:
+            continue
+        if cur_end is None or lo > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = lo, hi
+        else:
+            cur_end = max(cur_end, hi)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total / 1e6
+
+
+STEP_ARG_KEYS = (
+    "throughput/samples",
+    "reward/mean",
+    "staleness/mean",
+    "staleness/max",
+    "timing/step_s",
+    "trainer/idle_ratio",
+    "rollouter/idle_ratio",
+)
+"""Step figures copied into each step slice's args (those the step has)."""
+_COUNTERS = {
+    "queue": ("queue/size", "size"),
+    "in_flight": ("rollouter/in_flight", "groups"),
+    "staleness": ("staleness/mean", "mean"),
+}
+
+
+class RunTrace:
+    """The driver's side of the trace: its Tracer, ``trace.json``, and per-step pulls from
+    the other processes (``sources``: callables returning their buffered events)."""
+
+    def __init__(self, run_dir: Path, *, mode: str, flush_interval_s: float = 10.0) -> None:
+        self.tracer = Tracer(TRAINER_PID, "trainer", sort_index=TRAINER_PID)
+        self.tracer.name_thread(STEPS_TID, "steps")
+        self.tracer.name_thread(PHASES_TID, "trainer")
+        self.tracer.name_thread(SENDER_TID, "weight sender")
+        self.file = TraceFile(
+            Path(run_dir) / TRACE_FILE,
+            other_data={"mode": mode},
+            flush_interval_s=flush_interval_s,
+        )
+        self._failed_sources: set[str] = set()
+        self._closed = False
+
+    def step(self, step: int, version: int, metrics: Mapping[str, float]) -> None:
+        """One slice on the "steps" track ending now, ``timing/step_s`` long, plus counters
+        (``version``: the weights version after the step)."""
+        end_us = now_us()
+        start_us = end_us - metrics.get("timing/step_s", 0.0) * 1e6
+        args = {"step": step, "version": version}
+        args |= {k: metrics[k] for k in STEP_ARG_KEYS if k in metrics}
+        self.tracer.complete("step", start_us, end_us, tid=STEPS_TID, cat="step", args=args)
+        self.tracer.counter("param_version", {"version": version}, ts_us=end_us)
+        for name, (key, series) in _COUNTERS.items():
+            if key in metrics:
+                self.tracer.counter(name, {series: metrics[key]}, ts_us=end_us)
+
+    def pull(
+        self, sources: Iterable[Callable[[], list[dict[str, Any]]]] = (), *, force: bool = False
+    ) -> list[dict[str, Any]]:
+        """Move this process's and every source's events into the file (written when the
+        flush interval passed, or ``force``); returns the events moved. A failing source is
+        logged and skipped: the trace never stops a run."""
+        events = self.tracer.drain()
+        for source in sources:
+            try:
+                events += source()
+            except Exception as exc:
+                name = getattr(source, "__qualname__", repr(source))
+                if name not in self._failed_sources:
+                    self._failed_sources.add(name)
+                    logger.warning("trace: pulling events from %s failed: %r", name, exc)
+        self.file.add(events)
+        self.file.flush(force=force)
+        return events
+
+    def close(self, sources: Iterable[Callable[[], list[dict[str, Any]]]] = ()) -> None:
+        """Pull what is left and close the file; safe to call twice."""
+        if self._closed:
+            return
+        try:
+            self.pull(sources, force=True)
+        finally:
+            self._closed = True
+            self.file.close()
+
+
+def rollout_slices(events: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The engines' generation slices among ``events``."""
+    return [e for e in events if e.get("ph") == "X" and e.get("cat") == "rollout"]
