@@ -32,10 +32,15 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from recipe.utils.config_check import require_positive
+
+
+def _same(item: Any) -> Any:
+    return item
 
 
 @dataclass(slots=True)
@@ -154,3 +159,49 @@ class AdmissionController:
     def unreleased(self) -> list[Ticket]:
         """Tickets admitted but not yet released, oldest first."""
         return sorted(self._tickets.values(), key=lambda t: t.ticket)
+
+    # ---- checkpoints ------------------------------------------------------------------------
+
+    def state_dict(self, encode_item: Callable[[Any], Any] = _same) -> dict[str, Any]:
+        """Every counter, live ticket and held group, as JSON-able values (held groups through
+        ``encode_item``). ``budget`` and ``window_demand`` are recorded to check a resume."""
+        return {
+            "budget": self.budget,
+            "window_demand": self.window_demand,
+            "window": self.window,
+            "allowance": self.allowance,
+            "num_readmitted": self.num_readmitted,
+            "num_released": self.num_released,
+            "admitted_uids": list(self.admitted_uids),
+            "next_ticket": self._next_ticket,
+            "tickets": [[t.ticket, t.uid, t.window] for t in self._tickets.values()],
+            "held": [
+                [window, [[ticket, encode_item(item)] for ticket, item in items]]
+                for window, items in sorted(self._held.items())
+                if items
+            ],
+        }
+
+    def load_state_dict(
+        self, state: dict[str, Any], decode_item: Callable[[Any], Any] = _same
+    ) -> None:
+        """Continue from ``state_dict()``'s values; ValueError when budget or window demand
+        differ (the run's batch or staleness settings changed since)."""
+        for key in ("budget", "window_demand"):
+            if state[key] != getattr(self, key):
+                raise ValueError(
+                    f"the checkpoint's admission {key}={state[key]} differs from this run's "
+                    f"{getattr(self, key)}: keep actor.ppo_mini_batch_size, async_training.* "
+                    "as they were to resume"
+                )
+        self.window, self.allowance = state["window"], state["allowance"]
+        self.num_readmitted, self.num_released = state["num_readmitted"], state["num_released"]
+        self.admitted_uids = list(state["admitted_uids"])
+        self._next_ticket = state["next_ticket"]
+        self._tickets = {n: Ticket(n, uid, w) for n, uid, w in state["tickets"]}
+        self._unreleased = defaultdict(int)
+        for ticket in self._tickets.values():
+            self._unreleased[ticket.window] += 1
+        self._held = defaultdict(list)
+        for window, items in state["held"]:
+            self._held[window] = [(ticket, decode_item(item)) for ticket, item in items]

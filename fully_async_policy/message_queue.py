@@ -95,6 +95,11 @@ class MessageQueue:
             self._changed.notify_all()
             return items
 
+    async def snapshot(self) -> list[Any]:
+        """The groups in the queue, in order, left in place (for a checkpoint)."""
+        async with self._changed:
+            return list(self._items)
+
     async def close(self) -> None:
         """No more puts; wakes every waiter (puts return False, short gets EndOfStream).
         Idempotent."""

@@ -29,6 +29,7 @@ to end so that every val answer comes from one version.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import deque
@@ -38,6 +39,18 @@ from typing import Any
 from fully_async_policy.admission import AdmissionController, Ticket
 from fully_async_policy.messages import PromptGroup, RolloutLedger, RolloutProgress, SyncPause
 from fully_async_policy.plan import RunPlan
+from fully_async_policy.snapshot import (
+    ROLLOUTER_STATE_FILE,
+    decode_group,
+    decode_partials,
+    decode_ticket,
+    encode_group,
+    encode_partials,
+    encode_ticket,
+    merge_releases,
+)
+from recipe.checkpoint.rng import capture_rng, restore_rng
+from recipe.checkpoint.store import RUN_STATE_DIR
 from recipe.config import RecipeConfig
 from recipe.data.cursor import PromptCursor
 from recipe.protocol import Trajectory
@@ -263,6 +276,45 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
             await self._validate_version(self.version)
         self._val_unreported.pop(self.version, None)
         return self._val_results[self.version]
+
+    # ---- checkpoints ------------------------------------------------------------------------
+
+    async def snapshot(self) -> dict[str, Any]:
+        """This side's checkpoint state (fully_async_policy/snapshot.py), taken while PAUSED
+        for a sync, after the push and before ``end_sync``: nothing generates, so it is
+        complete."""
+        if self._in_flight:
+            raise RuntimeError(f"snapshot() with {len(self._in_flight)} groups generating")
+        releases = list(self._releases)
+        queued = await self.queue.snapshot.remote()
+        return {
+            "cursor": self.cursor.state_dict(),
+            "admission": self.admission.state_dict(encode_group),
+            "partials": encode_partials(self._partials),
+            "num_resumes": {str(k): v for k, v in self._num_resumes.items()},
+            "deferred": [encode_ticket(t) for t in self._deferred],
+            "releases": [encode_group(g) for g in merge_releases(queued, releases)],
+            "rng": capture_rng(),
+        }
+
+    def restore(self, checkpoint: str) -> None:
+        """Load ``snapshot()``'s state from ``checkpoint`` before ``run()``; the trainer then
+        calls ``end_sync(version, trained)`` as after the push the checkpoint followed."""
+        path = Path(checkpoint) / RUN_STATE_DIR / ROLLOUTER_STATE_FILE
+        state = json.loads(path.read_text(encoding="utf-8"))
+        self.cursor.load_state_dict(state["cursor"])
+        self.admission.load_state_dict(state["admission"], decode_group)
+        self._partials = decode_partials(state["partials"])
+        self._num_resumes = {int(k): v for k, v in state["num_resumes"].items()}
+        self._deferred = [decode_ticket(t) for t in state["deferred"]]
+        self._releases = deque(decode_group(g) for g in state["releases"])
+        restore_rng(state["rng"])
+        logger.info(
+            "rollouter restored: %d admitted, %d partial groups, %d finished groups to train",
+            self.admission.num_admitted,
+            len(self._partials),
+            len(self._releases),
+        )
 
     # ---- progress and the end ---------------------------------------------------------------
 

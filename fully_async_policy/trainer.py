@@ -35,6 +35,8 @@ from tqdm import tqdm
 from fully_async_policy.messages import EndOfStream, PromptGroup, RolloutProgress
 from fully_async_policy.metrics import RunTotals, group_metrics
 from fully_async_policy.plan import plan_run
+from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE, decode_totals, encode_totals
+from recipe.checkpoint.store import write_json
 from recipe.config import RecipeConfig
 from recipe.separate_trainer import SeparateRayPPOTrainer
 from recipe.tracking import MetricsAccumulator
@@ -51,6 +53,8 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
     def __init__(self, cfg: RecipeConfig, run_dir: Path) -> None:
         super().__init__(cfg, run_dir)
         self.plan = plan_run(cfg, len(self.train_records))
+        if self.resume_from is not None:
+            self._check_resume_plan()
         optimizer_steps_per_step = cfg.async_training.require_batches * cfg.actor.ppo_epochs
         self._build_trainer_group(
             total_optimizer_steps=self.plan.total_steps * optimizer_steps_per_step
@@ -65,11 +69,21 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         self.totals = RunTotals()
         self._wait_s = 0.0
         self._progress = RolloutProgress(0.0, 0.0, 0, 0, 0)
+        self._rollouter_state: dict[str, Any] | None = None
+        """The rollouter's snapshot taken in the last sync, waiting to be checkpointed."""
+        if self.resume_from is not None:
+            self._resume_trainer()
 
     def attach(self, rollouter: Any, queue: Any, engines: Any) -> None:
         """Wire the rollouter actor, the message queue and the engines' handles (used only
-        to push weights; the rollouter owns and shuts down the engines)."""
+        to push weights; the rollouter owns and shuts down the engines). A resumed run then
+        makes the engines serve the checkpoint's weights and restores the rollouter."""
+        import ray
+
         self.rollouter, self.queue, self.rollout_group = rollouter, queue, engines
+        if self.resume_from is not None:
+            self._restore_engines()
+            ray.get(self.rollouter.restore.remote(str(self.resume_from)))
 
     # ---- one local step -------------------------------------------------------------------
 
@@ -127,15 +141,18 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
 
     # ---- weight sync --------------------------------------------------------------------------
 
-    def _sync(self) -> dict[str, float]:
+    def _sync(self, *, last: bool = False) -> dict[str, float]:
         """Pause generation, push weights (version + 1), resume. The push reports its own
-        ``sync/*`` phases; this adds the window in which generation was paused."""
+        ``sync/*`` phases; this adds the window in which generation was paused. When the new
+        version is to be checkpointed, the rollouter's state is taken while still paused."""
         import ray
 
         metrics = MetricsAccumulator()
         start = time.perf_counter()
         pause = ray.get(self.rollouter.begin_sync.remote())
         self._fit_update_weights(metrics)
+        if self._should_save(last=last):
+            self._rollouter_state = ray.get(self.rollouter.snapshot.remote())
         ray.get(self.rollouter.end_sync.remote(self.version, len(self.trained_uids)))
         return metrics.reduce() | {
             "sync/pause_window_s": time.perf_counter() - start,
@@ -173,10 +190,12 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         import ray
 
         start = time.perf_counter()
-        initial = {}
-        if self.cfg.trainer.val_before_train:
-            initial = ray.get(self.rollouter.validate.remote())
-            self.tracker.log({**initial, "trainer/param_version": self.version}, step=0)
+        if self.resume_from is None and self.cfg.trainer.val_before_train:
+            self.initial_val = ray.get(self.rollouter.validate.remote())
+            self.tracker.log({**self.initial_val, "trainer/param_version": self.version}, step=0)
+        initial = self.initial_val
+        if self.resume_from is not None:  # the sync the checkpoint was taken in ends here
+            ray.get(self.rollouter.end_sync.remote(self.version, len(self.trained_uids)))
         self._run_ref = self.rollouter.run.remote()
         bar = tqdm(
             total=self.plan.total_steps,
@@ -185,15 +204,17 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             disable=self.cfg.logger.quiet,
         )
         last_end = time.perf_counter()
-        for step in range(1, self.plan.total_steps + 1):
-            local_step = (step - 1) % self.plan.steps_per_sync + 1
+        first = self.global_step + 1  # checkpoints follow a sync: a window starts here
+        for step in range(first, self.plan.total_steps + 1):
+            local_step = (step - first) % self.plan.steps_per_sync + 1
+            num_trained_before = len(self.trained_uids)
             wait_before = self._wait_s
             metrics = self._train_step(local_step)
             self.global_step = step
             out_of_time = self._out_of_time(start)
             last = step == self.plan.total_steps or out_of_time
             if local_step == self.plan.steps_per_sync or last:
-                metrics |= self._sync()
+                metrics |= self._sync(last=last)
             now = time.perf_counter()
             metrics |= self._progress_metrics(now - last_end, self._wait_s - wait_before)
             metrics["timing/step_s"] = now - last_end
@@ -201,8 +222,9 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             metrics["trainer/param_version"] = self.version
             last_end = now
             self.tracker.log(metrics, step=step)
-            if self._should_save():
-                self._save_checkpoint({"prompts_trained": len(self.trained_uids)})
+            self._record_trained(self.trained_uids[num_trained_before:])
+            if self._rollouter_state is not None:
+                self._checkpoint()
             bar.update(1)
             bar.set_postfix(
                 v=self.version,
@@ -218,6 +240,47 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
     def _out_of_time(self, start: float) -> bool:
         budget = self.cfg.trainer.max_wall_s
         return budget is not None and time.perf_counter() - start > budget
+
+    # ---- checkpoints ----------------------------------------------------------------------
+
+    def _plan_key(self) -> dict[str, int]:
+        """The plan numbers a resumed run must share with its checkpoint (admission, windows)."""
+        plan = self.plan
+        return {
+            "prompts_per_step": plan.prompts_per_step,
+            "steps_per_sync": plan.steps_per_sync,
+            "budget": plan.budget,
+        }
+
+    def _checkpoint(self) -> None:
+        """Checkpoint the version just pushed with the rollouter's state from that sync
+        (fully_async_policy/snapshot.py)."""
+        rollouter_state, self._rollouter_state = self._rollouter_state, None
+
+        def write_rollouter_state(run_state_dir: Path) -> None:
+            write_json(run_state_dir / ROLLOUTER_STATE_FILE, rollouter_state)
+
+        state = {
+            "plan": self._plan_key(),
+            "trained_uids": self.trained_uids,
+            "totals": encode_totals(self.totals),
+        }
+        self._save_checkpoint(state, extra=write_rollouter_state)
+
+    def _check_resume_plan(self) -> None:
+        saved = self.resume_state.get("plan")
+        if saved != self._plan_key():
+            raise ValueError(
+                f"trainer.resume_mode={str(self.resume_from)!r}: the checkpoint's plan {saved} "
+                f"differs from this run's {self._plan_key()}; keep actor.ppo_mini_batch_size "
+                "and async_training.* as they were to resume"
+            )
+
+    def _resume_trainer(self) -> None:
+        """Trainer side of a resume (the rollouter's follows in ``attach``)."""
+        state = self._load_checkpoint()
+        self.trained_uids = list(state["trained_uids"])
+        self.totals = decode_totals(state["totals"])
 
     def _finish(self, start: float, initial: dict[str, float]) -> dict[str, Any]:
         """Stop the rollouter, validate the final version, account for every prompt."""

@@ -15,6 +15,9 @@ and waiting means it never cuts a group, so every token of a batch has one versi
 rollout is needed, which is the one-step-off contract). Prompts come from the same seeded
 ``PromptCursor`` as ``mode=sync``, so both modes train the same prompts at every step; only
 the generating version (and therefore the sampling seed) differs.
+
+A checkpoint (after a push) holds batch k+1 as generated, so a resumed run trains exactly the
+samples the uninterrupted one would have, at the same staleness.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from recipe.checkpoint.codec import decode_groups, encode_groups
 from recipe.config import RecipeConfig
 from recipe.data.cursor import PromptCursor
 from recipe.protocol import PromptRecord, Trajectory
@@ -43,13 +47,11 @@ class PendingBatch:
     records: list[PromptRecord]
     """The batch's prompts, in cursor order."""
     refs: list[Any]
-    """One Ray ObjectRef per prompt group (``records`` order)."""
+    """One Ray ObjectRef per prompt group (``records`` order); empty when restored."""
     version: int
     """Weights version the engines served when the batch was submitted."""
-    cursor_before: dict[str, int]
-    """Cursor state before the batch was taken: what a checkpoint stores while it is untrained."""
     groups: list[list[Trajectory]] | None = field(default=None)
-    """The finished groups, once waited for."""
+    """The finished groups, once waited for (a checkpoint stores them while untrained)."""
 
 
 class OneStepOffTrainer(SeparateRayPPOTrainer):
@@ -70,17 +72,16 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
             total_optimizer_steps=self.total_steps * mini_batches * cfg.actor.ppo_epochs
         )
         self._build_rollout_group()
+        self._resumed_pending = self._resume() if self.resume_from is not None else None
 
     # ---- the loop -----------------------------------------------------------------------
 
     def fit(self) -> dict[str, Any]:
         start = time.perf_counter()
-        initial = self._validate() if self.cfg.trainer.val_before_train else {}
-        if initial:
-            self.tracker.log({**initial, "trainer/param_version": self.version}, step=0)
+        initial = self._initial_validation()
         last_val = initial
         bar = tqdm(total=self.total_steps, desc="one_step_off", disable=self.cfg.logger.quiet)
-        pending = self._submit_batch()
+        pending = self._first_batch()
         while pending is not None:
             metrics = MetricsAccumulator()
             step_start = time.perf_counter()
@@ -102,9 +103,10 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
                 out.update(last_val)
             out["trainer/param_version"] = self.version
             self.tracker.log(out, step=self.global_step)
-            if self._should_save():
-                cursor = pending.cursor_before if pending else self.cursor.state_dict()
-                self._save_checkpoint({"cursor": cursor})
+            self._record_trained([r.uid for r in current.records])
+            out_of_time = pending is not None and self._out_of_time(start)
+            if self._should_save(last=pending is None or out_of_time):
+                self._save_checkpoint(self._loop_state(pending))
             bar.update(1)
             bar.set_postfix(
                 v=self.version,
@@ -112,7 +114,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
                 stale=f"{out['staleness/mean']:.2f}",
                 acc=f"{last_val.get('val/accuracy', float('nan')):.3f}",
             )
-            if pending is not None and self._out_of_time(start):
+            if out_of_time:
                 logger.info("trainer.max_wall_s reached after %d steps", self.global_step)
                 break
         bar.close()
@@ -124,7 +126,6 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
     def _submit_batch(self) -> PendingBatch:
         """Take the next ``prompts_per_step`` prompts and start every group on the engines."""
         cfg = self.cfg.rollout
-        cursor_before = self.cursor.state_dict()
         records = self.cursor.take(self.cfg.prompts_per_step)
         refs = [
             self.rollout_group.submit(
@@ -137,7 +138,50 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
             )
             for r in records
         ]
-        return PendingBatch(records, refs, self.version, cursor_before)
+        return PendingBatch(records, refs, self.version)
+
+    # ---- checkpoint state ---------------------------------------------------------------
+
+    def _first_batch(self) -> PendingBatch | None:
+        """A fresh run submits batch 0; a resumed one continues with the batch its
+        checkpoint holds (generated before the crash, not trained yet)."""
+        if self._resumed_pending is not None:
+            return self._resumed_pending
+        return self._submit_batch() if self.global_step < self.total_steps else None
+
+    def _loop_state(self, pending: PendingBatch | None) -> dict[str, Any]:
+        """What a checkpoint after a push needs: the cursor (past the pending batch), the
+        pending batch itself (finished: it was waited for before the push) and the totals."""
+        saved = None
+        if pending is not None:
+            assert pending.groups is not None, "the push waits for the pending batch"
+            saved = {
+                "uids": [r.uid for r in pending.records],
+                "version": pending.version,
+                "groups": encode_groups(pending.groups),
+            }
+        return {
+            "cursor": self.cursor.state_dict(),
+            "pending": saved,
+            "num_samples": self.num_samples,
+            "staleness_sum": self.staleness_sum,
+            "staleness_max": self.staleness_max,
+        }
+
+    def _resume(self) -> PendingBatch | None:
+        """Load the checkpoint, make the engines serve its version; the pending batch."""
+        state = self._load_checkpoint()
+        self._restore_engines()
+        self.cursor.load_state_dict(state["cursor"])
+        self.num_samples = state["num_samples"]
+        self.staleness_sum = state["staleness_sum"]
+        self.staleness_max = state["staleness_max"]
+        saved = state["pending"]
+        if saved is None:
+            return None
+        by_uid = {r.uid: r for r in self.train_records}
+        records = [by_uid[uid] for uid in saved["uids"]]
+        return PendingBatch(records, [], saved["version"], decode_groups(saved["groups"]))
 
     def _wait(self, pending: PendingBatch, metrics: MetricsAccumulator) -> list[list[Trajectory]]:
         """The batch's groups; the time spent blocked counts as ``timing/wait_prev_gen_s``."""

@@ -28,6 +28,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from recipe.algo.config import AlgorithmConfig
+from recipe.checkpoint.store import check_checkpoint_path
 from recipe.checkpoint_engine.config import CheckpointEngineConfig
 from recipe.data.config import DataConfig
 from recipe.model import ModelConfig
@@ -85,9 +86,15 @@ class TrainerConfig:
     val_before_train: bool = True
     """Validate the initial weights."""
     save_freq: int = 0
-    """Save the policy (HF format) to ``checkpoints/step_N/`` every N trainer steps (0: never)."""
-    resume_mode: str = "disable"
-    """``disable``: start fresh (resuming from a checkpoint is not available yet)."""
+    """Checkpoint the whole run state to ``checkpoints/step_N/`` every N weight versions and
+    after the last step (0: never). A version is one trainer step in sync and one_step_off,
+    T = trigger_parameter_sync_step steps in fully_async (taken right after the push)."""
+    max_ckpt_to_keep: int | None = 2
+    """Keep only the newest N complete checkpoints (None: keep all)."""
+    resume_mode: str = "auto"
+    """``auto``: resume from the newest complete checkpoint of the run directory (relaunch
+    with ``hydra.run.dir=<that run>``), start fresh when there is none; ``disable``: start
+    fresh; or the path of a ``checkpoints/step_N`` directory."""
     seed: int = 0
     """Seed of the trainer (init, dropout, data order fallback)."""
     device: str = "auto"
@@ -101,14 +108,10 @@ class TrainerConfig:
             require_positive("trainer.total_training_steps", self.total_training_steps)
         require_non_negative("trainer.test_freq", self.test_freq)
         require_non_negative("trainer.save_freq", self.save_freq)
-        # TODO(resume): 'auto' and checkpoint paths arrive with full run-state checkpoints;
-        # until then resuming would silently restart, so it is refused.
-        require(
-            self.resume_mode == "disable",
-            "trainer.resume_mode",
-            self.resume_mode,
-            "'disable' (resuming is not available in this version)",
-        )
+        if self.max_ckpt_to_keep is not None:
+            require_positive("trainer.max_ckpt_to_keep", self.max_ckpt_to_keep)
+        if self.resume_mode not in RESUME_MODES:
+            check_checkpoint_path("trainer.resume_mode", self.resume_mode)
         require_choice("trainer.device", self.device, DEVICES)
         if self.max_wall_s is not None:
             require_positive("trainer.max_wall_s", self.max_wall_s)

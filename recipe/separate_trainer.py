@@ -16,11 +16,10 @@ order; validation and metric tracking are shared. Subclasses call ``super().__in
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
@@ -28,6 +27,18 @@ from typing import Any, ClassVar
 import torch
 
 from recipe.algo.advantages import compute_advantages
+from recipe.checkpoint.ledger import LEDGER_FILE, StepLedger
+from recipe.checkpoint.rng import capture_rng, restore_rng
+from recipe.checkpoint.store import (
+    RUN_STATE_DIR,
+    STATE_FILE,
+    read_state,
+    resolve_resume,
+    set_aside_newer,
+    truncate_jsonl,
+    write_checkpoint,
+    write_json,
+)
 from recipe.config import RecipeConfig
 from recipe.data.dataset import build_datasets
 from recipe.data.prompts import encode_prompts
@@ -35,6 +46,7 @@ from recipe.model import HFModelConfig
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.reward import RewardFunction
 from recipe.tracking import MetricsAccumulator, Tracker
+from recipe.tracking_backends import METRICS_FILE
 from recipe.workers.batch import TrainBatch
 
 logger = logging.getLogger(__name__)
@@ -63,6 +75,19 @@ class SeparateRayPPOTrainer:
         """Weights version served by the rollout engines; +1 per push."""
         self.global_step = 0
         """Trainer steps done."""
+        self.initial_val: dict[str, float] = {}
+        """Validation of the initial weights (kept in checkpoints for the summary)."""
+        self.resume_from: Path | None = None
+        """The checkpoint this run resumes from (``trainer.resume_mode``), or None."""
+        self.resume_state: dict[str, Any] = {}
+        """Its ``trainer_state.json`` (empty when not resuming)."""
+        self.step_ledger: StepLedger | None = None
+        """``ledger.jsonl``: the prompts each trainer step trained (the side owning metrics)."""
+        if self.owns_tracker:
+            # Before the Tracker opens metrics.jsonl: a resume first drops what came after
+            # the checkpoint.
+            self._prepare_resume()
+            self.step_ledger = StepLedger(self.run_dir)
         self.device = _resolve_device(cfg.trainer.device)
         self.tracker: Tracker | None = (
             Tracker(cfg.logger, self.run_dir, run_config=asdict(cfg)) if self.owns_tracker else None
@@ -203,26 +228,106 @@ class SeparateRayPPOTrainer:
 
     # ---- checkpoint IO ------------------------------------------------------------------
 
-    def _save_checkpoint(self, state: dict[str, Any]) -> Path:
-        """``checkpoints/step_N/``: the HF-format policy plus ``trainer_state.json``.
+    def _save_checkpoint(
+        self, state: dict[str, Any], *, extra: Callable[[Path], None] | None = None
+    ) -> Path:
+        """``checkpoints/step_N/``, written atomically (recipe/checkpoint/store.py): the
+        HF-format policy, optimizer + LR schedule + RNG of every trainer rank, and
+        ``trainer_state.json`` (step, version, driver RNG, initial validation and the
+        recipe's loop ``state``). ``extra(run_state_dir)`` adds a recipe's own files."""
+        start = time.perf_counter()
 
-        Written into a hidden sibling directory and renamed into place, so a crash mid-write
-        never leaves a directory that looks complete.
-        """
-        final = self.run_dir / "checkpoints" / f"step_{self.global_step}"
-        partial = final.with_name(f".{final.name}.partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        self.trainer_group.save_hf(partial)
-        meta = {"global_step": self.global_step, "param_version": self.version, **state}
-        (partial / "trainer_state.json").write_text(json.dumps(meta, indent=2))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(partial, final)
-        logger.info("checkpoint written: %s", final)
+        def fill(partial: Path) -> None:
+            self.trainer_group.save_hf(partial)
+            self.trainer_group.save_train_state(partial / RUN_STATE_DIR)
+            if extra is not None:
+                extra(partial / RUN_STATE_DIR)
+            meta = {
+                "format": 1,
+                "mode": self.cfg.mode,
+                "global_step": self.global_step,
+                "param_version": self.version,
+                "num_train_prompts": len(self.train_records),
+                "initial_val": self.initial_val,
+                "rng": capture_rng(),
+                **state,
+            }
+            write_json(partial / STATE_FILE, meta)
+
+        final = write_checkpoint(
+            self.run_dir,
+            self.global_step,
+            self.version,
+            fill,
+            keep=self.cfg.trainer.max_ckpt_to_keep,
+        )
+        logger.info(
+            "checkpoint of step %d took %.2f s", self.global_step, time.perf_counter() - start
+        )
         return final
 
-    def _should_save(self) -> bool:
+    def _should_save(self, *, last: bool = False) -> bool:
+        """Every ``trainer.save_freq`` weight versions (= trainer steps in the batch recipes,
+        which push once per step), and after the last step; called right after a push."""
         freq = self.cfg.trainer.save_freq
-        return freq > 0 and self.global_step % freq == 0
+        return freq > 0 and (self.version % freq == 0 or last)
+
+    def _prepare_resume(self) -> None:
+        """Resolve ``trainer.resume_mode``, check the checkpoint fits this run, and rewind
+        the run directory to it: ``metrics.jsonl`` and ``ledger.jsonl`` lose the steps after
+        it, newer checkpoints are set aside. Raises ValueError (startup) on a mismatch."""
+        path = resolve_resume(self.cfg.trainer.resume_mode, self.run_dir)
+        if path is None:
+            if self.cfg.trainer.resume_mode == "auto":
+                logger.info(
+                    "trainer.resume_mode=auto: no checkpoint in %s, starting fresh", self.run_dir
+                )
+            return
+        state = read_state(path)
+        expected = {"mode": self.cfg.mode, "num_train_prompts": len(self.train_records)}
+        for key, value in expected.items():
+            if state.get(key) != value:
+                raise ValueError(
+                    f"trainer.resume_mode={str(path)!r}: the checkpoint has {key}="
+                    f"{state.get(key)!r}, this run {value!r}"
+                )
+        step = state["global_step"]
+        truncate_jsonl(self.run_dir / METRICS_FILE, step)
+        truncate_jsonl(self.run_dir / LEDGER_FILE, step)
+        set_aside_newer(self.run_dir, step)
+        self.resume_from, self.resume_state = path, state
+        logger.info("resuming from %s (step %d, version %d)", path, step, state["param_version"])
+
+    def _load_checkpoint(self) -> dict[str, Any]:
+        """Load ``resume_from`` into the trainer group (weights, optimizer, schedule, RNG)
+        and this process (step, version, RNG); returns the recipe's saved loop state."""
+        assert self.resume_from is not None and self.trainer_group is not None
+        state = self.resume_state
+        self.trainer_group.load_hf(self.resume_from)
+        self.trainer_group.load_train_state(self.resume_from / RUN_STATE_DIR)
+        self.global_step, self.version = state["global_step"], state["param_version"]
+        self.initial_val = state.get("initial_val") or {}
+        restore_rng(state["rng"])
+        return state
+
+    def _restore_engines(self) -> None:
+        """Make the engines serve the resumed weights as ``self.version`` (they start from
+        ``model.path`` at version 0): the trainer exports its weights once, every replica
+        loads them."""
+        from recipe.checkpoint_engine.shared_region import shm_dir
+
+        assert self.version > 0, "checkpoints are taken after a push"
+        path = Path(shm_dir()) / f"resume-{os.getpid()}-v{self.version}.safetensors"
+        try:
+            self.trainer_group.export_weights(str(path))
+            self.rollout_group.update_weights_from_file(str(path), self.version)
+        finally:
+            path.unlink(missing_ok=True)
+
+    def _record_trained(self, prompt_uids: list[str]) -> None:
+        """One ``ledger.jsonl`` line: the prompts trained at ``global_step``."""
+        assert self.step_ledger is not None
+        self.step_ledger.append(self.global_step, self.version, prompt_uids)
 
     # ---- step-loop helpers of the batch recipes (sync, one_step_off) ----------------------
 
@@ -254,7 +359,17 @@ class SeparateRayPPOTrainer:
         return freq > 0 and self.version % freq == 0
 
     def _validated_last(self) -> bool:
-        return self._should_validate() and self.global_step > 0
+        """The last step of this process validated (so the final validation is done)."""
+        resumed_at = self.resume_state.get("global_step", 0)
+        return self._should_validate() and self.global_step > resumed_at
+
+    def _initial_validation(self) -> dict[str, float]:
+        """Validate the initial weights (``trainer.val_before_train``), logged as step 0; a
+        resumed run keeps the result its checkpoint holds."""
+        if self.resume_from is None and self.cfg.trainer.val_before_train:
+            self.initial_val = self._validate()
+            self.tracker.log({**self.initial_val, "trainer/param_version": self.version}, step=0)
+        return self.initial_val
 
     def _out_of_time(self, start: float) -> bool:
         budget = self.cfg.trainer.max_wall_s

@@ -43,16 +43,19 @@ class SyncTrainer(SeparateRayPPOTrainer):
             total_optimizer_steps=self.total_steps * mini_batches * cfg.actor.ppo_epochs
         )
         self._build_rollout_group()
+        self._trained_now: list[str] = []
+        """Prompt uids of the step being trained (for ledger.jsonl)."""
+        if self.resume_from is not None:
+            self.cursor.load_state_dict(self._load_checkpoint()["cursor"])
+            self._restore_engines()
 
     def fit(self) -> dict[str, Any]:
         start = time.perf_counter()
-        initial = self._validate() if self.cfg.trainer.val_before_train else {}
-        if initial:
-            self.tracker.log({**initial, "trainer/param_version": self.version}, step=0)
+        initial = self._initial_validation()
         last_val = initial
-        num_samples = 0
+        num_samples = int(self.resume_state.get("num_samples", 0))
         bar = tqdm(total=self.total_steps, desc="sync", unit="step", disable=self.cfg.logger.quiet)
-        for _ in range(self.total_steps):
+        for _ in range(self.global_step, self.total_steps):
             metrics = self._train_step()
             self.global_step += 1
             num_samples += int(metrics["throughput/samples"])
@@ -61,15 +64,18 @@ class SyncTrainer(SeparateRayPPOTrainer):
                 metrics.update(last_val)
             metrics["trainer/param_version"] = self.version
             self.tracker.log(metrics, step=self.global_step)
-            if self._should_save():
-                self._save_checkpoint({"cursor": self.cursor.state_dict()})
+            self._record_trained(self._trained_now)
+            out_of_time = self._out_of_time(start)
+            if self._should_save(last=out_of_time or self.global_step == self.total_steps):
+                state = {"cursor": self.cursor.state_dict(), "num_samples": num_samples}
+                self._save_checkpoint(state)
             bar.update(1)
             bar.set_postfix(
                 v=self.version,
                 reward=f"{metrics['reward/mean']:.3f}",
                 acc=f"{last_val.get('val/accuracy', float('nan')):.3f}",
             )
-            if self._out_of_time(start):
+            if out_of_time:
                 logger.info("trainer.max_wall_s reached after %d steps", self.global_step)
                 break
         bar.close()
@@ -95,6 +101,7 @@ class SyncTrainer(SeparateRayPPOTrainer):
         metrics = MetricsAccumulator()
         step_start = time.perf_counter()
         records = self.cursor.take(cfg.prompts_per_step)
+        self._trained_now = [r.uid for r in records]
         with metrics.timer("timing/gen_s"):
             groups = self.rollout_group.generate(
                 records,

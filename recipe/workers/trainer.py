@@ -17,6 +17,7 @@ computes the same update as world size 1 up to float summation order.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -363,6 +364,58 @@ class TrainerWorker:
         source = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         self._policy.reshard()
         load_full_state_dict(self._policy.lm, source.state_dict())
+
+    # ---- optimizer, LR schedule and RNG (checkpoints) ---------------------------------------
+
+    def save_train_state(self, path: str | Path) -> None:
+        """Into the directory ``path``: rank 0 writes ``optimizer.pt`` (the full, unsharded
+        AdamW state and the LR schedule), every rank its RNG as ``rng_trainer_rank<r>.json``.
+        Full rather than per-rank shards, so a run can resume on another world size; the
+        price is one gathered copy of the optimizer state in rank 0's CPU memory. Collective."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
+
+        from recipe.checkpoint.rng import capture_rng
+        from recipe.checkpoint.store import write_json
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        optim_state = get_optimizer_state_dict(self._policy, self._optimizer, options=options)
+        out = Path(path)
+        if self.rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            state = {"optimizer": optim_state, "scheduler": self._scheduler.state_dict()}
+            torch.save(state, out / "optimizer.pt")
+        if self.world_size > 1:
+            dist.barrier()  # the directory exists before the other ranks write into it
+        write_json(out / f"rng_trainer_rank{self.rank}.json", capture_rng())
+        if self.world_size > 1:
+            dist.barrier()
+
+    def load_train_state(self, path: str | Path) -> None:
+        """Set the optimizer, LR schedule and this rank's RNG from ``save_train_state``'s files
+        (every rank reads the full optimizer state and keeps its shard). Load the weights
+        first (``load_hf``). Collective."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
+        from recipe.checkpoint.rng import restore_rng
+
+        src = Path(path)
+        state = torch.load(src / "optimizer.pt", map_location="cpu", weights_only=True)
+        set_optimizer_state_dict(
+            self._policy,
+            self._optimizer,
+            state["optimizer"],
+            options=StateDictOptions(full_state_dict=True),
+        )
+        self._scheduler.load_state_dict(state["scheduler"])
+        rng_file = src / f"rng_trainer_rank{self.rank}.json"
+        if rng_file.is_file():  # absent when the checkpoint came from a smaller world size
+            restore_rng(json.loads(rng_file.read_text()))
 
     def close(self) -> None:
         if self._owns_group and dist.is_initialized():

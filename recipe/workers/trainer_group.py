@@ -218,6 +218,14 @@ class TrainerGroup:
     def load_hf(self, path: str | Path) -> None:
         self.execute_all("load_hf", str(path))
 
+    def save_train_state(self, path: str | Path) -> None:
+        """Optimizer + LR schedule (full, rank 0) and every rank's RNG into ``path``."""
+        self.execute_all("save_train_state", str(path))
+
+    def load_train_state(self, path: str | Path) -> None:
+        """The state ``save_train_state`` wrote (after ``load_hf`` of the same checkpoint)."""
+        self.execute_all("load_train_state", str(path))
+
     def shutdown(self, *, graceful: bool = True) -> None:
         """Leave the process groups, end the actors this group started, free the bundles."""
         import ray

@@ -1,0 +1,92 @@
+"""Checkpoint state of the fully async recipe: what exists only in memory between two syncs.
+
+A checkpoint is taken at a sync boundary: after the push, before ``end_sync`` resumes
+generation. Nothing generates then, so the rollouter's whole state is
+
+    cursor            where fresh prompts continue (epoch, offset)
+    admission         window, allowance, counters, live tickets, held (finished) groups
+    partials          groups cut by the pause: tokens, per-token versions and log-probs so far
+    num_resumes       pauses each partial group went through
+    deferred          re-admissions waiting for the window to open
+    releases          finished groups not yet trained: the message queue's contents, then
+                      the release order's (deduplicated by ticket: a put may land between
+                      the two reads)
+    rng               the rollouter process's RNG
+
+and the trainer's is its step, version, trained prompt uids and run totals. A resumed run
+loads both and replays ``end_sync(version)``: the window opens with the restored counters,
+the partials resume on the same weights, the queue refills in its old order, so every
+admitted prompt is trained once and the staleness bound (admission.py) holds across it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any
+
+from fully_async_policy.admission import Ticket
+from fully_async_policy.messages import PromptGroup
+from fully_async_policy.metrics import RunTotals
+from recipe.checkpoint.codec import decode_trajectory, encode_trajectory
+
+ROLLOUTER_STATE_FILE = "rollouter_state.json"
+"""The rollouter's state, under the checkpoint's ``run_state/``."""
+
+
+def encode_ticket(ticket: Ticket) -> list[Any]:
+    return [ticket.ticket, ticket.uid, ticket.window]
+
+
+def decode_ticket(data: list[Any]) -> Ticket:
+    number, uid, window = data
+    return Ticket(int(number), str(uid), int(window))
+
+
+def encode_group(group: PromptGroup) -> dict[str, Any]:
+    return {
+        "ticket": group.ticket,
+        "window": group.window,
+        "num_resumes": group.num_resumes,
+        "trajectories": [encode_trajectory(t) for t in group.trajectories],
+    }
+
+
+def decode_group(data: dict[str, Any]) -> PromptGroup:
+    trajs = [decode_trajectory(t) for t in data["trajectories"]]
+    return PromptGroup(data["ticket"], data["window"], trajs, data["num_resumes"])
+
+
+def merge_releases(queued: list[PromptGroup], releases: list[PromptGroup]) -> list[PromptGroup]:
+    """Finished, untrained groups in the order the trainer gets them: the queue's, then the
+    release order's not already in the queue (read first, so a put may have landed since)."""
+    in_queue = {g.ticket for g in queued}
+    return list(queued) + [g for g in releases if g.ticket not in in_queue]
+
+
+def encode_partials(partials: list[tuple[Ticket, list[Any]]]) -> list[list[Any]]:
+    return [[encode_ticket(t), [encode_trajectory(x) for x in trajs]] for t, trajs in partials]
+
+
+def decode_partials(data: list[list[Any]]) -> list[tuple[Ticket, list[Any]]]:
+    return [(decode_ticket(t), [decode_trajectory(x) for x in trajs]) for t, trajs in data]
+
+
+def encode_totals(totals: RunTotals) -> dict[str, Any]:
+    """Run totals as JSON values (a per-staleness Counter gets string keys)."""
+    # Not dataclasses.asdict: it rebuilds a Counter from (key, count) pairs, counting pairs.
+    out = {f.name: getattr(totals, f.name) for f in dataclasses.fields(totals)}
+    return {k: _str_keys(v) if isinstance(v, dict) else v for k, v in out.items()}
+
+
+def decode_totals(data: dict[str, Any]) -> RunTotals:
+    fields = {k: _int_keys(v) if isinstance(v, dict) else v for k, v in data.items()}
+    return RunTotals(**fields)
+
+
+def _str_keys(counts: dict[int, int]) -> dict[str, int]:
+    return {str(k): v for k, v in counts.items()}
+
+
+def _int_keys(counts: dict[str, int]) -> Counter[int]:
+    return Counter({int(k): v for k, v in counts.items()})
