@@ -282,6 +282,13 @@ class SeparateRayPPOTrainer:
                 logger.info(
                     "trainer.resume_mode=auto: no checkpoint in %s, starting fresh", self.run_dir
                 )
+            # A fresh start never appends to the logs of an earlier attempt in this directory
+            # (e.g. one killed before its first checkpoint): they are kept as <name>.prev.
+            for name in (METRICS_FILE, LEDGER_FILE):
+                log = self.run_dir / name
+                if log.is_file() and log.stat().st_size > 0:
+                    log.replace(log.with_name(f"{name}.prev"))
+                    logger.warning("starting fresh: the earlier %s is now %s.prev", name, name)
             return
         state = read_state(path)
         expected = {"mode": self.cfg.mode, "num_train_prompts": len(self.train_records)}
