@@ -20,6 +20,9 @@ and the prompt cursor. One event loop drives everything, so no state needs a loc
 
 State machine: RUNNING --begin_sync--> PAUSED --end_sync--> RUNNING; any --stop()--> STOPPED.
 Invariant: while PAUSED nothing generates, so the trainer may change the engines' weights.
+Checkpoints use the same pause: ``snapshot()`` (after the push, before ``end_sync``) is then
+the rollouter's whole state; ``restore()`` loads it before ``run()``, and the trainer replays
+``end_sync`` (fully_async_policy/snapshot.py).
 
 Validation runs here, on the engines, at the start of a window and next to the window's
 training generation, so the trainer never waits for it; the next ``begin_sync`` waits for it
