@@ -101,6 +101,8 @@ class RolloutProgress:
     """Groups generating now."""
     val_results: dict[int, dict[str, float]] = field(default_factory=dict)
     """Validation metrics finished since the previous poll, by weights version."""
+    num_restarts: int = 0
+    """Rollout replicas restarted after dying (``faults/rollout_restarts``)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -115,3 +117,5 @@ class RolloutLedger:
     """Prompts admitted but never put in the queue (generating or waiting at the stop)."""
     num_released: int
     """Groups put in the queue."""
+    num_restarts: int = 0
+    """Rollout replicas restarted after dying (``faults/rollout_restarts``)."""

@@ -42,6 +42,7 @@ from typing import Any
 from fully_async_policy.admission import AdmissionController, Ticket
 from fully_async_policy.messages import PromptGroup, RolloutLedger, RolloutProgress, SyncPause
 from fully_async_policy.plan import RunPlan
+from fully_async_policy.replicas import ReplicaSupervisor
 from fully_async_policy.snapshot import (
     ROLLOUTER_STATE_FILE,
     decode_group,
@@ -56,6 +57,7 @@ from recipe.checkpoint.rng import capture_rng, restore_rng
 from recipe.checkpoint.store import RUN_STATE_DIR
 from recipe.config import RecipeConfig
 from recipe.data.cursor import PromptCursor
+from recipe.faults import RolloutWorkerError
 from recipe.protocol import Trajectory
 from recipe.separate_trainer import SeparateRayPPOTrainer
 
@@ -97,6 +99,9 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
             budget=plan.budget, window_demand=plan.window_demand, max_fresh=plan.total_prompts
         )
         self._build_rollout_group()
+        self.replicas = ReplicaSupervisor(
+            self.rollout_group, max_restarts=cfg.rollout.max_restarts, on_fatal=self._fail
+        )
         self._in_flight: dict[int, asyncio.Task] = {}
         self._partials: list[tuple[Ticket, list[Trajectory]]] = []
         self._num_resumes: dict[int, int] = {}
@@ -157,7 +162,13 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
 
     async def _generate(self, ticket: Ticket, resume: list[Trajectory] | None) -> None:
         rollout = self.cfg.rollout
+        replica = worker = None
         try:
+            replica = await self.replicas.pick()
+            if replica is None:  # no replica served it before a sync or the stop
+                self._hold_back(ticket, resume)
+                return
+            worker = self.rollout_group.workers[replica]
             trajs = await self.rollout_group.submit(
                 ticket.uid,
                 self.prompt_ids[ticket.uid],
@@ -166,6 +177,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
                 top_p=rollout.top_p,
                 top_k=rollout.top_k,
                 resume=resume,
+                replica=replica,
             )
             if any(t.finish_reason == "aborted" for t in trajs):
                 self._partials.append((ticket, trajs))  # cut by a pause: resumed at end_sync
@@ -177,9 +189,11 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
             self._releases.extend(self.admission.complete(ticket.ticket, group))
             self._released.set()
         except Exception as exc:  # surfaces from run(), which closes the queue
+            if replica is not None and await self.replicas.on_failure(replica, worker, exc):
+                self._readmit_lost(ticket)  # its replica died with it (and is restarting)
+                return
             logger.exception("generating prompt %s failed", ticket.uid)
-            self._error = self._error or exc
-            self._wake.set()
+            self._fail(exc)
         finally:
             del self._in_flight[ticket.ticket]
             if not self._in_flight:
@@ -212,22 +226,24 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         """Stop generating so the weights can change (see the module docstring)."""
         start = time.perf_counter()
         self._admitting = False
+        self.replicas.hold(True)
         await self._finish_validation()
         num_drained = 0
         if self.cfg.async_training.partial_rollout:
-            await asyncio.to_thread(self.rollout_group.pause)
+            await self.replicas.pause_all()
             await self._quiet.wait()
         else:
             num_drained = len(self._in_flight)
             await self._quiet.wait()
-            await asyncio.to_thread(self.rollout_group.pause)
+            await self.replicas.pause_all()
         return SyncPause(len(self._partials), num_drained, time.perf_counter() - start)
 
     async def end_sync(self, version: int, num_trained: int) -> None:
         """The engines serve ``version`` now: open its window and generate again."""
         self.version = self.rollout_group.version = version
         self.admission.open_window(version, num_trained)
-        await asyncio.to_thread(self.rollout_group.resume)
+        await self.replicas.resume_all()
+        self.replicas.hold(False)
         partials, self._partials = self._partials, []
         for ticket, trajs in partials:
             self._resume_partial(ticket, trajs)
@@ -264,7 +280,15 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
     # ---- validation -------------------------------------------------------------------------
 
     async def _validate_version(self, version: int) -> None:
-        results = await asyncio.to_thread(self._validate)
+        results: dict[str, float] = {}
+        try:
+            if any(self.rollout_group.in_service):
+                results = await asyncio.to_thread(self._validate)
+        except RolloutWorkerError as exc:  # skipped; the replica is restarted
+            worker = self.rollout_group.workers[exc.replica]
+            if not await self.replicas.on_failure(exc.replica, worker, exc):
+                raise
+            logger.warning("validation of version %d skipped: %s", version, exc)
         self._val_results[version] = self._val_unreported[version] = results
 
     async def _finish_validation(self) -> None:
@@ -331,20 +355,65 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
             num_readmitted=self.admission.num_readmitted,
             num_in_flight=len(self._in_flight),
             val_results=results,
+            num_restarts=self.replicas.num_restarts,
         )
 
     async def stop(self) -> RolloutLedger:
         """Stop admitting and cut what is generating; the engines stay up for validation."""
         self._stopped, self._admitting = True, False
+        self.replicas.hold(True)
         self._wake.set()
         await self._finish_validation()
-        await asyncio.to_thread(self.rollout_group.pause)
+        await self.replicas.pause_all()
         await self._loop_done.wait()
-        await asyncio.to_thread(self.rollout_group.resume)
+        await self.replicas.resume_all()
         unreleased = [t.uid for t in self.admission.unreleased()]
         return RolloutLedger(
             admitted_uids=list(self.admission.admitted_uids),
             num_readmitted=self.admission.num_readmitted,
             unreleased_uids=unreleased + [g.prompt_uid for g in self._releases],
             num_released=self.admission.num_released - len(self._releases),
+            num_restarts=self.replicas.num_restarts,
         )
+
+    # ---- dead replicas (fully_async_policy/replicas.py) -------------------------------------
+
+    def _fail(self, error: BaseException) -> None:
+        """End the run with ``error`` (raised from ``run()``)."""
+        self._error = self._error or error
+        self._wake.set()
+
+    def _readmit_lost(self, ticket: Ticket) -> None:
+        """A group lost with its replica: its prompt is admitted again (a new ticket in the
+        current window, generated from scratch on the served weights)."""
+        self._num_resumes.pop(ticket.ticket, None)
+        new = self.admission.readmit(ticket.ticket, ticket.uid)
+        if self._admitting:
+            self._start(new, resume=None)
+        else:
+            self._deferred.append(new)
+
+    def _hold_back(self, ticket: Ticket, resume: list[Trajectory] | None) -> None:
+        """A group that waited for a serving replica when a sync began: it starts after."""
+        if resume is None:
+            self._deferred.append(ticket)
+        else:
+            self._partials.append((ticket, resume))
+
+    async def recover_replicas(self) -> list[int]:
+        """Restart the replicas found dead and wait for every restart; returns the replicas
+        waiting for the served weights (the trainer sends them: ``install_weights``)."""
+        return await self.replicas.recover()
+
+    async def install_weights(self, replica: int, path: str, version: int) -> None:
+        """Restarted ``replica`` loads the served weights (``version``) and serves again."""
+        await self.replicas.install_weights(replica, path, version)
+
+    async def wait_replica_request(self) -> None:
+        """Returns once a restarted replica waits for the served weights."""
+        await self.replicas.weights_wanted.wait()
+
+    def close(self) -> None:
+        """No more restarts, then the engines shut down (``SeparateRayPPOTrainer.close``)."""
+        self.replicas.close()
+        super().close()

@@ -25,7 +25,9 @@ rollouter failure at once (it waits on the batch and on the rollouter's ``run`` 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -38,13 +40,15 @@ from fully_async_policy.plan import plan_run
 from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE, decode_totals, encode_totals
 from recipe.checkpoint.store import write_json
 from recipe.config import RecipeConfig
+from recipe.faults import fails_cleanly
 from recipe.separate_trainer import SeparateRayPPOTrainer
 from recipe.tracking import MetricsAccumulator
 
 logger = logging.getLogger(__name__)
 
 PUSHED_SLOT = "pushed"
-"""CPU slot holding the weights version last pushed to the engines (decoupled old log-probs)."""
+"""CPU slot holding the weights version last pushed to the engines: decoupled old log-probs
+read it, and a restarted rollout worker is loaded from it (``rollout.max_restarts > 0``)."""
 
 
 class FullyAsyncTrainer(SeparateRayPPOTrainer):
@@ -71,6 +75,11 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         self._progress = RolloutProgress(0.0, 0.0, 0, 0, 0)
         self._rollouter_state: dict[str, Any] | None = None
         """The rollouter's snapshot taken in the last sync, waiting to be checkpointed."""
+        self._pushed_copy_version: int | None = None
+        """The version held in ``PUSHED_SLOT`` (None: nothing saved yet)."""
+        self._replica_request: Any = None
+        """Pending ``rollouter.wait_replica_request`` (a restarted replica wants weights)."""
+        self.fault_counts["faults/rollout_restarts"] = 0
         if self.resume_from is not None:
             self._resume_trainer()
 
@@ -83,6 +92,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         self.rollouter, self.queue, self.rollout_group = rollouter, queue, engines
         if self.resume_from is not None:
             self._restore_engines()
+            self._save_pushed_copy()  # the trainer's weights are the served ones right now
             ray.get(self.rollouter.restore.remote(str(self.resume_from)))
 
     # ---- one local step -------------------------------------------------------------------
@@ -112,7 +122,14 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
 
         start = time.perf_counter()
         ref = self.queue.get_batch.remote(num_groups)
-        ready, _ = ray.wait([ref, self._run_ref], num_returns=1)
+        while True:  # while waiting, bring restarted rollout replicas back into service
+            if self._replica_request is None:
+                self._replica_request = self.rollouter.wait_replica_request.remote()
+            ready, _ = ray.wait([ref, self._run_ref, self._replica_request], num_returns=1)
+            if ref in ready or self._run_ref in ready:
+                break
+            self._replica_request = None
+            self._heal()
         self._wait_s += time.perf_counter() - start
         if ref not in ready:
             ray.get(self._run_ref)  # raises the rollouter's error
@@ -129,8 +146,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         batch = self._make_batch([g.trajectories for g in groups])
         decoupled = not self.cfg.algorithm.rollout_correction.bypass_mode
         if decoupled and local_step == 1 and self.plan.steps_per_sync > 1:
-            with metrics.timer("timing/save_to_cpu_s"):
-                self.trainer_group.save_model_to_cpu(PUSHED_SLOT)
+            self._save_pushed_copy(metrics)
         slot = PUSHED_SLOT if decoupled and local_step > 1 else None
         batch = self._compute_old_log_prob(batch, metrics, slot=slot)
         batch = self._compute_advantages(batch)
@@ -150,7 +166,10 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         metrics = MetricsAccumulator()
         start = time.perf_counter()
         pause = ray.get(self.rollouter.begin_sync.remote())
+        self._heal()  # replicas that died since the last sync receive this push too
         self._fit_update_weights(metrics)
+        if self.cfg.rollout.max_restarts > 0:
+            self._save_pushed_copy(metrics)
         if self._should_save(last=last):
             self._rollouter_state = ray.get(self.rollouter.snapshot.remote())
         ray.get(self.rollouter.end_sync.remote(self.version, len(self.trained_uids)))
@@ -178,6 +197,8 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             "prompts/admitted": float(progress.num_admitted),
             "prompts/readmitted": float(progress.num_readmitted),
         }
+        self.fault_counts["faults/rollout_restarts"] = progress.num_restarts
+        out |= {key: float(count) for key, count in self.fault_counts.items()}
         self._progress = progress
         for version in sorted(progress.val_results):
             out |= progress.val_results[version] | {"val/param_version": float(version)}
@@ -185,6 +206,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
 
     # ---- the run ------------------------------------------------------------------------------
 
+    @fails_cleanly
     def fit(self) -> dict[str, Any]:
         """Train ``plan.total_steps`` steps; returns the summary (also in summary.json)."""
         import ray
@@ -318,8 +340,58 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             "throughput/samples_per_s": self.totals.num_samples / wall_s,
             "wall_s": wall_s,
         }
+        self.fault_counts["faults/rollout_restarts"] = ledger.num_restarts
+        summary |= self.fault_counts
         self.tracker.log_summary(summary)
         return summary
+
+    # ---- dead rollout replicas (fully_async_policy/replicas.py) ---------------------------
+
+    def _save_pushed_copy(self, metrics: MetricsAccumulator | None = None) -> None:
+        """Keep the served weights (right after a push: the trainer's own) in ``PUSHED_SLOT``
+        of every trainer rank, once per version."""
+        if self._pushed_copy_version == self.version:
+            return
+        with metrics.timer("timing/save_to_cpu_s") if metrics else contextlib.nullcontext():
+            self.trainer_group.save_model_to_cpu(PUSHED_SLOT)
+        self._pushed_copy_version = self.version
+
+    def _heal(self) -> bool:
+        """Have the rollouter restart dead replicas; load the served weights (``PUSHED_SLOT``)
+        into every restarted one. True when a replica was replaced since the last call."""
+        import ray
+
+        from recipe.checkpoint_engine.shared_region import shm_dir
+
+        waiting = ray.get(self.rollouter.recover_replicas.remote())
+        replaced = self._refresh_engines()
+        for replica in waiting:
+            assert self._pushed_copy_version == self.version, "no copy of the served weights"
+            path = Path(shm_dir()) / f"restart-{os.getpid()}-v{self.version}.safetensors"
+            try:
+                self.trainer_group.export_weights(str(path), slot=PUSHED_SLOT)
+                ray.get(self.rollouter.install_weights.remote(replica, str(path), self.version))
+            finally:
+                path.unlink(missing_ok=True)
+        return replaced
+
+    def _refresh_engines(self) -> bool:
+        """Take the rollouter's current replica handles (a weight push reaches the new
+        workers); True if any changed, and then the push transport is rebuilt."""
+        import ray
+
+        current = ray.get(self.rollouter.rollout_group_handle.remote()).workers
+        ids = [w._actor_id for w in self.rollout_group.workers]
+        if ids == [w._actor_id for w in current]:
+            return False
+        self.rollout_group.workers[:] = current  # the synchronizer holds this same group
+        if self.param_sync is not None:
+            self.param_sync.reset_transport()
+        return True
+
+    def _recover_from_sync_failure(self, exc: Exception) -> bool:
+        """A push that failed because a rollout replica died goes again once it is back."""
+        return self._heal()
 
     def close(self) -> None:
         """Close the trainer group and tracker; the engines are the rollouter's to close."""

@@ -33,6 +33,7 @@ from tqdm import tqdm
 from recipe.checkpoint.codec import decode_groups, encode_groups
 from recipe.config import RecipeConfig
 from recipe.data.cursor import PromptCursor
+from recipe.faults import fails_cleanly
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.separate_trainer import SeparateRayPPOTrainer
 from recipe.tracking import MetricsAccumulator
@@ -76,6 +77,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
 
     # ---- the loop -----------------------------------------------------------------------
 
+    @fails_cleanly
     def fit(self) -> dict[str, Any]:
         start = time.perf_counter()
         initial = self._initial_validation()
@@ -184,12 +186,11 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         return PendingBatch(records, [], saved["version"], decode_groups(saved["groups"]))
 
     def _wait(self, pending: PendingBatch, metrics: MetricsAccumulator) -> list[list[Trajectory]]:
-        """The batch's groups; the time spent blocked counts as ``timing/wait_prev_gen_s``."""
-        import ray
-
+        """The batch's groups; the time spent blocked counts as ``timing/wait_prev_gen_s``.
+        A replica that died raises ``RolloutWorkerError`` naming it."""
         with metrics.timer("timing/wait_prev_gen_s"):  # ~0 for a batch already waited for
             if pending.groups is None:
-                pending.groups = ray.get(pending.refs)
+                pending.groups = self.rollout_group.get(pending.refs)
         return pending.groups
 
     def _train_batch(

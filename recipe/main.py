@@ -2,7 +2,10 @@
 
 Hydra composes ``configs/config.yaml`` (the mode preset picks the recipe) and the command-line
 overrides; ``load_config`` validates everything before Ray starts, so a bad value fails in
-seconds with one line naming the key. Set ``RECIPE_DEBUG=1`` for full tracebacks.
+seconds with one line naming the key (exit code 2; an unwritable run directory too, see
+recipe/utils/output_dir.py). A fault that ends a started run (recipe/faults.py) prints one
+line saying what failed and where to resume from (exit code 1). Set ``RECIPE_DEBUG=1`` for
+full tracebacks.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from recipe.config import load_config, register_configs
+from recipe.faults import RunFailure
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +61,18 @@ def main(dict_cfg: DictConfig) -> None:
             raise
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    failure: RunFailure | None = None
     try:
         recipe.fit()
+    except RunFailure as exc:  # a fault ended the run: one line once everything is closed
+        if debug:
+            raise
+        failure = exc
     finally:
         recipe.close()
+    if failure is not None:
+        print(f"error: {failure}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -64,17 +64,20 @@ class SeparateRayPPOTrainer:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Input checks come first: each raises a ValueError naming the key, file or row.
-        self.model = HFModelConfig.from_config(cfg.model)
         self.train_records, self.val_records = build_datasets(cfg.data)
         self.reward_fn = RewardFunction(cfg.reward)
         self.reward_fn.check_data_sources(
             {r.data_source for r in self.train_records + self.val_records}
         )
+        # Last: reading the model's config imports much of transformers (seconds).
+        self.model = HFModelConfig.from_config(cfg.model)
         self.prompt_ids = self._encode_all(self.train_records + self.val_records)
         self.version = 0
         """Weights version served by the rollout engines; +1 per push."""
         self.global_step = 0
         """Trainer steps done."""
+        self.fault_counts: dict[str, int] = {"faults/sync_retries": 0}
+        """Faults the run recovered from (``faults/*``, in metrics.jsonl and summary.json)."""
         self.initial_val: dict[str, float] = {}
         """Validation of the initial weights (kept in checkpoints for the summary)."""
         self.resume_from: Path | None = None
@@ -212,19 +215,44 @@ class SeparateRayPPOTrainer:
         """Push the trainer's weights to every rollout engine through the checkpoint engine
         (``checkpoint_engine.*``: paused, bucketed, verified); the version goes up by one.
 
-        On failure the engines stay paused on the old version and ``WeightSyncError`` names
-        the phase and the peer.
+        On failure the engines stay paused on the old version (never half-updated) and
+        ``checkpoint_engine.on_failure`` decides: ``stop`` raises the ``WeightSyncError``
+        (it names the phase and the peer); ``retry`` rebuilds the transport and pushes again,
+        at most ``max_retries`` times. A dead trainer rank is never retried; a push cut by a
+        rollout worker that ``_recover_from_sync_failure`` replaced is retried uncounted.
         """
+        from recipe.checkpoint_engine import WeightSyncError
+
         if self.param_sync is None:
             from recipe.checkpoint_engine import ParameterSynchronizer
 
             self.param_sync = ParameterSynchronizer(
                 self.trainer_group, self.rollout_group, self.cfg.checkpoint_engine
             )
-            self.param_sync.init_communicator()
-        for key, value in self.param_sync.sync_weights(timer=metrics.timer).items():
+        policy = self.cfg.checkpoint_engine
+        retries_left = policy.max_retries if policy.on_failure == "retry" else 0
+        while True:
+            try:
+                pushed = self.param_sync.sync_weights(timer=metrics.timer)
+                break
+            except WeightSyncError as exc:
+                self.trainer_group.check_alive()  # a dead rank: TrainerWorkerError, no retry
+                if self._recover_from_sync_failure(exc):
+                    logger.warning("weight push failed (%s); pushing again to the new worker", exc)
+                elif retries_left > 0:
+                    retries_left -= 1
+                    self.fault_counts["faults/sync_retries"] += 1
+                    logger.warning("weight push failed (%s); retrying, %d left", exc, retries_left)
+                else:
+                    raise
+                self.param_sync.reset_transport()
+        for key, value in pushed.items():
             metrics.add(key, value, reduce="last")
         self.version = self.param_sync.version
+
+    def _recover_from_sync_failure(self, exc: Exception) -> bool:
+        """Repair what made a push fail, if a recipe can (True: push again, uncounted)."""
+        return False
 
     # ---- checkpoint IO ------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from recipe.config import RecipeConfig
 from recipe.data.cursor import PromptCursor
+from recipe.faults import fails_cleanly
 from recipe.protocol import Trajectory
 from recipe.separate_trainer import SeparateRayPPOTrainer
 from recipe.tracking import MetricsAccumulator
@@ -49,6 +50,7 @@ class SyncTrainer(SeparateRayPPOTrainer):
             self.cursor.load_state_dict(self._load_checkpoint()["cursor"])
             self._restore_engines()
 
+    @fails_cleanly
     def fit(self) -> dict[str, Any]:
         start = time.perf_counter()
         initial = self._initial_validation()

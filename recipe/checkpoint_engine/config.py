@@ -5,9 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from recipe.utils.config_check import require, require_choice, require_fraction, require_positive
+from recipe.utils.config_check import (
+    require,
+    require_choice,
+    require_fraction,
+    require_non_negative,
+    require_positive,
+)
 
 BACKENDS = ("auto", "file", "shm", "gloo", "nccl", "cuda_ipc")
+ON_FAILURE = ("stop", "retry")
 
 
 @dataclass
@@ -27,6 +34,13 @@ class CheckpointEngineConfig:
     release_buffers: bool = False
     """Free staging buffers and process groups after every sync (less resident memory, a
     rebuild per sync); for colocated runs where memory is tight."""
+    on_failure: str = "stop"
+    """A failed or timed-out push (engines stay paused on the old version): ``stop`` ends the
+    run cleanly, naming the phase; ``retry`` rebuilds the transport and pushes again, up to
+    ``max_retries`` times, then stops. A push cut by a rollout worker that died is retried
+    after its restart either way (``rollout.max_restarts``)."""
+    max_retries: int = 2
+    """Pushes retried per sync with ``on_failure=retry``."""
 
     def __post_init__(self) -> None:
         require_choice("checkpoint_engine.backend", self.backend, BACKENDS)
@@ -38,3 +52,5 @@ class CheckpointEngineConfig:
         )
         require_fraction("checkpoint_engine.bucket_memory_fraction", self.bucket_memory_fraction)
         require_positive("checkpoint_engine.timeout_s", self.timeout_s)
+        require_choice("checkpoint_engine.on_failure", self.on_failure, ON_FAILURE)
+        require_non_negative("checkpoint_engine.max_retries", self.max_retries)

@@ -273,6 +273,12 @@ class ParameterSynchronizer:
             "sync/bytes": float(exported[SENDER]),
         }
 
+    def reset_transport(self) -> None:
+        """Rebuild the transport at the next sync (every end prepares and connects again):
+        before retrying a failed push, or after a rollout replica was replaced by a new
+        worker, whose receiver has never joined."""
+        self._connected = False
+
     # ---- teardown -----------------------------------------------------------------------
 
     def _close_transport(self) -> None:

@@ -105,6 +105,9 @@ class RolloutConfig:
     """Prompts to train on in total; None: ``trainer.total_epochs`` passes over the train set."""
     num_replicas: int = 1
     """Independent engine replicas (data parallel)."""
+    max_restarts: int = 3
+    """Rollout workers restarted after dying (a killed actor or a dead engine process) over
+    the run, in ``mode=fully_async``; one more death fails the run. 0: the first death does."""
     tensor_parallel_size: int = 1
     """GPUs per engine replica."""
     n_gpus_per_node: int = 1
@@ -133,6 +136,7 @@ class RolloutConfig:
         if self.total_rollout_steps is not None:
             require_positive("rollout.total_rollout_steps", self.total_rollout_steps)
         require_positive("rollout.num_replicas", self.num_replicas)
+        require_non_negative("rollout.max_restarts", self.max_restarts)
         require_positive("rollout.tensor_parallel_size", self.tensor_parallel_size)
         require_positive("rollout.n_gpus_per_node", self.n_gpus_per_node)
         require_positive("rollout.nnodes", self.nnodes)

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from recipe.faults import RolloutWorkerError, describe_death, is_actor_death
 from recipe.model import HFModelConfig, ModelConfig
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.workers.config import RolloutConfig
@@ -23,6 +24,9 @@ from recipe.workers.rollout import make_rollout_worker_cls
 from recipe.workers.rollout.base import GenerationRequest
 
 logger = logging.getLogger(__name__)
+
+_HEALTH_TIMEOUT_S = 10.0
+"""A replica that does not answer a health check in this time is busy, not judged dead."""
 
 
 def request_seed(base_seed: int, prompt_uid: str, version: int) -> int:
@@ -50,15 +54,81 @@ class RolloutGroup:
         resources: dict[str, Any] = {"num_cpus": 1}
         if device == "cuda":
             resources["num_gpus"] = gpu_fraction
-        actor_cls = ray.remote(**resources)(worker_cls)
+        # What restart() needs to start a replica again (plain values: the group is pickled).
+        self._worker_cls, self._resources = worker_cls, resources
         # The worker gets the resolved path: no replica builds or resolves the default itself.
-        model_cfg = ModelConfig(
+        self._model_cfg = ModelConfig(
             path=str(model.path), dtype=model.dtype, trust_remote_code=model.trust_remote_code
         )
-        self.workers = [actor_cls.remote(model_cfg, cfg) for _ in range(cfg.num_replicas)]
+        self.workers = [self._start_worker() for _ in range(cfg.num_replicas)]
+        self.in_service = [True] * cfg.num_replicas
+        """Replicas that take new groups: a restarted one joins once it serves the current
+        weights (fully_async_policy/replicas.py)."""
         # Constructors are where engines start: wait so failures surface here.
         ray.get([w.get_version.remote() for w in self.workers])
         self._next_replica = 0
+
+    def _start_worker(self) -> Any:
+        import ray
+
+        return ray.remote(**self._resources)(self._worker_cls).remote(self._model_cfg, self.cfg)
+
+    def restart(self, index: int) -> Any:
+        """Replace replica ``index`` (dead, or with a dead engine) by a new worker with the
+        same resources, loading the model from disk (version 0). It is out of service until
+        the caller brought it to the served weights. Returns its handle; its engine is still
+        starting (a call on it waits for that)."""
+        import ray
+
+        try:
+            ray.kill(self.workers[index], no_restart=True)  # its engine processes go with it
+        except Exception:  # already gone
+            logger.debug("rollout replica %d was already gone", index, exc_info=True)
+        self.in_service[index] = False
+        self.workers[index] = self._start_worker()
+        return self.workers[index]
+
+    def next_replica(self) -> int:
+        """The in-service replica that takes the next group (round robin)."""
+        for _ in range(len(self.workers)):
+            index = self._next_replica
+            self._next_replica = (index + 1) % len(self.workers)
+            if self.in_service[index]:
+                return index
+        raise RuntimeError("no rollout replica is in service")
+
+    def as_worker_error(self, exc: BaseException) -> RolloutWorkerError | None:
+        """``exc``, raised by a call on a replica, as the death of that replica: its actor
+        died, or it is alive but fails its health check (its engine process died). None
+        when ``exc`` is an error of another kind."""
+        import ray
+
+        actor_id = getattr(exc, "actor_id", None) or getattr(exc, "_actor_id", None)
+        ids = [w._actor_id.hex() for w in self.workers]
+        if actor_id not in ids:
+            return None
+        index = ids.index(actor_id)
+        if is_actor_death(exc):
+            return RolloutWorkerError(index, describe_death(exc))
+        try:
+            ray.get(self.workers[index].check_health.remote(), timeout=_HEALTH_TIMEOUT_S)
+        except Exception as health:
+            return RolloutWorkerError(index, f"its engine failed ({_first_line(health)})")
+        return None
+
+    def get(self, refs: list[Any]) -> list[Any]:
+        """``ray.get(refs)`` of calls on the replicas; a replica that died raises
+        ``RolloutWorkerError`` naming it (``rollout.max_restarts`` applies in fully_async
+        only: the batch recipes stop)."""
+        import ray
+
+        try:
+            return ray.get(refs)
+        except Exception as exc:
+            error = self.as_worker_error(exc)
+            if error is not None:
+                raise error from exc
+            raise
 
     def generate(
         self,
@@ -71,13 +141,11 @@ class RolloutGroup:
         top_k: int = -1,
     ) -> list[list[Trajectory]]:
         """One group per record, all in flight at once; results in ``records`` order."""
-        import ray
-
         refs = [
             self.submit(record.uid, ids, n=n, temperature=temperature, top_p=top_p, top_k=top_k)
             for record, ids in zip(records, prompt_ids, strict=True)
         ]
-        return ray.get(refs)
+        return self.get(refs)
 
     def submit(
         self,
@@ -89,8 +157,10 @@ class RolloutGroup:
         top_p: float = 1.0,
         top_k: int = -1,
         resume: list[Trajectory] | None = None,
+        replica: int | None = None,
     ) -> Any:
-        """Start one group on the next replica; returns its Ray ObjectRef."""
+        """Start one group on ``replica`` (None: the next in service); returns its Ray
+        ObjectRef."""
         request = GenerationRequest(
             prompt_uid=prompt_uid,
             prompt_ids=list(prompt_ids),
@@ -102,9 +172,8 @@ class RolloutGroup:
             seed=request_seed(self.cfg.seed, prompt_uid, self.version),
             resume=resume,
         )
-        worker = self.workers[self._next_replica]
-        self._next_replica = (self._next_replica + 1) % len(self.workers)
-        return worker.generate.remote(request)
+        index = self.next_replica() if replica is None else replica
+        return self.workers[index].generate.remote(request)
 
     def pause(self) -> None:
         import ray
@@ -132,3 +201,9 @@ class RolloutGroup:
             for worker in self.workers:
                 ray.kill(worker)
             self.workers = []
+
+
+def _first_line(exc: BaseException) -> str:
+    cause = getattr(exc, "cause", None) or exc  # a RayTaskError wraps the worker's exception
+    lines = [ln for ln in str(cause).splitlines() if ln.strip()]
+    return f"{type(cause).__name__}: {lines[0]}" if lines else type(cause).__name__

@@ -332,10 +332,14 @@ class TrainerWorker:
                 full[name] = tensor.to("cpu", copy=True)  # never alias live weights
         return full
 
-    def export_weights(self, path: str) -> int:
+    def export_weights(self, path: str, slot: str | None = None) -> int:
         """Rank 0 writes the full HF-named tensors to one safetensors file (written aside,
         then renamed, so a reader never sees half a file); returns the tensor bytes.
-        Collective."""
+        ``slot``: export the copy ``save_model_to_cpu(slot)`` saved instead of the live
+        weights (swapped in and back out). Collective."""
+        if slot is not None:
+            with self._swapped_in(slot):
+                return self.export_weights(path)
         state_dict = self.full_state_dict()
         if self.rank != 0:
             return 0

