@@ -64,7 +64,11 @@ def _run(mode: str, steps: int, overrides: dict[str, Any], out_dir: Path) -> dic
 
     recipe_cls = _runner(mode)
     start = time.perf_counter()
-    recipe = recipe_cls(cfg, out_dir / mode)
+    run_dir = out_dir / mode
+    run_dir.mkdir(parents=True)
+    # Like python -m recipe: the resolved config beside the metrics (recipe.plan reads it).
+    OmegaConf.save(OmegaConf.structured(cfg), run_dir / "config.yaml", resolve=True)
+    recipe = recipe_cls(cfg, run_dir)
     build_s = time.perf_counter() - start
     try:
         summary = recipe.fit()

@@ -8,7 +8,8 @@ tokens come from more than one version (it was paused by a sync and resumed).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 from fully_async_policy.messages import PromptGroup
 
@@ -54,6 +55,8 @@ class RunTotals:
     """Sum of per-response staleness (versions)."""
     staleness_max: int = 0
     """Largest per-response staleness (versions)."""
+    staleness_counts: Counter[int] = field(default_factory=Counter)
+    """Responses trained per staleness (versions)."""
 
     def add(self, groups: list[PromptGroup], trainer_version: int) -> None:
         for traj in (t for g in groups for t in g.trajectories):
@@ -63,13 +66,15 @@ class RunTotals:
             staleness = trainer_version - traj.min_version
             self.staleness_sum += staleness
             self.staleness_max = max(self.staleness_max, staleness)
+            self.staleness_counts[staleness] += 1
             self.num_partial += traj.max_version > traj.min_version
 
-    def summary(self) -> dict[str, float]:
+    def summary(self) -> dict[str, float | dict[str, int]]:
         num = max(self.num_samples, 1)
         return {
             "samples/trained": self.num_samples,
             "staleness/max": self.staleness_max,
             "staleness/mean": self.staleness_sum / num,
+            "staleness/histogram": {str(k): n for k, n in sorted(self.staleness_counts.items())},
             "partial/ratio": self.num_partial / num,
         }

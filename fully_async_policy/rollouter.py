@@ -60,8 +60,12 @@ from recipe.data.cursor import PromptCursor
 from recipe.faults import RolloutWorkerError
 from recipe.protocol import Trajectory
 from recipe.separate_trainer import SeparateRayPPOTrainer
+from recipe.trace import ROLLOUTER_TIDS, now_us, traced
 
 logger = logging.getLogger(__name__)
+
+_PUT_WAIT_TRACE_US = 5_000.0
+"""A queue put longer than this (5 ms: more than an actor call) waited for room."""
 
 
 class _IdleClock:
@@ -120,6 +124,8 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         self._val_task: asyncio.Task | None = None
         self._val_results: dict[int, dict[str, float]] = {}
         self._val_unreported: dict[int, dict[str, float]] = {}
+        for track, tid in ROLLOUTER_TIDS.items():
+            self.tracer.name_thread(tid, track)
 
     def rollout_group_handle(self) -> Any:
         """The engines' handles, for the trainer's weight push (the engines stay ours)."""
@@ -205,8 +211,10 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         try:
             while True:
                 while self._releases:
+                    start_us = now_us()
                     if not await self.queue.put.remote(self._releases[0]):
                         return  # queue closed: what is left stays unreleased in the ledger
+                    self._trace_put(start_us)
                     self._releases.popleft()
                 self._released.clear()
                 await self._released.wait()
@@ -215,6 +223,14 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
             self._error = self._error or exc
             self._wake.set()
 
+    def _trace_put(self, start_us: float) -> None:
+        """A put that waited (queue full: backpressure) is a slice on the "queue" track."""
+        end_us = now_us()
+        if end_us - start_us > _PUT_WAIT_TRACE_US:
+            self.tracer.complete(
+                "put blocked", start_us, end_us, tid=ROLLOUTER_TIDS["queue"], cat="queue"
+            )
+
     async def _flush_releases(self, release_task: asyncio.Task) -> None:
         while self._releases and not release_task.done():
             await asyncio.sleep(0.01)
@@ -222,6 +238,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
 
     # ---- syncs ------------------------------------------------------------------------------
 
+    @traced("begin_sync (pause)", tid=ROLLOUTER_TIDS["sync"], cat="sync")
     async def begin_sync(self) -> SyncPause:
         """Stop generating so the weights can change (see the module docstring)."""
         start = time.perf_counter()
@@ -238,6 +255,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
             await self.replicas.pause_all()
         return SyncPause(len(self._partials), num_drained, time.perf_counter() - start)
 
+    @traced("end_sync (resume)", tid=ROLLOUTER_TIDS["sync"], cat="sync")
     async def end_sync(self, version: int, num_trained: int) -> None:
         """The engines serve ``version`` now: open its window and generate again."""
         self.version = self.rollout_group.version = version
@@ -284,11 +302,9 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         try:
             if any(self.rollout_group.in_service):
                 results = await asyncio.to_thread(self._validate)
-        except RolloutWorkerError as exc:  # skipped; the replica is restarted
-            worker = self.rollout_group.workers[exc.replica]
-            if not await self.replicas.on_failure(exc.replica, worker, exc):
-                raise
+        except RolloutWorkerError as exc:  # skipped; a dead replica is restarted
             logger.warning("validation of version %d skipped: %s", version, exc)
+            await self.replicas.check_all()
         self._val_results[version] = self._val_unreported[version] = results
 
     async def _finish_validation(self) -> None:
@@ -344,6 +360,10 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         )
 
     # ---- progress and the end ---------------------------------------------------------------
+
+    def drain_trace(self) -> list[dict[str, Any]]:
+        """This actor's trace events since the last call (the trainer writes them)."""
+        return self.tracer.drain()
 
     def poll(self) -> RolloutProgress:
         """Cumulative counters, and validation results not reported before."""

@@ -32,8 +32,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from fully_async_policy.messages import EndOfStream, PromptGroup, RolloutProgress
 from fully_async_policy.metrics import RunTotals, group_metrics
 from fully_async_policy.plan import plan_run
@@ -41,7 +39,9 @@ from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE, decode_totals, enc
 from recipe.checkpoint.store import write_json
 from recipe.config import RecipeConfig
 from recipe.faults import fails_cleanly
+from recipe.progress import step_bar, update_bar
 from recipe.separate_trainer import SeparateRayPPOTrainer
+from recipe.trace import traced
 from recipe.tracking import MetricsAccumulator
 
 logger = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         self.totals = RunTotals()
         self._wait_s = 0.0
         self._progress = RolloutProgress(0.0, 0.0, 0, 0, 0)
+        self._last_val: dict[str, float] = {}
         self._rollouter_state: dict[str, Any] | None = None
         """The rollouter's snapshot taken in the last sync, waiting to be checkpointed."""
         self._pushed_copy_version: int | None = None
@@ -117,6 +118,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             groups += [g for g in got if g.ticket not in stale]
         return groups
 
+    @traced("wait_batch")
     def _get_batch(self, num_groups: int) -> list[PromptGroup]:
         import ray
 
@@ -140,6 +142,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             raise RuntimeError(f"the message queue closed with {got.num_left} groups left")
         return got
 
+    @traced("train_step")
     def _train_step(self, local_step: int) -> dict[str, float]:
         metrics = MetricsAccumulator()
         groups = self._take_groups()
@@ -157,6 +160,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
 
     # ---- weight sync --------------------------------------------------------------------------
 
+    @traced("sync")
     def _sync(self, *, last: bool = False) -> dict[str, float]:
         """Pause generation, push weights (version + 1), resume. The push reports its own
         ``sync/*`` phases; this adds the window in which generation was paused. When the new
@@ -202,6 +206,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         self._progress = progress
         for version in sorted(progress.val_results):
             out |= progress.val_results[version] | {"val/param_version": float(version)}
+            self._last_val = progress.val_results[version]
         return out
 
     # ---- the run ------------------------------------------------------------------------------
@@ -219,12 +224,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         if self.resume_from is not None:  # the sync the checkpoint was taken in ends here
             ray.get(self.rollouter.end_sync.remote(self.version, len(self.trained_uids)))
         self._run_ref = self.rollouter.run.remote()
-        bar = tqdm(
-            total=self.plan.total_steps,
-            desc="fully_async",
-            unit="step",
-            disable=self.cfg.logger.quiet,
-        )
+        bar = step_bar(self.plan.total_steps, self.cfg.mode, quiet=self.cfg.logger.quiet)
         last_end = time.perf_counter()
         first = self.global_step + 1  # checkpoints follow a sync: a window starts here
         for step in range(first, self.plan.total_steps + 1):
@@ -243,16 +243,12 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             metrics["throughput/samples_per_s"] = metrics["throughput/samples"] / (now - last_end)
             metrics["trainer/param_version"] = self.version
             last_end = now
+            self._trace_step(metrics)
             self.tracker.log(metrics, step=step)
             self._record_trained(self.trained_uids[num_trained_before:])
             if self._rollouter_state is not None:
                 self._checkpoint()
-            bar.update(1)
-            bar.set_postfix(
-                v=self.version,
-                reward=f"{metrics['reward/mean']:.3f}",
-                stale=f"{metrics['staleness/mean']:.2f}",
-            )
+            update_bar(bar, metrics, self.version, self._last_val.get("val/accuracy"))
             if out_of_time:
                 logger.info("trainer.max_wall_s reached after %d steps", step)
                 break
@@ -393,7 +389,21 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         """A push that failed because a rollout replica died goes again once it is back."""
         return self._heal()
 
+    def _trace_sources(self) -> list[Any]:
+        """The engines' and the rollouter's buffered trace events."""
+        import ray
+
+        def rollouter_events() -> list[dict[str, Any]]:
+            return ray.get(self.rollouter.drain_trace.remote(), timeout=30)
+
+        return super()._trace_sources() + ([rollouter_events] if self.rollouter else [])
+
     def close(self) -> None:
         """Close the trainer group and tracker; the engines are the rollouter's to close."""
+        if self.run_trace is not None:
+            try:  # while the engines and the rollouter are still up
+                self.run_trace.close(self._trace_sources())
+            except Exception:
+                logger.exception("closing trace.json failed")
         self.rollout_group = None
         super().close()

@@ -24,18 +24,19 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from tqdm import tqdm
 
 from recipe.checkpoint.codec import decode_groups, encode_groups
 from recipe.config import RecipeConfig
 from recipe.data.cursor import PromptCursor
 from recipe.faults import fails_cleanly
+from recipe.progress import step_bar, update_bar
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.separate_trainer import SeparateRayPPOTrainer
+from recipe.trace import busy_s, now_us, rollout_slices, traced
 from recipe.tracking import MetricsAccumulator
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         """Sum of per-response staleness over the run (versions), for the sample-weighted mean."""
         self.staleness_max = 0
         """Largest per-response staleness over the run (versions)."""
+        self.staleness_counts: Counter[int] = Counter()
+        """Responses trained per staleness (versions), over the run."""
         mini_batches = cfg.prompts_per_step // cfg.actor.ppo_mini_batch_size
         self._build_trainer_group(
             total_optimizer_steps=self.total_steps * mini_batches * cfg.actor.ppo_epochs
@@ -82,7 +85,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         start = time.perf_counter()
         initial = self._initial_validation()
         last_val = initial
-        bar = tqdm(total=self.total_steps, desc="one_step_off", disable=self.cfg.logger.quiet)
+        bar = step_bar(self.total_steps, self.cfg.mode, quiet=self.cfg.logger.quiet)
         pending = self._first_batch()
         while pending is not None:
             metrics = MetricsAccumulator()
@@ -93,6 +96,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
             pending = None if last_step else self._submit_batch()
             out = self._train_batch(current.records, groups, metrics)
             if pending is not None:
+                out["queue/size"] = float(self._num_ready(pending))
                 self._wait(pending, metrics)  # before the push: a pause would cut its groups
             self._fit_update_weights(metrics)
             self.global_step += 1
@@ -100,6 +104,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
             out["timing/step_s"] = time.perf_counter() - step_start
             out["throughput/samples_per_s"] = out["throughput/samples"] / out["timing/step_s"]
             out["throughput/tokens_per_s"] = out.pop("throughput/tokens") / out["timing/step_s"]
+            out |= self._idle_ratios(out, self._trace_step(out))
             if self._should_validate():
                 last_val = self._validate()
                 out.update(last_val)
@@ -109,13 +114,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
             out_of_time = pending is not None and self._out_of_time(start)
             if self._should_save(last=pending is None or out_of_time):
                 self._save_checkpoint(self._loop_state(pending))
-            bar.update(1)
-            bar.set_postfix(
-                v=self.version,
-                reward=f"{out['reward/mean']:.3f}",
-                stale=f"{out['staleness/mean']:.2f}",
-                acc=f"{last_val.get('val/accuracy', float('nan')):.3f}",
-            )
+            update_bar(bar, out, self.version, last_val.get("val/accuracy"))
             if out_of_time:
                 logger.info("trainer.max_wall_s reached after %d steps", self.global_step)
                 break
@@ -185,6 +184,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         records = [by_uid[uid] for uid in saved["uids"]]
         return PendingBatch(records, [], saved["version"], decode_groups(saved["groups"]))
 
+    @traced("wait_batch")
     def _wait(self, pending: PendingBatch, metrics: MetricsAccumulator) -> list[list[Trajectory]]:
         """The batch's groups; the time spent blocked counts as ``timing/wait_prev_gen_s``.
         A replica that died raises ``RolloutWorkerError`` naming it."""
@@ -193,6 +193,25 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
                 pending.groups = self.rollout_group.get(pending.refs)
         return pending.groups
 
+    def _num_ready(self, pending: PendingBatch) -> int:
+        """Groups of ``pending`` already generated (the trainer's queue depth)."""
+        import ray
+
+        ready, _ = ray.wait(pending.refs, num_returns=len(pending.refs), timeout=0)
+        return len(ready)
+
+    def _idle_ratios(self, out: dict[str, float], events: list[dict[str, Any]]) -> dict[str, float]:
+        """Over the step just ended: the trainer's share waiting for generation, and the
+        engines' share with no group generating (from their trace slices)."""
+        step_s = out["timing/step_s"]
+        end_us = now_us()
+        busy = busy_s(rollout_slices(events), end_us - step_s * 1e6, end_us)
+        return {
+            "trainer/idle_ratio": out["timing/wait_prev_gen_s"] / step_s,
+            "rollouter/idle_ratio": max(0.0, 1.0 - busy / step_s),
+        }
+
+    @traced("train")
     def _train_batch(
         self,
         records: list[PromptRecord],
@@ -219,6 +238,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         self.num_samples += num
         self.staleness_sum += sum(staleness)
         self.staleness_max = max(self.staleness_max, *staleness, 0)
+        self.staleness_counts.update(staleness)
         return {
             "reward/mean": sum(rewards) / num,
             "reward/accuracy": sum(r >= 1.0 for r in rewards) / num,
@@ -243,6 +263,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
             "final/val_accuracy": final.get("val/accuracy"),
             "staleness/max": self.staleness_max,
             "staleness/mean": self.staleness_sum / max(self.num_samples, 1),
+            "staleness/histogram": {str(k): n for k, n in sorted(self.staleness_counts.items())},
             "throughput/samples_per_s": self.num_samples / wall_s,
             "wall_s": wall_s,
         }

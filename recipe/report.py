@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -273,7 +274,8 @@ def _unique_labels(runs: list[RunData]) -> None:
 
 
 def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in text).strip("_")
+    """``fully_async (run-2)`` -> ``fully_async_run-2``."""
+    return re.sub(r"[^\w-]+", "_", text).strip("_")
 
 
 def _parse_steps(text: str | None) -> tuple[int, int] | None:

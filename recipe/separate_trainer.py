@@ -45,6 +45,7 @@ from recipe.data.prompts import encode_prompts
 from recipe.model import HFModelConfig
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.reward import RewardFunction
+from recipe.trace import ROLLOUTER_PID, RunTrace, Tracer, traced
 from recipe.tracking import MetricsAccumulator, Tracker
 from recipe.tracking_backends import METRICS_FILE
 from recipe.workers.batch import TrainBatch
@@ -95,6 +96,14 @@ class SeparateRayPPOTrainer:
         self.tracker: Tracker | None = (
             Tracker(cfg.logger, self.run_dir, run_config=asdict(cfg)) if self.owns_tracker else None
         )
+        self.run_trace = RunTrace(self.run_dir, mode=cfg.mode) if self.owns_tracker else None
+        """``trace.json`` of the run, owned by the side that owns the tracker."""
+        self.tracer = (
+            self.run_trace.tracer
+            if self.run_trace is not None
+            else Tracer(ROLLOUTER_PID, "rollouter", sort_index=ROLLOUTER_PID)
+        )
+        """This process's trace events (recipe/trace.py); the trainer pulls the rollouter's."""
         self.param_sync: Any = None
         """The ParameterSynchronizer, built at the first push (it needs both groups)."""
         self.trainer_group: Any = None
@@ -176,6 +185,7 @@ class SeparateRayPPOTrainer:
         trajs = [t for group in groups for t in group]
         return TrainBatch.from_trajectories(trajs, pad_token_id=self.model.pad_token_id)
 
+    @traced("old_log_prob")
     def _compute_old_log_prob(
         self, batch: TrainBatch, metrics: MetricsAccumulator, *, slot: str | None = None
     ) -> TrainBatch:
@@ -201,16 +211,19 @@ class SeparateRayPPOTrainer:
         batch.old_logprobs_bt = logprobs_bt
         return batch
 
+    @traced("advantages")
     def _compute_advantages(self, batch: TrainBatch) -> TrainBatch:
         adv_b = compute_advantages(batch.rewards_b, batch.group_index_b, self.cfg.algorithm)
         return batch.with_advantages(adv_b)
 
+    @traced("update")
     def _update_actor(self, batch: TrainBatch, metrics: MetricsAccumulator) -> None:
         with metrics.timer("timing/update_s"):
             actor_metrics = self.trainer_group.update_actor(batch)
         for key, value in actor_metrics.items():
             metrics.add(key, value, reduce="last")
 
+    @traced("weight_push")
     def _fit_update_weights(self, metrics: MetricsAccumulator) -> None:
         """Push the trainer's weights to every rollout engine through the checkpoint engine
         (``checkpoint_engine.*``: paused, bucketed, verified); the version goes up by one.
@@ -229,6 +242,7 @@ class SeparateRayPPOTrainer:
             self.param_sync = ParameterSynchronizer(
                 self.trainer_group, self.rollout_group, self.cfg.checkpoint_engine
             )
+            self.param_sync.tracer = self.tracer  # its phases nest in this "weight_push"
         policy = self.cfg.checkpoint_engine
         retries_left = policy.max_retries if policy.on_failure == "retry" else 0
         while True:
@@ -256,6 +270,7 @@ class SeparateRayPPOTrainer:
 
     # ---- checkpoint IO ------------------------------------------------------------------
 
+    @traced("checkpoint")
     def _save_checkpoint(
         self, state: dict[str, Any], *, extra: Callable[[Path], None] | None = None
     ) -> Path:
@@ -412,6 +427,7 @@ class SeparateRayPPOTrainer:
 
     # ---- validation ---------------------------------------------------------------------
 
+    @traced("validate")
     def _validate(self) -> dict[str, float]:
         """Greedy (``rollout.val_temperature``) answers to the val set, scored."""
         if not self.val_records:
@@ -439,8 +455,26 @@ class SeparateRayPPOTrainer:
 
     # ---- lifecycle ----------------------------------------------------------------------
 
+    # ---- trace -------------------------------------------------------------------------
+
+    def _trace_sources(self) -> list[Any]:
+        """Callables returning the events buffered by other processes (the engines)."""
+        return [self.rollout_group.drain_trace] if self.rollout_group is not None else []
+
+    def _trace_step(self, metrics: dict[str, float]) -> list[dict[str, Any]]:
+        """The step's slice into the trace, then everything buffered into ``trace.json``;
+        returns the events moved (the engines' generation slices among them)."""
+        assert self.run_trace is not None, "only the side that owns the tracker traces steps"
+        self.run_trace.step(self.global_step, self.version, metrics)
+        return self.run_trace.pull(self._trace_sources())
+
     def close(self) -> None:
         """Shut workers down and close the tracker; safe to call twice."""
+        if self.run_trace is not None:
+            try:  # before the engines go: their last events are pulled from them
+                self.run_trace.close(self._trace_sources())
+            except Exception:
+                logger.exception("closing trace.json failed")
         for group in (self.param_sync, self.rollout_group, self.trainer_group):
             if group is not None:
                 try:

@@ -20,11 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from recipe.config import RecipeConfig
 from recipe.data.cursor import PromptCursor
 from recipe.faults import fails_cleanly
+from recipe.progress import step_bar, update_bar
 from recipe.protocol import Trajectory
 from recipe.separate_trainer import SeparateRayPPOTrainer
 from recipe.tracking import MetricsAccumulator
@@ -56,11 +55,12 @@ class SyncTrainer(SeparateRayPPOTrainer):
         initial = self._initial_validation()
         last_val = initial
         num_samples = int(self.resume_state.get("num_samples", 0))
-        bar = tqdm(total=self.total_steps, desc="sync", unit="step", disable=self.cfg.logger.quiet)
+        bar = step_bar(self.total_steps, self.cfg.mode, quiet=self.cfg.logger.quiet)
         for _ in range(self.global_step, self.total_steps):
             metrics = self._train_step()
             self.global_step += 1
             num_samples += int(metrics["throughput/samples"])
+            self._trace_step(metrics)  # before validation: the slice is the training step
             if self._should_validate():
                 last_val = self._validate()
                 metrics.update(last_val)
@@ -71,12 +71,7 @@ class SyncTrainer(SeparateRayPPOTrainer):
             if self._should_save(last=out_of_time or self.global_step == self.total_steps):
                 state = {"cursor": self.cursor.state_dict(), "num_samples": num_samples}
                 self._save_checkpoint(state)
-            bar.update(1)
-            bar.set_postfix(
-                v=self.version,
-                reward=f"{metrics['reward/mean']:.3f}",
-                acc=f"{last_val.get('val/accuracy', float('nan')):.3f}",
-            )
+            update_bar(bar, metrics, self.version, last_val.get("val/accuracy"))
             if out_of_time:
                 logger.info("trainer.max_wall_s reached after %d steps", self.global_step)
                 break
@@ -92,6 +87,7 @@ class SyncTrainer(SeparateRayPPOTrainer):
             "initial/val_accuracy": initial.get("val/accuracy"),
             "final/val_accuracy": final.get("val/accuracy"),
             "staleness/max": 0,
+            "staleness/histogram": {"0": num_samples},
             "throughput/samples_per_s": num_samples / wall_s,
             "wall_s": wall_s,
         }
@@ -104,7 +100,7 @@ class SyncTrainer(SeparateRayPPOTrainer):
         step_start = time.perf_counter()
         records = self.cursor.take(cfg.prompts_per_step)
         self._trained_now = [r.uid for r in records]
-        with metrics.timer("timing/gen_s"):
+        with metrics.timer("timing/gen_s"), self.tracer.span("generate"):
             groups = self.rollout_group.generate(
                 records,
                 [self.prompt_ids[r.uid] for r in records],
@@ -124,6 +120,9 @@ class SyncTrainer(SeparateRayPPOTrainer):
         out = metrics.reduce()
         out.update(_sample_metrics([t for g in groups for t in g], step_s))
         out["timing/step_s"] = step_s
+        # Colocated: the trainer waits while the engines generate, and the reverse.
+        out["trainer/idle_ratio"] = out["timing/gen_s"] / step_s
+        out["rollouter/idle_ratio"] = 1.0 - out["timing/gen_s"] / step_s
         return out
 
 

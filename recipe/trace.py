@@ -269,6 +269,7 @@ class RequestTrace:
             "new_tokens": sum(new),
             "tokens": sum(lengths),
             "new_lengths": new,
+            "lengths": lengths,
             "versions": versions,
             "finish": finish,
             "resumed": resumed,

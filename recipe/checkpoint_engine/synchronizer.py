@@ -41,6 +41,7 @@ from recipe.checkpoint_engine.placement import (
     resolve_backend,
     resolve_bucket_bytes,
 )
+from recipe.trace import SENDER_TID, Tracer
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,8 @@ class ParameterSynchronizer:
         self.last_metrics: dict[str, float] = {}
         self.receiver_ranks: list[list[int]] = []
         """Global receiver ranks of each replica's engine workers (worker-group order)."""
+        self.tracer = Tracer(0, None, enabled=False)
+        """Each phase is a trace slice here (the owner sets its own ``recipe.trace`` tracer)."""
 
     @property
     def version(self) -> int:
@@ -101,7 +104,8 @@ class ParameterSynchronizer:
     # ---- communicator -----------------------------------------------------------------
 
     def _phase(self, phase: str, calls: dict[str, Any]) -> dict[str, Any]:
-        return wait_phase(phase, calls, self.cfg.timeout_s + _DRIVER_GRACE_S)
+        with self.tracer.span(phase, cat="sync"):
+            return wait_phase(phase, calls, self.cfg.timeout_s + _DRIVER_GRACE_S)
 
     def _on_sender(self, method: str, *args: Any) -> dict[str, Any]:
         return {SENDER: self._trainer.workers[0].weight_sender_call.remote(method, *args)}
@@ -218,9 +222,13 @@ class ParameterSynchronizer:
         calls = {f"trainer rank {r}": ref for r, ref in enumerate(refs)}
         calls |= self._on_replicas("weight_receiver_call", "receive", transfer_id)
         start = time.perf_counter()
+        start_us = time.time() * 1e6
         try:
             reports = self._phase("transfer", calls)
             transfer_s = time.perf_counter() - start
+            # The sender (trainer rank 0) gathers shards before sending; it reports how long.
+            gather_us = start_us + reports[SENDER]["gather_s"] * 1e6
+            self.tracer.complete("gather", start_us, gather_us, tid=SENDER_TID, cat="sync")
             verify_s = self._verify(reports)
         except WeightSyncError:
             self._connected = False  # a broken group / half-written region: rebuild next time

@@ -192,6 +192,14 @@ class RolloutGroup:
         ray.get([w.update_weights_from_file.remote(path, version) for w in self.workers])
         self.version = version
 
+    def drain_trace(self, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+        """Every replica's trace slices since the last call (``recipe.trace``), replica r on
+        its own process track."""
+        import ray
+
+        refs = [w.drain_trace.remote(i) for i, w in enumerate(self.workers)]
+        return [event for events in ray.get(refs, timeout=timeout_s) for event in events]
+
     def shutdown(self) -> None:
         import ray
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recipe.protocol import Trajectory
+from recipe.trace import RequestTrace
 
 logger = logging.getLogger(__name__)
 
@@ -188,6 +189,7 @@ class RolloutWorker(ABC):
         # Set while RUNNING; generate() waits on it so a paused worker starts no new work.
         self._running = asyncio.Event()
         self._running.set()
+        self._requests = RequestTrace()  # one trace slice per generate() call
 
     @property
     def version(self) -> int:
@@ -230,7 +232,18 @@ class RolloutWorker(ABC):
         while self._paused:
             await self._running.wait()
             self._check_open()
-        return await self._generate_group(request)
+        start_us, slot = self._requests.begin()
+        try:
+            trajectories = await self._generate_group(request)
+        finally:
+            self._requests.end(slot)
+        self._requests.generated(request, trajectories, start_us, slot)
+        return trajectories
+
+    def drain_trace(self, replica: int) -> list[dict[str, Any]]:
+        """Trace slices of the requests finished since the last call, as engine ``replica``
+        (``recipe.trace``)."""
+        return self._requests.drain(replica)
 
     async def pause(self) -> None:
         """Stop scheduling; abort in-flight responses (they return as ``aborted`` partials).

@@ -1,0 +1,184 @@
+"""Measured inputs of ``python -m recipe.plan``: a ``Workload`` read from a run directory.
+
+    metrics.jsonl  train seconds per sample (old log-prob + update), push seconds, per-step
+                   overhead (sync runs: step time not in generation, training or the push)
+    trace.json     per-sample response lengths and each engine's tokens/s while generating
+                   (training requests only; greedy validation requests are left out)
+    config.yaml    n, prompts per step, T, staleness threshold, max_num_seqs
+
+The first ``WARMUP_STEPS`` steps (engine and trainer warm-up) are left out of every figure.
+A sync run is the best source: nothing overlaps, so each figure is the piece's own cost; a
+run of an async mode measures the pieces while they compete for shared resources.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from recipe.pipeline_sim import Workload
+from recipe.report_data import RunData
+from recipe.trace import busy_s, rollout_slices
+
+logger = logging.getLogger(__name__)
+
+WARMUP_STEPS = 2
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A run's workload, and what the run itself did (for predicted-vs-measured)."""
+
+    workload: Workload
+    mode: str
+    num_steps: int
+    steps_per_sync: int
+    staleness_threshold: float
+    partial_rollout: bool
+    num_replicas: int
+    samples_per_s: float
+    """Over the steps after the warm-up (from the step ends in the trace)."""
+    trainer_idle_ratio: float | None
+    rollouter_idle_ratio: float | None
+    staleness_mean: float | None
+
+
+def _cfg(run: RunData, dotted: str, default: Any) -> Any:
+    node: Any = run.config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _steady(run: RunData, key: str) -> list[float]:
+    return [v for step, v in run.series(key) if step > WARMUP_STEPS]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def group_size(requests: list[dict[str, Any]]) -> int:
+    """Responses per prompt of the training requests (``rollout.n``)."""
+    sizes = sorted(e["args"]["n"] for e in requests)
+    return int(sizes[len(sizes) // 2])
+
+
+def prompts_per_step(run: RunData, n: int) -> int:
+    """Prompts trained per step, from the samples each step trained."""
+    samples = sorted(v for _, v in run.series("throughput/samples"))
+    if not samples:
+        raise ValueError(f"{run.path}: metrics.jsonl has no throughput/samples")
+    return max(1, round(samples[len(samples) // 2] / n))
+
+
+def training_requests(run: RunData) -> list[dict[str, Any]]:
+    """The engines' slices of training generation (sampled, not greedy validation)."""
+    return [e for e in rollout_slices(run.trace) if e.get("args", {}).get("temperature", 1) > 0]
+
+
+def response_lengths(requests: list[dict[str, Any]]) -> tuple[int, ...]:
+    """Per-response token counts of finished requests (a cut one counts where it ends)."""
+    lengths: list[int] = []
+    for event in requests:
+        args = event["args"]
+        if "aborted" in args.get("finish", {}):
+            continue
+        if "lengths" in args:
+            lengths += args["lengths"]
+        elif not args.get("resumed"):
+            lengths += args["new_lengths"]
+    return tuple(lengths)
+
+
+def engine_tokens_per_s(run: RunData, requests: list[dict[str, Any]]) -> float:
+    """New tokens over the time some training request was running, per replica, after the
+    warm-up steps."""
+    start_us = _steady_start_us(run)
+    by_replica: dict[int, list[dict[str, Any]]] = {}
+    for event in requests:
+        if event["ts"] >= start_us:
+            by_replica.setdefault(event["pid"], []).append(event)
+    tokens = sum(e["args"]["new_tokens"] for events in by_replica.values() for e in events)
+    busy = sum(busy_s(events, start_us, math.inf) for events in by_replica.values())
+    if busy <= 0:
+        raise ValueError(f"{run.path}: no training generation in trace.json after the warm-up")
+    return tokens / busy
+
+
+def _steady_start_us(run: RunData) -> float:
+    end = run.wall_s(WARMUP_STEPS)
+    return run.start_us + (end or 0.0) * 1e6
+
+
+def steady_samples_per_s(run: RunData) -> float:
+    """Samples over the steps after the warm-up / the time they took (step ends)."""
+    samples = dict(run.series("throughput/samples"))
+    last = max(samples, default=0)
+    start, end = run.wall_s(WARMUP_STEPS), run.wall_s(last)
+    if last <= WARMUP_STEPS + 1 or start is None or end is None or end <= start:
+        raise ValueError(f"{run.path}: needs more than {WARMUP_STEPS + 1} steps with a trace")
+    return sum(v for step, v in samples.items() if step > WARMUP_STEPS) / (end - start)
+
+
+def measure(run: RunData, *, contention: float = 1.0) -> Measured:
+    """The run's workload (module docstring) and its own figures."""
+    if not run.trace:
+        raise ValueError(f"{run.path}: no trace.json (the planner needs the engines' slices)")
+    requests = training_requests(run)
+    lengths = response_lengths(requests)
+    if not lengths:
+        raise ValueError(f"{run.path}: trace.json has no finished training requests")
+    n = group_size(requests)
+    samples = _steady(run, "throughput/samples")
+    train_s = [
+        (lp + up) / s
+        for lp, up, s in zip(
+            _steady(run, "timing/old_log_prob_s"),
+            _steady(run, "timing/update_s"),
+            samples,
+            strict=False,
+        )
+    ]
+    if run.mode == "fully_async":
+        sync_s = _mean(_steady(run, "sync/pause_window_s"))
+    else:
+        sync_s = _mean(_steady(run, "timing/sync_s"))
+    overhead = 0.0
+    if run.mode == "sync":
+        parts = ("timing/gen_s", "timing/old_log_prob_s", "timing/update_s", "timing/sync_s")
+        rest = [
+            step_s - sum(vals)
+            for step_s, *vals in zip(
+                _steady(run, "timing/step_s"), *(_steady(run, k) for k in parts), strict=False
+            )
+        ]
+        overhead = max(0.0, _mean(rest))
+    workload = Workload(
+        n=n,
+        prompts_per_step=prompts_per_step(run, n),
+        lengths=lengths,
+        engine_tps=engine_tokens_per_s(run, requests),
+        train_s_per_sample=_mean(train_s),
+        sync_s=sync_s,
+        max_num_seqs=int(_cfg(run, "rollout.max_num_seqs", 256)),
+        step_overhead_s=overhead,
+        contention=contention,
+    )
+    return Measured(
+        workload=workload,
+        mode=run.mode,
+        num_steps=run.num_steps,
+        steps_per_sync=int(_cfg(run, "async_training.trigger_parameter_sync_step", 1)),
+        staleness_threshold=float(_cfg(run, "async_training.staleness_threshold", 0.5)),
+        partial_rollout=bool(_cfg(run, "async_training.partial_rollout", True)),
+        num_replicas=int(_cfg(run, "rollout.num_replicas", 1)),
+        samples_per_s=steady_samples_per_s(run),
+        trainer_idle_ratio=run.idle_ratio("trainer"),
+        rollouter_idle_ratio=run.idle_ratio("rollouter"),
+        staleness_mean=run.staleness_mean,
+    )
