@@ -137,9 +137,42 @@ class SeparateRayPPOTrainer:
         """Trainer ranks and engines share GPUs (the sync baseline); else separate GPUs."""
         return self.cfg.mode == "sync"
 
+    @property
+    def shares_gpus(self) -> bool:
+        """Trainer ranks and engines are placed on the same GPUs: the colocated baseline, or a
+        separate-resource mode on a cluster with fewer GPUs than trainer ranks + engine GPUs
+        (e.g. one GPU: both run on it, split by ``rollout.gpu_memory_utilization``)."""
+        if self.colocated:
+            return True
+        if self.device != "cuda":
+            return False
+        import ray
+
+        cfg = self.cfg
+        engine_gpus = cfg.rollout.num_replicas * cfg.rollout.tensor_parallel_size
+        have = int(ray.cluster_resources().get("GPU", 0))
+        if have >= cfg.actor.world_size + engine_gpus:
+            return False
+        if engine_gpus > have or cfg.actor.world_size > have:
+            raise ValueError(
+                f"mode={cfg.mode} needs actor.world_size={cfg.actor.world_size} trainer GPUs and "
+                f"rollout.num_replicas x tensor_parallel_size={engine_gpus} engine GPUs; the Ray "
+                f"cluster has {have} GPUs: too few even to share them"
+            )
+        logger.warning(
+            "mode=%s: %d GPUs for %d trainer ranks + %d engine GPUs: trainer and engines share "
+            "GPUs (engines take rollout.gpu_memory_utilization=%.2f of each)",
+            cfg.mode,
+            have,
+            cfg.actor.world_size,
+            engine_gpus,
+            cfg.rollout.gpu_memory_utilization,
+        )
+        return True
+
     def _trainer_gpu_fraction(self) -> float:
         # Ray fractions only schedule; the engine's real memory cap is gpu_memory_utilization.
-        return 1.0 - self.cfg.rollout.gpu_memory_utilization if self.colocated else 1.0
+        return 1.0 - self.cfg.rollout.gpu_memory_utilization if self.shares_gpus else 1.0
 
     def _build_trainer_group(self, *, total_optimizer_steps: int) -> Any:
         from recipe.workers.trainer import TrainerSpec
@@ -167,7 +200,7 @@ class SeparateRayPPOTrainer:
             self.model,
             self.cfg.rollout,
             device=self.device,
-            gpu_fraction=1.0 - self._trainer_gpu_fraction() if self.colocated else 1.0,
+            gpu_fraction=self.cfg.rollout.gpu_memory_utilization if self.shares_gpus else 1.0,
         )
         return self.rollout_group
 
@@ -352,12 +385,14 @@ class SeparateRayPPOTrainer:
         """Load ``resume_from`` into the trainer group (weights, optimizer, schedule, RNG)
         and this process (step, version, RNG); returns the recipe's saved loop state."""
         assert self.resume_from is not None and self.trainer_group is not None
+        start = time.perf_counter()
         state = self.resume_state
         self.trainer_group.load_hf(self.resume_from)
         self.trainer_group.load_train_state(self.resume_from / RUN_STATE_DIR)
         self.global_step, self.version = state["global_step"], state["param_version"]
         self.initial_val = state.get("initial_val") or {}
         restore_rng(state["rng"])
+        logger.info("trainer state loaded in %.2f s", time.perf_counter() - start)
         return state
 
     def _restore_engines(self) -> None:
@@ -367,12 +402,15 @@ class SeparateRayPPOTrainer:
         from recipe.checkpoint_engine.shared_region import shm_dir
 
         assert self.version > 0, "checkpoints are taken after a push"
+        start = time.perf_counter()
         path = Path(shm_dir()) / f"resume-{os.getpid()}-v{self.version}.safetensors"
         try:
             self.trainer_group.export_weights(str(path))
             self.rollout_group.update_weights_from_file(str(path), self.version)
         finally:
             path.unlink(missing_ok=True)
+        took_s = time.perf_counter() - start
+        logger.info("engines serve the resumed version %d (%.2f s)", self.version, took_s)
 
     def _record_trained(self, prompt_uids: list[str]) -> None:
         """One ``ledger.jsonl`` line: the prompts trained at ``global_step``."""
@@ -440,6 +478,7 @@ class SeparateRayPPOTrainer:
             temperature=self.cfg.rollout.val_temperature,
             top_p=1.0,
             top_k=-1,
+            training=False,
         )
         scores, lengths = [], []
         for record, trajs in zip(self.val_records, groups, strict=True):

@@ -125,7 +125,7 @@ def ensure_tiny_model(cache_dir: Path | None = None, *, force: bool = False) -> 
             tmp = Path(tempfile.mkdtemp(prefix=f".{spec.dir_name}-", dir=root))
             try:
                 _build(spec, tmp)
-                _publish(tmp, final)
+                publish_dir(tmp, final)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     except Timeout as exc:
@@ -136,7 +136,7 @@ def ensure_tiny_model(cache_dir: Path | None = None, *, force: bool = False) -> 
     return final
 
 
-def _publish(src: Path, dst: Path) -> None:
+def publish_dir(src: Path, dst: Path) -> None:
     """Make ``src`` world-readable (workers may run as other users) and rename it to ``dst``."""
     src.chmod(0o755)
     for child in src.iterdir():

@@ -22,11 +22,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import json
 import logging
 import multiprocessing as mp
 import statistics
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -237,6 +239,7 @@ def main(argv: list[str] | None = None) -> list[str]:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads per process (Ray actors get 1)"
     )
+    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     backends = (
@@ -252,6 +255,7 @@ def main(argv: list[str] | None = None) -> list[str]:
     ]
     print(lines[0], flush=True)
     headline = ""
+    rows: list[dict[str, Any]] = []
     for size in args.sizes.split(","):
         meta = synthetic_metadata(size, args.dtype)
         params = sum(_numel(shape) for _, shape, _ in meta)
@@ -267,6 +271,18 @@ def main(argv: list[str] | None = None) -> list[str]:
             )
             lines.append(line)
             print(line, flush=True)
+            rows.append(
+                {
+                    "size": size,
+                    "backend": backend,
+                    "model_bytes": num_bytes,
+                    "seconds": res["seconds"],
+                    "gbps": gbps,
+                    "ceiling_gbps": ceiling,
+                    "verify_s": res["verify_s"],
+                    "bitwise_equal": bool(res["bitwise_equal"]),
+                }
+            )
         best = min(results, key=lambda b: results[b]["seconds"])
         gbps = results[best]["bytes"] / results[best]["seconds"] / 1e9
         headline = (
@@ -276,6 +292,8 @@ def main(argv: list[str] | None = None) -> list[str]:
         )
     lines.append(headline)
     print(headline, flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": args.device, "rows": rows}, indent=2))
     return lines
 
 

@@ -14,6 +14,7 @@ from recipe.utils.config_check import (
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 ROLLOUT_BACKENDS = ("vllm", "hf")
+LENGTH_PROFILES = ("natural", "longtail")
 LR_SCHEDULES = ("constant", "cosine")
 
 
@@ -99,6 +100,11 @@ class RolloutConfig:
     """Top-k of training rollouts (-1: off)."""
     response_length: int = 16
     """Max new tokens per response."""
+    length_profile: str = "natural"
+    """``natural``: a response ends at EOS or at ``response_length``. ``longtail`` (a benchmark
+    workload, vllm backend): EOS is ignored and each response's length is drawn, seeded per
+    prompt and sample, so that most are short and about one in ten is near the maximum (see
+    ``recipe.workers.rollout.base.longtail_lengths``)."""
     val_temperature: float = 0.0
     """Validation sampling temperature (0: greedy)."""
     total_rollout_steps: int | None = None
@@ -120,6 +126,10 @@ class RolloutConfig:
     """vLLM-CPU KV cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``)."""
     max_num_seqs: int = 256
     """Max sequences an engine batches at once."""
+    stream_tokens: bool = False
+    """Stream each response token by token from the engine instead of once when it ends.
+    Costs Python work per token; only needed with a vLLM that has no native pause, where a
+    cut response keeps just the tokens already streamed."""
     enforce_eager: bool = True
     """Disable CUDA graphs / compilation (faster start; slower decode on GPU)."""
     seed: int = 0
@@ -132,6 +142,13 @@ class RolloutConfig:
         require_fraction("rollout.top_p", self.top_p)
         require(self.top_k == -1 or self.top_k > 0, "rollout.top_k", self.top_k, "-1 or > 0")
         require_positive("rollout.response_length", self.response_length)
+        require_choice("rollout.length_profile", self.length_profile, LENGTH_PROFILES)
+        require(
+            self.length_profile == "natural" or self.backend == "vllm",
+            "rollout.length_profile",
+            self.length_profile,
+            "'natural' with rollout.backend='hf' (longtail needs the vllm backend)",
+        )
         require_non_negative("rollout.val_temperature", self.val_temperature)
         if self.total_rollout_steps is not None:
             require_positive("rollout.total_rollout_steps", self.total_rollout_steps)

