@@ -149,14 +149,14 @@ class SeparateRayPPOTrainer:
         import ray
 
         cfg = self.cfg
-        engine_gpus = cfg.rollout.num_replicas * cfg.rollout.tensor_parallel_size
+        engine_gpus = cfg.rollout.replicas * cfg.rollout.tensor_parallel_size
         have = int(ray.cluster_resources().get("GPU", 0))
         if have >= cfg.actor.world_size + engine_gpus:
             return False
         if engine_gpus > have or cfg.actor.world_size > have:
             raise ValueError(
                 f"mode={cfg.mode} needs actor.world_size={cfg.actor.world_size} trainer GPUs and "
-                f"rollout.num_replicas x tensor_parallel_size={engine_gpus} engine GPUs; the Ray "
+                f"rollout replicas x tensor_parallel_size={engine_gpus} engine GPUs; the Ray "
                 f"cluster has {have} GPUs: too few even to share them"
             )
         logger.warning(

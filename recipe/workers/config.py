@@ -109,15 +109,16 @@ class RolloutConfig:
     """Validation sampling temperature (0: greedy)."""
     total_rollout_steps: int | None = None
     """Prompts to train on in total; None: ``trainer.total_epochs`` passes over the train set."""
-    num_replicas: int = 1
-    """Independent engine replicas (data parallel)."""
+    num_replicas: int | None = None
+    """Independent engine replicas (data parallel). None: one per ``tensor_parallel_size``
+    GPUs of the rollout pool (``nnodes x n_gpus_per_node``), so 1 by default."""
     max_restarts: int = 3
     """Rollout workers restarted after dying (a killed actor or a dead engine process) over
     the run, in ``mode=fully_async``; one more death fails the run. 0: the first death does."""
     tensor_parallel_size: int = 1
     """GPUs per engine replica."""
     n_gpus_per_node: int = 1
-    """Rollout GPUs per node when trainer and rollouter run on separate GPUs."""
+    """GPUs of the rollout pool per node (engines of ``tensor_parallel_size`` GPUs each)."""
     nnodes: int = 1
     """Nodes of the rollout group."""
     gpu_memory_utilization: float = 0.5
@@ -152,7 +153,8 @@ class RolloutConfig:
         require_non_negative("rollout.val_temperature", self.val_temperature)
         if self.total_rollout_steps is not None:
             require_positive("rollout.total_rollout_steps", self.total_rollout_steps)
-        require_positive("rollout.num_replicas", self.num_replicas)
+        if self.num_replicas is not None:
+            require_positive("rollout.num_replicas", self.num_replicas)
         require_non_negative("rollout.max_restarts", self.max_restarts)
         require_positive("rollout.tensor_parallel_size", self.tensor_parallel_size)
         require_positive("rollout.n_gpus_per_node", self.n_gpus_per_node)
@@ -160,3 +162,11 @@ class RolloutConfig:
         require_fraction("rollout.gpu_memory_utilization", self.gpu_memory_utilization)
         require_positive("rollout.cpu_kv_cache_gib", self.cpu_kv_cache_gib)
         require_positive("rollout.max_num_seqs", self.max_num_seqs)
+
+    @property
+    def replicas(self) -> int:
+        """Engine replicas: ``num_replicas``, else the rollout pool's GPUs over
+        ``tensor_parallel_size``."""
+        if self.num_replicas is not None:
+            return self.num_replicas
+        return max(1, self.nnodes * self.n_gpus_per_node // self.tensor_parallel_size)

@@ -1,4 +1,4 @@
-"""``RolloutGroup``: the driver's handle on ``rollout.num_replicas`` rollout worker actors.
+"""``RolloutGroup``: the driver's handle on ``rollout.replicas`` rollout worker actors.
 
     driver --generate(groups)--> replica 0 (engine) ... replica k-1 (engine)
            <--list[list[Trajectory]] in request order--
@@ -60,8 +60,8 @@ class RolloutGroup:
         self._model_cfg = ModelConfig(
             path=str(model.path), dtype=model.dtype, trust_remote_code=model.trust_remote_code
         )
-        self.workers = [self._start_worker() for _ in range(cfg.num_replicas)]
-        self.in_service = [True] * cfg.num_replicas
+        self.workers = [self._start_worker() for _ in range(cfg.replicas)]
+        self.in_service = [True] * cfg.replicas
         self._retired: dict[str, int] = {}  # actor id -> replica, of workers restart() replaced
         """Replicas that take new groups: a restarted one joins once it serves the current
         weights (fully_async_policy/replicas.py)."""

@@ -61,3 +61,56 @@ def test_longtail_profile_needs_the_vllm_backend():
         RolloutConfig(backend="hf", length_profile="longtail")
     with pytest.raises(ConfigError, match=r"rollout\.length_profile"):
         RolloutConfig(length_profile="uniform")
+
+
+def test_rollout_replicas_follow_the_gpu_pool_unless_set():
+    assert RolloutConfig().replicas == 1
+    assert RolloutConfig(n_gpus_per_node=4, nnodes=2).replicas == 8
+    assert RolloutConfig(num_replicas=3, n_gpus_per_node=4).replicas == 3
+
+
+@pytest.mark.parametrize(
+    ("gpus", "mode", "trainer_gpus", "engines", "shared"),
+    [
+        (1, "fully_async", 1, 1, True),  # one GPU: both on it
+        (2, "fully_async", 1, 1, False),  # enough for separate GPUs
+        (8, "one_step_off", 4, 4, False),
+        (4, "one_step_off", 4, 4, True),
+        (0, "fully_async", 1, 1, False),  # CPU run: nothing to share
+        (2, "sync", 2, 2, True),  # the colocated baseline always shares
+    ],
+)
+def test_separate_modes_share_gpus_only_when_too_few(
+    monkeypatch, gpus, mode, trainer_gpus, engines, shared
+):
+    import ray
+
+    from recipe.config import RecipeConfig
+    from recipe.separate_trainer import SeparateRayPPOTrainer
+    from recipe.workers.config import ActorConfig
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"GPU": float(gpus)})
+    fake = SeparateRayPPOTrainer.__new__(SeparateRayPPOTrainer)
+    fake.cfg = RecipeConfig(
+        mode=mode,
+        actor=ActorConfig(n_gpus_per_node=trainer_gpus),
+        rollout=RolloutConfig(n_gpus_per_node=engines),
+    )
+    fake.device = "cuda" if gpus else "cpu"
+    assert fake.shares_gpus is shared
+    fraction = fake._trainer_gpu_fraction()
+    assert fraction == (0.5 if shared else 1.0)
+
+
+def test_too_few_gpus_even_to_share_names_the_keys(monkeypatch):
+    import ray
+
+    from recipe.config import RecipeConfig
+    from recipe.separate_trainer import SeparateRayPPOTrainer
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"GPU": 2.0})
+    fake = SeparateRayPPOTrainer.__new__(SeparateRayPPOTrainer)
+    fake.cfg = RecipeConfig(rollout=RolloutConfig(num_replicas=4))
+    fake.device = "cuda"
+    with pytest.raises(ValueError, match="tensor_parallel_size=4 engine GPUs"):
+        _ = fake.shares_gpus
