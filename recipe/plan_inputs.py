@@ -110,6 +110,26 @@ def engine_tokens_per_s(run: RunData, requests: list[dict[str, Any]]) -> float:
     return tokens / busy
 
 
+def steps_per_sync(run: RunData) -> int:
+    """T: trainer steps per weights version (from the versions the steps ended on)."""
+    versions = [int(r["param_version"]) for r in run.records if "param_version" in r]
+    if len(versions) < 2 or versions[-1] <= versions[0]:
+        return int(_cfg(run, "async_training.trigger_parameter_sync_step", 1))
+    return max(1, round((len(versions) - 1) / (versions[-1] - versions[0])))
+
+
+def staleness_threshold(run: RunData, prompts_per_step: int) -> float:
+    """From the config, else from the admission budget B = floor((1 + s) T R), which a fully
+    async run reports as its queue capacity."""
+    configured = _cfg(run, "async_training.staleness_threshold", None)
+    if configured is not None:
+        return float(configured)
+    capacity = run.summary.get("queue/capacity")
+    if capacity is None:
+        return 0.5
+    return max(0.0, capacity / (steps_per_sync(run) * prompts_per_step) - 1.0)
+
+
 def _steady_start_us(run: RunData) -> float:
     end = run.wall_s(WARMUP_STEPS)
     return run.start_us + (end or 0.0) * 1e6
@@ -173,10 +193,10 @@ def measure(run: RunData, *, contention: float = 1.0) -> Measured:
         workload=workload,
         mode=run.mode,
         num_steps=run.num_steps,
-        steps_per_sync=int(_cfg(run, "async_training.trigger_parameter_sync_step", 1)),
-        staleness_threshold=float(_cfg(run, "async_training.staleness_threshold", 0.5)),
+        steps_per_sync=steps_per_sync(run),
+        staleness_threshold=staleness_threshold(run, workload.prompts_per_step),
         partial_rollout=bool(_cfg(run, "async_training.partial_rollout", True)),
-        num_replicas=int(_cfg(run, "rollout.num_replicas", 1)),
+        num_replicas=len({e["pid"] for e in requests}),
         samples_per_s=steady_samples_per_s(run),
         trainer_idle_ratio=run.idle_ratio("trainer"),
         rollouter_idle_ratio=run.idle_ratio("rollouter"),

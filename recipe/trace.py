@@ -440,12 +440,16 @@ class RunTrace:
         )
         self._failed_sources: set[str] = set()
         self._closed = False
+        self._last_end_us = 0.0
 
     def step(self, step: int, version: int, metrics: Mapping[str, float]) -> None:
         """One slice on the "steps" track ending now, ``timing/step_s`` long, plus counters
         (``version``: the weights version after the step)."""
         end_us = now_us()
-        start_us = end_us - metrics.get("timing/step_s", 0.0) * 1e6
+        # Steps follow each other: a step measured from a slightly earlier clock reading
+        # must not start inside the previous slice.
+        start_us = max(end_us - metrics.get("timing/step_s", 0.0) * 1e6, self._last_end_us)
+        self._last_end_us = end_us
         args = {"step": step, "version": version}
         args |= {k: metrics[k] for k in STEP_ARG_KEYS if k in metrics}
         self.tracer.complete("step", start_us, end_us, tid=STEPS_TID, cat="step", args=args)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from trace_checks import load_checked, requests, slices
 
 pytestmark = pytest.mark.integration
 
@@ -79,10 +80,42 @@ def test_sync_run_writes_the_run_directory_contract(tiny_model_path, tmp_path):
     ckpt = run_dir / "checkpoints" / "step_4"
     assert (ckpt / "config.json").is_file() and (ckpt / "trainer_state.json").is_file()
     assert json.loads((ckpt / "trainer_state.json").read_text())["param_version"] == 4
+    _check_trace_and_report(run_dir)
 
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(ckpt)  # the checkpoint is a loadable HF model
+
+
+def _check_trace_and_report(run_dir: Path) -> None:
+    """trace.json: every step's phases, each push's phases and the engine's requests (16
+    prompts x 4 responses per step, one version each); the report renders the run."""
+    events = load_checked(run_dir)
+    assert [e["args"]["step"] for e in slices(events, "step")] == [1, 2, 3, 4]
+    for phase in ("generate", "old_log_prob", "advantages", "update", "weight_push"):
+        assert len(slices(events, phase)) == 4, phase
+    for phase in ("pause", "transfer", "load", "resume"):  # inside every weight push
+        assert len(slices(events, phase)) == 4, phase
+    assert len(slices(events, "validate")) == 3  # before training, after step 2 and step 4
+    assert len(slices(events, "checkpoint")) == 1
+    train = requests(events)
+    assert len(train) == 4 * 16 and {e["args"]["n"] for e in train} == {4}
+    assert sorted({tuple(e["args"]["versions"]) for e in train}) == [(0,), (1,), (2,), (3,)]
+    generating = slices(events, "generate")
+    for request in train:  # each request lies within the trainer's generate phase
+        assert any(
+            g["ts"] <= request["ts"] + 1
+            and request["ts"] + request["dur"] <= g["ts"] + g["dur"] + 1e4
+            for g in generating
+        )
+    assert len(requests(events, training=False)) == 3 * 256
+
+    from recipe.report import write_report
+
+    report = write_report([run_dir], run_dir / "report")
+    images = {p.name for p in report.parent.glob("*.png")}
+    assert {"val_accuracy.png", "reward.png", "staleness.png", "gantt_sync.png"} <= images
+    assert "| sync | sync | 4 |" in report.read_text()
 
 
 def test_sync_baseline_raises_val_accuracy_over_the_warm_start(tiny_model_path, tmp_path):
