@@ -10,6 +10,9 @@ discrete-event simulation of the pipeline (recipe/pipeline_sim.py).
                              measured samples/s
     --verl                   verl's published 7B runs (32/64/128 GPUs) next to the planner's
                              prediction for them (recipe/plan_verl.py states the assumptions)
+    --contention-from RUN    trainer and engines share resources (this project's CPU runs):
+                             how much slower training runs while generation overlaps it,
+                             measured from an async run (recipe/plan_inputs.py)
 
 Scaling (stated, not measured): training time per sample falls linearly with trainer GPUs
 (``--measured-trainer-gpus`` is the count the run trained on); each engine replica of
@@ -193,7 +196,14 @@ def workload_from_args(args: argparse.Namespace) -> tuple[Workload, dict[str, ob
         )
         if getattr(args, key) is not None
     }
-    workload = replace(workload, contention=args.contention, **overrides)
+    contention = args.contention
+    if args.contention_from is not None:
+        from recipe.plan_inputs import estimate_contention
+        from recipe.report_data import load_run
+
+        contention = estimate_contention(workload, load_run(args.contention_from))
+        print(f"contention {contention:.2f} (measured from {args.contention_from})")
+    workload = replace(workload, contention=contention, **overrides)
     return workload, defaults
 
 
@@ -211,6 +221,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps-per-sync", type=int, default=None, help="T (default: the run's)")
     parser.add_argument("--thresholds", type=float, nargs="+", default=list(DEFAULT_THRESHOLDS))
     parser.add_argument("--contention", type=float, default=1.0, help="shared-resource slowdown")
+    parser.add_argument(
+        "--contention-from", type=Path, help="measure the contention from this async run"
+    )
     for flag in ("n", "prompts-per-step"):
         parser.add_argument(f"--{flag}", type=int, default=None)
     for flag in ("engine-tps", "seq-tps", "train-s-per-sample", "sync-s", "length-mean"):

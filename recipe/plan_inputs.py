@@ -202,3 +202,28 @@ def measure(run: RunData, *, contention: float = 1.0) -> Measured:
         rollouter_idle_ratio=run.idle_ratio("rollouter"),
         staleness_mean=run.staleness_mean,
     )
+
+
+def estimate_contention(base: Workload, run: RunData) -> float:
+    """The slowdown of training while the engines generate, from a run where they overlap.
+
+    The run's training seconds per sample t (metrics) against ``base``'s t0 (a run without
+    overlap), and the share f of its training time during which some engine generated
+    (trace): t = t0 * (1 + (contention - 1) * f).
+    """
+    if not run.trace:
+        raise ValueError(f"{run.path}: no trace.json to measure the overlap from")
+    phases = [
+        e
+        for e in run.trainer_phases()
+        if e["name"] in ("old_log_prob", "update") and e["ts"] >= _steady_start_us(run)
+    ]
+    engines = training_requests(run)
+    train_us = sum(e["dur"] for e in phases)
+    overlap_us = sum(busy_s(engines, e["ts"], e["ts"] + e["dur"]) * 1e6 for e in phases)
+    samples = _steady(run, "throughput/samples")
+    train_s = sum(_steady(run, "timing/old_log_prob_s")) + sum(_steady(run, "timing/update_s"))
+    if not phases or overlap_us <= 0 or not samples:
+        raise ValueError(f"{run.path}: training never overlapped generation")
+    slowdown = train_s / sum(samples) / base.train_s_per_sample
+    return max(1.0, 1.0 + (slowdown - 1.0) / (overlap_us / train_us))

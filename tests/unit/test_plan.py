@@ -191,6 +191,7 @@ def test_plan_command_without_inputs_names_the_missing_flags(capsys):
 def _synthetic_sync_run(tmp_path, num_steps: int = 6):
     """A sync run whose every step generates 2 groups of 2 responses of 3 tokens in 0.5 s,
     trains 0.2 + 0.3 s and pushes in 0.1 s (step 1.2 s: 0.1 s of overhead)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     events, records, t = [], [], 1e9
     for step in range(1, num_steps + 1):
         for slot in range(2):
@@ -238,3 +239,26 @@ def test_validate_prints_predicted_vs_measured(tmp_path, capsys):
     predicted, measured, error = last.split()[-3:]
     assert float(predicted) == pytest.approx(float(measured), abs=0.1)
     assert error == "+0.0%"
+
+
+def test_contention_is_the_training_slowdown_per_unit_of_overlap(tmp_path):
+    base = measure(load_run(_synthetic_sync_run(tmp_path / "sync"))).workload  # 0.125 s/sample
+    run = _synthetic_sync_run(tmp_path / "async")
+    events = json.loads((run / "trace.json").read_text())["traceEvents"]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for record in records:  # training takes 1.5x as long ...
+        record["timing/update_s"] = 0.3 + 0.25
+    starts = [e["ts"] for e in events if e["name"] == "step"]
+    for start in starts:  # ... and a third of it overlaps generation
+        events.append({"ph": "X", "name": "update", "cat": "trainer", "pid": 1, "tid": 2,
+                       "ts": start + 0.25e6, "dur": 0.5e6})  # fmt: skip
+        events.append({"ph": "X", "name": "old_log_prob", "cat": "trainer", "pid": 1, "tid": 2,
+                       "ts": start + 0.75e6, "dur": 0.25e6})  # fmt: skip
+    (run / "trace.json").write_text(json.dumps({"traceEvents": events}))
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    # generation covers [start, start + 0.5 s]: 0.25 s of the 0.75 s of training; 1.5x slower
+    # over a third of the time means 2.5x slower while overlapped
+    from recipe.plan_inputs import estimate_contention
+
+    contention = estimate_contention(base, load_run(run))
+    assert contention == pytest.approx(2.5)
