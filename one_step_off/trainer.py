@@ -167,6 +167,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
             "num_samples": self.num_samples,
             "staleness_sum": self.staleness_sum,
             "staleness_max": self.staleness_max,
+            "staleness_counts": {str(k): v for k, v in self.staleness_counts.items()},
         }
 
     def _resume(self) -> PendingBatch | None:
@@ -177,6 +178,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         self.num_samples = state["num_samples"]
         self.staleness_sum = state["staleness_sum"]
         self.staleness_max = state["staleness_max"]
+        self.staleness_counts = Counter({int(k): v for k, v in state["staleness_counts"].items()})
         saved = state["pending"]
         if saved is None:
             return None
