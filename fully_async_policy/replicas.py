@@ -6,15 +6,16 @@ every call then raises ``EngineDeadError``). A replica that does not answer a he
 time is busy or hung, not dead: that is a matter for the weight-sync deadline
 (``checkpoint_engine.on_failure``), not for a restart. States of one replica::
 
-    SERVING --dies--> RESTARTING --engine up, served version 0--> SERVING
+    SERVING --dies--> RESTARTING --engine up, served version 0, not paused--> SERVING
                            |  (rollout.max_restarts used up: the run fails naming it)
-                           '--engine up, served version v > 0--> WAITING_WEIGHTS
-    WAITING_WEIGHTS --install_weights(v) (the trainer's copy of push v)--> SERVING
+                           '--engine up, otherwise--> WAITING_WEIGHTS
+    WAITING_WEIGHTS --install_weights(v) (the trainer's copy of push v; none for v=0)--> SERVING
 
 Invariant: only a SERVING replica takes groups (``RolloutGroup.in_service``), and a replica
 enters SERVING only when it holds the weights every other replica serves, so no group is
 ever generated on the wrong weights. A replica that comes up while the rollouter is paused for
-a sync is paused before it serves. The groups a death cuts are the rollouter's to re-admit.
+a sync waits for the trainer (the push may be changing the version) and joins paused. The
+groups a death cuts are the rollouter's to re-admit.
 """
 
 from __future__ import annotations
@@ -82,19 +83,23 @@ class ReplicaSupervisor:
         another error, for the caller to raise."""
         if self.closing:
             return False
-        if self.group.workers[index] is not worker or index in self._restarting:
+        if self._replaced(index, worker):
             return True
-        reason = await self._death_reason(index, exc)
+        reason = await self._death_reason(worker, exc)
         if reason is None:
             return False
-        self._restart(index, reason)
+        if not self._replaced(index, worker):  # nobody restarted it during the health check
+            self._restart(index, reason)
         return True
 
-    async def _death_reason(self, index: int, exc: BaseException | None) -> str | None:
-        """Why replica ``index`` is dead (None: it is not)."""
+    def _replaced(self, index: int, worker: Any) -> bool:
+        """``worker`` is no longer replica ``index``'s worker, or is being replaced."""
+        return self.group.workers[index] is not worker or index in self._restarting
+
+    async def _death_reason(self, worker: Any, exc: BaseException | None) -> str | None:
+        """Why ``worker`` is dead (None: it is not)."""
         if exc is not None and is_actor_death(exc):
             return describe_death(exc)
-        worker = self.group.workers[index]
         try:
             await asyncio.wait_for(_awaitable(worker.check_health.remote()), HEALTH_TIMEOUT_S)
         except TimeoutError:
@@ -130,14 +135,14 @@ class ReplicaSupervisor:
         try:
             worker = self.group.restart(index)
             await worker.get_version.remote()  # the constructor (engine start) has run
-            if self.group.version == 0:  # the model on disk is what every replica serves
+            # The model on disk is version 0. While paused, a push may be changing the
+            # version: the trainer, which knows, decides.
+            if self.group.version == 0 and not self.paused:
                 await self._serve(index)
             else:
                 self._needs_weights.add(index)
                 self.weights_wanted.set()
-                logger.info(
-                    "rollout replica %d is up; it waits for version %d", index, self.group.version
-                )
+                logger.info("rollout replica %d is up; it waits for the served weights", index)
         except Exception as exc:
             self._fail(RolloutWorkerError(index, f"its restart failed: {exc}"))
         finally:
@@ -158,28 +163,31 @@ class ReplicaSupervisor:
 
     # ---- the trainer's side of a restart ----------------------------------------------------
 
-    async def recover(self) -> list[int]:
-        """Health-check every replica, restart the dead ones and wait for every restart;
-        returns the replicas that wait for the served weights (``install_weights``)."""
-        checks = {
-            i: self._death_reason(i, None)
-            for i in range(len(self.group.workers))
-            if i not in self._restarting
-        }
-        reasons = await asyncio.gather(*checks.values())
-        for index, reason in zip(checks, reasons, strict=True):
-            if reason is not None and index not in self._restarting:
+    async def check_all(self) -> None:
+        """Health-check every replica and restart the dead ones (not waiting for them)."""
+        if self.closing:
+            return
+        up = [(i, w) for i, w in enumerate(self.group.workers) if i not in self._restarting]
+        reasons = await asyncio.gather(*(self._death_reason(w, None) for _, w in up))
+        for (index, worker), reason in zip(up, reasons, strict=True):
+            if reason is not None and not self._replaced(index, worker):
                 self._restart(index, reason)
+
+    async def recover(self) -> list[int]:
+        """Restart the dead replicas (``check_all``) and wait for every restart; returns the
+        replicas that wait for the served weights (``install_weights``)."""
+        await self.check_all()
         while self._restarting:
             await asyncio.gather(*self._restarting.values(), return_exceptions=True)
         if self.error is not None:
             raise self.error
         return sorted(self._needs_weights)
 
-    async def install_weights(self, index: int, path: str, version: int) -> None:
-        """Load the served weights (``version``, a safetensors file) into restarted replica
-        ``index``, then let it serve."""
-        await self.group.workers[index].update_weights_from_file.remote(path, version)
+    async def install_weights(self, index: int, path: str | None, version: int) -> None:
+        """Load the served weights (``version``, a safetensors file; None: version 0, the
+        model on disk it already holds) into restarted replica ``index``, then let it serve."""
+        if path is not None:
+            await self.group.workers[index].update_weights_from_file.remote(path, version)
         self._needs_weights.discard(index)
         if not self._needs_weights:
             self.weights_wanted.clear()

@@ -425,8 +425,9 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         waiting for the served weights (the trainer sends them: ``install_weights``)."""
         return await self.replicas.recover()
 
-    async def install_weights(self, replica: int, path: str, version: int) -> None:
-        """Restarted ``replica`` loads the served weights (``version``) and serves again."""
+    async def install_weights(self, replica: int, path: str | None, version: int) -> None:
+        """Restarted ``replica`` loads the served weights (``version``; ``path`` None: version
+        0, which it holds) and serves again."""
         await self.replicas.install_weights(replica, path, version)
 
     async def wait_replica_request(self) -> None:

@@ -362,6 +362,9 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         waiting = ray.get(self.rollouter.recover_replicas.remote())
         replaced = self._refresh_engines()
         for replica in waiting:
+            if self.version == 0:  # nothing pushed yet: the model on disk is what is served
+                ray.get(self.rollouter.install_weights.remote(replica, None, 0))
+                continue
             assert self._pushed_copy_version == self.version, "no copy of the served weights"
             path = Path(shm_dir()) / f"restart-{os.getpid()}-v{self.version}.safetensors"
             try:

@@ -66,9 +66,6 @@ def _case_files(tmp: Path, case: str) -> tuple[list[str], list[str]]:
     if case == "missing model path":
         missing = tmp / "no_such_model"
         return [f"model.path={missing}"], ["model.path=", str(missing)]
-    if case == "directory without config.json":
-        (tmp / "empty_model").mkdir()
-        return [f"model.path={tmp / 'empty_model'}"], ["model.path=", "no config.json"]
     if case == "directory that is not a causal LM":
         _write(tmp / "t5" / "config.json", json.dumps({"model_type": "t5"}))
         return [f"model.path={tmp / 't5'}"], ["model.path=", "not a causal LM"]
@@ -77,39 +74,27 @@ def _case_files(tmp: Path, case: str) -> tuple[list[str], list[str]]:
         del bad["reward_model"]
         path = _write(tmp / "train.jsonl", json.dumps(ROW) + "\n" + json.dumps(bad) + "\n")
         return [f"data.train_files=[{path}]"], [str(path), "line 2", "reward_model missing"]
-    if case == "dataset that is not JSON":
-        path = _write(tmp / "train.jsonl", json.dumps(ROW) + "\n{not json\n")
-        return [f"data.train_files=[{path}]"], [str(path), "line 2", "invalid JSON"]
     if case == "empty dataset":
         path = _write(tmp / "train.jsonl", "")
         return [f"data.train_files=[{path}]"], [str(path), "no rows"]
     if case == "output directory under a file":
         blocker = _write(tmp / "a_file", "")
         return [f"hydra.run.dir={blocker / 'run'}"], ["hydra.run.dir=", str(blocker / "run")]
-    if case == "resume path that is not a checkpoint (missing)":
+    if case == "resume path that is not a checkpoint":
         return ["trainer.resume_mode=/nonexistent/dir"], [
             "trainer.resume_mode=",
             "/nonexistent/dir",
-        ]
-    if case == "resume path that is not a checkpoint (plain directory)":
-        (tmp / "not_a_ckpt").mkdir()
-        return [f"trainer.resume_mode={tmp / 'not_a_ckpt'}"], [
-            "trainer.resume_mode=",
-            "not a complete checkpoint",
         ]
     raise AssertionError(case)
 
 
 FILE_CASES = [
     "missing model path",
-    "directory without config.json",
     "directory that is not a causal LM",
     "malformed dataset row",
-    "dataset that is not JSON",
     "empty dataset",
     "output directory under a file",
-    "resume path that is not a checkpoint (missing)",
-    "resume path that is not a checkpoint (plain directory)",
+    "resume path that is not a checkpoint",
 ]
 
 
@@ -134,9 +119,6 @@ def test_bad_file_or_path_fails_at_startup_naming_it(case, tmp_path):
             "data.train_batch_size=30",
         ),
         (["reward.custom_fn=recipe.reward.scorers:no_such_scorer"], "reward.custom_fn="),
-        (["reward.custom_fn=not_a_spec"], "reward.custom_fn="),
-        (["checkpoint_engine.on_failure=ignore"], "checkpoint_engine.on_failure='ignore'"),
-        (["rollout.max_restarts=-1"], "rollout.max_restarts=-1"),
     ],
     ids=[
         "negative staleness",
@@ -144,9 +126,6 @@ def test_bad_file_or_path_fails_at_startup_naming_it(case, tmp_path):
         "trigger_parameter_sync_step=0",
         "batch sizes that do not divide",
         "unknown reward function",
-        "malformed reward function spec",
-        "unknown on_failure policy",
-        "negative max_restarts",
     ],
 )
 def test_invalid_knob_fails_at_startup_naming_the_key(overrides, named, tmp_path):

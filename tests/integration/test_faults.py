@@ -20,6 +20,7 @@ import signal
 import time
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -28,7 +29,7 @@ from omegaconf import OmegaConf
 
 from fully_async_policy.main import FullyAsyncRecipe
 from recipe.config import load_config
-from recipe.faults import RunFailure
+from recipe.faults import RolloutWorkerError, RunFailure
 
 pytestmark = pytest.mark.integration
 
@@ -123,16 +124,23 @@ def test_rollout_worker_and_engine_deaths_and_a_hung_push_are_recovered_without_
     import psutil
 
     run_dir = tmp_path / "run"
+    # A random model never stops early, so groups are always mid-response. It never solves
+    # the task either: a reward that varies within a group gives the updates a gradient,
+    # and lr 1e-3 keeps consecutive versions apart.
+    reward_file = tmp_path / "reward.py"
+    reward_file.write_text(
+        "def score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return float(len(set(solution_str)) % 2)\n"
+    )
     recipe = build(
         run_dir,
         {
-            # A random model never stops early and the engine runs few sequences at once, so
-            # groups are always mid-response; lr 1e-3 keeps consecutive versions apart.
             "model.path": str(rollout_model_path),
-            "rollout.response_length": 32,
-            "rollout.max_num_seqs": 4,
+            "reward.custom_fn": f"{reward_file}:score",
+            "rollout.response_length": 24,
+            "rollout.max_num_seqs": 8,
             "actor.lr": 1e-3,
-            "trainer.total_training_steps": 7,
+            "trainer.total_training_steps": 6,
             "checkpoint_engine.timeout_s": 10.0,
             "checkpoint_engine.on_failure": "retry",
             "checkpoint_engine.max_retries": 1,
@@ -166,7 +174,7 @@ def test_rollout_worker_and_engine_deaths_and_a_hung_push_are_recovered_without_
 
     def recording_push(metrics):
         state = trainer.trainer_group.full_state_dict()  # the weights this push sends
-        if trainer.global_step == 6:  # the replica stops answering through one push
+        if trainer.global_step == 5:  # the replica stops answering through one push
             frozen.append(replica_processes(recipe)["worker"])
             os.kill(frozen[-1], signal.SIGSTOP)
         push(metrics)
@@ -198,7 +206,7 @@ def test_rollout_worker_and_engine_deaths_and_a_hung_push_are_recovered_without_
     assert (
         "weight sync phase 'agree-before' failed at rollout replica 0" in events[2]["sync_failure"]
     )
-    assert summary["steps"] == 7 and summary["param_version"] == 7
+    assert summary["steps"] == 6 and summary["param_version"] == 6
     records = metrics_of(run_dir)
     restarts = [r["faults/rollout_restarts"] for r in records]
     assert restarts == sorted(restarts) and restarts[-1] == 2 and 1 in restarts
@@ -210,7 +218,7 @@ def test_rollout_worker_and_engine_deaths_and_a_hung_push_are_recovered_without_
 
     # Exactly once: every admitted prompt trained once or still in flight at the end; the
     # groups cut by a death were admitted again, not dropped.
-    assert len(set(ledger["trained"])) == len(ledger["trained"]) == 28
+    assert len(set(ledger["trained"])) == len(ledger["trained"]) == 24
     assert Counter(ledger["admitted"]) == Counter(ledger["trained"]) + Counter(ledger["in_flight"])
     assert summary["prompts/readmitted"] >= 2
 
@@ -234,6 +242,39 @@ def test_rollout_worker_and_engine_deaths_and_a_hung_push_are_recovered_without_
     stale = oracle.token_logprobs(0, traj.prompt_ids, traj.response_ids)
     fresh = oracle.token_logprobs(late, traj.prompt_ids, traj.response_ids)
     assert (stale - fresh).abs().mean() > 1e-3
+
+
+def test_a_dead_replica_is_named_by_the_batch_recipes_and_a_restart_serves_again(
+    tiny_model_path,
+):
+    """sync and one_step_off do not restart: they stop with the replica named (through
+    ``RolloutGroup.get``); ``restart`` is what fully_async's supervisor builds on."""
+    import ray
+
+    from recipe.model import HFModelConfig
+    from recipe.workers.config import RolloutConfig
+    from recipe.workers.rollout_group import RolloutGroup
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False)
+    group = RolloutGroup(
+        HFModelConfig(tiny_model_path),
+        RolloutConfig(backend="hf", num_replicas=1, response_length=4),
+        device="cpu",
+    )
+    record = SimpleNamespace(uid="p0")
+    try:
+        pid = ray.get(group.workers[0].process_ids.remote())["worker"]
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(RolloutWorkerError, match=f"rollout replica 0 died: pid {pid}, "):
+            group.generate([record], [[5, 6, 7]], n=2, temperature=1.0)
+        group.restart(0)
+        assert group.in_service == [False]  # until the caller brought it to the served weights
+        group.in_service[0] = True
+        (trajs,) = group.generate([record], [[5, 6, 7]], n=2, temperature=1.0)
+        assert len(trajs) == 2 and ray.get(group.workers[0].process_ids.remote())["worker"] != pid
+    finally:
+        group.shutdown()
 
 
 HF_RUN = {

@@ -76,6 +76,9 @@ def test_config_key_set_matches_snapshot():
         ("trainer.device=tpu", "trainer.device"),
         ("algorithm.adv_estimator=gae", "algorithm.adv_estimator"),
         ("logger.backends=[console,mlflow]", "logger.backends"),
+        ("checkpoint_engine.on_failure=ignore", "checkpoint_engine.on_failure"),
+        ("checkpoint_engine.max_retries=-1", "checkpoint_engine.max_retries"),
+        ("rollout.max_restarts=-1", "rollout.max_restarts"),
     ],
 )
 def test_invalid_value_fails_naming_the_key(override, key):

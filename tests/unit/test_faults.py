@@ -1,0 +1,370 @@
+"""Fault handling without Ray actors: the replica supervisor's state machine against fake
+workers, the weight-push failure policy, and how a run reports a failure.
+
+The same paths run for real (SIGKILLed actors and engine processes, a SIGSTOPped sync peer)
+in tests/integration/test_faults.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from fully_async_policy import replicas as replicas_module
+from fully_async_policy.replicas import ReplicaSupervisor
+from recipe.checkpoint.store import write_checkpoint
+from recipe.checkpoint_engine.base import WeightSyncError
+from recipe.checkpoint_engine.config import CheckpointEngineConfig
+from recipe.faults import (
+    RolloutWorkerError,
+    RunFailure,
+    TrainerWorkerError,
+    describe_death,
+    fails_cleanly,
+    resume_hint,
+)
+from recipe.separate_trainer import SeparateRayPPOTrainer
+from recipe.tracking import LoggerConfig, MetricsAccumulator, Tracker
+from recipe.utils.output_dir import OutputDirError, check_writable_dir
+
+
+def _actor_died(pid: int = 4242) -> Exception:
+    from ray.exceptions import ActorDiedError
+
+    error = ActorDiedError()
+    error.error_msg = (
+        "The actor died unexpectedly before finishing this task.\n"
+        "\tclass_name: VLLMRolloutWorker\n\tactor_id: 0a1b\n"
+        f"\tpid: {pid}\n\tip: 10.0.0.1\n"
+        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR"
+    )
+    return error
+
+
+# ---- fake replicas ---------------------------------------------------------------------------
+
+
+class _Method:
+    def __init__(self, fn: Any) -> None:
+        self._fn = fn
+
+    def remote(self, *args: Any) -> Any:
+        return self._fn(*args)  # a coroutine: the supervisor awaits it like an ObjectRef
+
+
+class FakeWorker:
+    """A rollout worker whose health is set by the test: ``ok``, ``dead`` or ``hung``."""
+
+    def __init__(self, state: str = "ok") -> None:
+        self.state, self.version, self.paused = state, 0, False
+        self.check_health = _Method(self._check_health)
+        self.get_version = _Method(self._get_version)
+        self.pause = _Method(self._set_paused(True))
+        self.resume = _Method(self._set_paused(False))
+        self.update_weights_from_file = _Method(self._load)
+
+    async def _check_health(self) -> None:
+        if self.state == "dead":
+            raise _actor_died()
+        if self.state == "hung":
+            await asyncio.sleep(3600)
+
+    async def _get_version(self) -> int:
+        return self.version
+
+    def _set_paused(self, paused: bool) -> Any:
+        async def set_paused() -> None:
+            if self.state == "dead":
+                raise _actor_died()
+            self.paused = paused
+
+        return set_paused
+
+    async def _load(self, path: str, version: int) -> None:
+        self.loaded, self.version = path, version
+
+
+class FakeGroup:
+    def __init__(self, num: int, version: int = 0) -> None:
+        self.workers = [FakeWorker() for _ in range(num)]
+        self.in_service = [True] * num
+        self.version = version
+        self.restarted: list[int] = []
+        self._next = 0
+
+    def restart(self, index: int) -> FakeWorker:
+        self.in_service[index] = False
+        self.workers[index] = FakeWorker()
+        self.restarted.append(index)
+        return self.workers[index]
+
+    def next_replica(self) -> int:
+        for _ in self.workers:
+            index, self._next = self._next, (self._next + 1) % len(self.workers)
+            if self.in_service[index]:
+                return index
+        raise RuntimeError("none in service")
+
+
+def _supervisor(group: FakeGroup, max_restarts: int = 3) -> tuple[ReplicaSupervisor, list]:
+    fatal: list[BaseException] = []
+    return ReplicaSupervisor(group, max_restarts=max_restarts, on_fatal=fatal.append), fatal
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_a_dead_replica_is_restarted_and_serves_again_at_version_zero():
+    async def scenario() -> None:
+        group = FakeGroup(2)
+        sup, fatal = _supervisor(group)
+        old = group.workers[1]
+        old.state = "dead"
+        assert await sup.on_failure(1, old, RuntimeError("generate failed"))
+        assert group.in_service == [True, False]
+        assert await sup.on_failure(1, old, _actor_died())  # the same death, seen again
+        await _settle()
+        assert group.restarted == [1] and group.in_service == [True, True]
+        assert sup.num_restarts == 1 and not fatal and not sup.weights_wanted.is_set()
+
+    asyncio.run(scenario())
+
+
+def test_failures_seen_concurrently_for_one_death_restart_the_replica_once():
+    async def scenario() -> None:
+        group = FakeGroup(1)
+        sup, _ = _supervisor(group)
+        old = group.workers[0]
+        old.state = "dead"  # its in-flight groups all fail; each health check waits
+        results = await asyncio.gather(
+            *(sup.on_failure(0, old, RuntimeError("engine dead")) for _ in range(3))
+        )
+        await _settle()
+        assert results == [True, True, True]
+        assert group.restarted == [0] and sup.num_restarts == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_restarted_after_a_push_waits_for_the_served_weights():
+    async def scenario() -> None:
+        group = FakeGroup(1, version=3)
+        sup, _ = _supervisor(group)
+        sup.paused = True  # a sync is in progress
+        assert await sup.on_failure(0, group.workers[0], _actor_died())
+        assert await sup.recover() == [0]
+        assert sup.weights_wanted.is_set() and group.in_service == [False]
+        picked = asyncio.create_task(sup.pick())
+        await _settle()
+        assert not picked.done()  # nothing serves: a new group waits
+        await sup.install_weights(0, "/dev/shm/w.safetensors", 3)
+        new = group.workers[0]
+        assert (new.loaded, new.version, new.paused) == ("/dev/shm/w.safetensors", 3, True)
+        assert group.in_service == [True] and not sup.weights_wanted.is_set()
+        assert await picked == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_that_comes_up_during_a_sync_waits_for_the_trainer_even_at_version_zero():
+    async def scenario() -> None:
+        group = FakeGroup(1, version=0)
+        sup, _ = _supervisor(group)
+        await sup.pause_all()  # the first push may be under way: version 0 or 1 is served
+        assert await sup.on_failure(0, group.workers[0], _actor_died())
+        assert await sup.recover() == [0] and group.in_service == [False]
+        await sup.install_weights(0, None, 0)  # the trainer says: still version 0
+        assert group.in_service == [True] and group.workers[0].paused
+        assert not hasattr(group.workers[0], "loaded")
+
+    asyncio.run(scenario())
+
+
+def test_a_hung_replica_is_not_restarted(monkeypatch):
+    monkeypatch.setattr(replicas_module, "HEALTH_TIMEOUT_S", 0.05)
+
+    async def scenario() -> None:
+        group = FakeGroup(1)
+        sup, _ = _supervisor(group)
+        group.workers[0].state = "hung"
+        assert not await sup.on_failure(0, group.workers[0], RuntimeError("timeout"))
+        assert await sup.recover() == []
+        assert group.restarted == [] and group.in_service == [True]
+
+    asyncio.run(scenario())
+
+
+def test_a_death_past_max_restarts_fails_the_run_naming_the_replica():
+    async def scenario() -> None:
+        group = FakeGroup(2)
+        sup, fatal = _supervisor(group, max_restarts=1)
+        assert await sup.on_failure(0, group.workers[0], _actor_died())
+        await _settle()
+        assert await sup.on_failure(0, group.workers[0], _actor_died(pid=7))
+        assert len(fatal) == 1 and isinstance(fatal[0], RolloutWorkerError)
+        message = str(fatal[0])
+        assert message.startswith("rollout replica 0 died: pid 7, The actor is dead")
+        assert "rollout.max_restarts=1 restarts are used up" in message
+        with pytest.raises(RolloutWorkerError):
+            await sup.recover()
+
+    asyncio.run(scenario())
+
+
+def test_pause_all_restarts_a_replica_found_dead_and_pick_holds_during_a_sync():
+    async def scenario() -> None:
+        group = FakeGroup(2)
+        sup, _ = _supervisor(group)
+        group.workers[0].state = "dead"
+        await sup.pause_all()
+        assert group.workers[1].paused and sup.num_restarts == 1
+        sup.hold(True)
+        assert await sup.pick() is None
+        sup.hold(False)
+        assert await sup.recover() == [0]  # came up during the sync: the trainer decides
+        await sup.install_weights(0, None, 0)
+        await sup.resume_all()
+        assert sorted([await sup.pick() for _ in range(2)]) == [0, 1]
+        assert not any(w.paused for w in group.workers)
+
+    asyncio.run(scenario())
+
+
+# ---- the weight-push failure policy ------------------------------------------------------------
+
+
+class FakeSynchronizer:
+    def __init__(self, failures: int) -> None:
+        self.failures, self.attempts, self.resets, self.version = failures, 0, 0, 4
+
+    def sync_weights(self, *, timer: Any = None) -> dict[str, float]:
+        self.attempts += 1
+        if self.attempts <= self.failures:
+            raise WeightSyncError("transfer", "rollout replica 0", "no answer within 5.0 s")
+        self.version += 1
+        return {"sync/total_s": 0.5}
+
+    def reset_transport(self) -> None:
+        self.resets += 1
+
+
+def _pusher(failures: int, *, recovers: int = 0, dead_rank: bool = False, **policy: Any) -> Any:
+    def check_alive() -> None:
+        if dead_rank:
+            raise TrainerWorkerError(1, "pid 9, The actor is dead")
+
+    recovered = iter([True] * recovers)
+    return SimpleNamespace(
+        param_sync=FakeSynchronizer(failures),
+        cfg=SimpleNamespace(checkpoint_engine=CheckpointEngineConfig(**policy)),
+        trainer_group=SimpleNamespace(check_alive=check_alive),
+        tracer=SimpleNamespace(span=lambda *a, **k: _Nothing()),
+        fault_counts={"faults/sync_retries": 0},
+        _recover_from_sync_failure=lambda exc: next(recovered, False),
+        version=4,
+    )
+
+
+class _Nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _push(trainer: Any) -> None:
+    SeparateRayPPOTrainer._fit_update_weights(trainer, MetricsAccumulator())
+
+
+def test_on_failure_stop_raises_the_first_failure_naming_the_phase():
+    trainer = _pusher(1, on_failure="stop")
+    with pytest.raises(WeightSyncError, match="phase 'transfer' failed at rollout replica 0"):
+        _push(trainer)
+    assert trainer.param_sync.attempts == 1 and trainer.version == 4
+
+
+def test_on_failure_retry_rebuilds_the_transport_and_counts_each_retry():
+    trainer = _pusher(2, on_failure="retry", max_retries=2)
+    _push(trainer)
+    assert trainer.param_sync.attempts == 3 and trainer.param_sync.resets == 2
+    assert trainer.fault_counts["faults/sync_retries"] == 2 and trainer.version == 5
+
+
+def test_on_failure_retry_stops_once_the_retries_are_used_up():
+    trainer = _pusher(5, on_failure="retry", max_retries=2)
+    with pytest.raises(WeightSyncError):
+        _push(trainer)
+    assert trainer.param_sync.attempts == 3 and trainer.version == 4
+
+
+def test_a_push_cut_by_a_replaced_rollout_worker_is_retried_uncounted_even_with_stop():
+    trainer = _pusher(1, recovers=1, on_failure="stop")
+    _push(trainer)
+    assert trainer.param_sync.attempts == 2 and trainer.fault_counts["faults/sync_retries"] == 0
+
+
+def test_a_dead_trainer_rank_is_never_retried():
+    trainer = _pusher(1, dead_rank=True, on_failure="retry", max_retries=3)
+    with pytest.raises(TrainerWorkerError, match="trainer rank 1 died"):
+        _push(trainer)
+    assert trainer.param_sync.attempts == 1
+
+
+# ---- reporting a failure ---------------------------------------------------------------------
+
+
+def test_describe_death_keeps_the_pid_and_the_reason_on_one_line():
+    assert describe_death(_actor_died(pid=31)) == (
+        "pid 31, The actor is dead because its worker process has died"
+    )
+
+
+def test_resume_hint_names_the_newest_complete_checkpoint(tmp_path):
+    assert "no checkpoint under" in resume_hint(tmp_path)
+    for step in (2, 4):
+        write_checkpoint(tmp_path, step, step, lambda d: (d / "w.bin").write_bytes(b"x"))
+    (tmp_path / "checkpoints" / ".step_6.partial").mkdir()  # a write cut by a crash
+    hint = resume_hint(tmp_path)
+    assert f"latest checkpoint {tmp_path / 'checkpoints' / 'step_4'}" in hint
+    assert f"hydra.run.dir={tmp_path}" in hint
+
+
+def test_fails_cleanly_reports_a_worker_death_with_the_resume_point_in_summary_json(tmp_path):
+    class Recipe:
+        cfg = SimpleNamespace(mode="fully_async")
+
+        def __init__(self) -> None:
+            self.run_dir, self.global_step, self.version = tmp_path, 3, 2
+            self.tracker = Tracker(LoggerConfig(backends=["jsonl"], quiet=True), tmp_path)
+            self.fault_counts = {"faults/rollout_restarts": 1}
+
+        @fails_cleanly
+        def fit(self) -> None:
+            raise TrainerWorkerError(0, "pid 12, The actor is dead")
+
+    recipe = Recipe()
+    with pytest.raises(RunFailure) as caught:
+        recipe.fit()
+    recipe.tracker.close()
+    message = str(caught.value)
+    assert message.startswith("trainer rank 0 died: pid 12, The actor is dead; no checkpoint")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"] == message
+    assert summary["steps"] == 3 and summary["faults/rollout_restarts"] == 1
+
+
+def test_output_dir_check_names_a_directory_that_cannot_be_created(tmp_path):
+    check_writable_dir(tmp_path / "a" / "b", "hydra.run.dir")
+    assert (tmp_path / "a" / "b").is_dir()
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(OutputDirError, match=f"hydra.run.dir='{blocker / 'run'}'.*not writable"):
+        check_writable_dir(Path(blocker / "run"), "hydra.run.dir")
