@@ -36,7 +36,8 @@ from recipe.faults import fails_cleanly
 from recipe.progress import step_bar, update_bar
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.separate_trainer import SeparateRayPPOTrainer
-from recipe.trace import busy_s, now_us, rollout_slices, traced
+from recipe.trace import now_us, traced
+from recipe.trace_file import busy_s, rollout_slices
 from recipe.tracking import MetricsAccumulator
 
 logger = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from typing import Any
 
 from recipe.pipeline_sim import Workload
 from recipe.report_data import RunData
-from recipe.trace import busy_s, rollout_slices
+from recipe.trace_file import busy_s, rollout_slices
 
 logger = logging.getLogger(__name__)
 

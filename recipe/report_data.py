@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recipe.trace import PHASES_TID, STEPS_TID, TRACE_FILE, TRAINER_PID, load_trace
+from recipe.trace import PHASES_TID, STEPS_TID, TRACE_FILE, TRAINER_PID
+from recipe.trace_file import load_trace
 
 logger = logging.getLogger(__name__)
 

@@ -11,16 +11,8 @@ import pytest
 
 from recipe.progress import bar_postfix, step_bar, update_bar
 from recipe.protocol import Trajectory
-from recipe.trace import (
-    ENGINE_PID_BASE,
-    RequestTrace,
-    RunTrace,
-    TraceFile,
-    Tracer,
-    busy_s,
-    load_trace,
-    traced,
-)
+from recipe.trace import ENGINE_PID_BASE, RequestTrace, RunTrace, Tracer, traced
+from recipe.trace_file import TraceFile, busy_s, load_trace
 from recipe.workers.rollout.base import GenerationRequest
 
 
