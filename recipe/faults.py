@@ -121,8 +121,22 @@ def fails_cleanly(fit: F) -> F:
             failure = RunFailure(f"{_remote_cause(exc)}; {resume_hint(self.run_dir)}")
             _record_failure(self, failure)
             raise failure from exc
+        except Exception as exc:
+            if not is_actor_death(exc):
+                raise
+            # Another actor of the run (rollouter, message queue) died.
+            failure = RunFailure(
+                f"{_actor_class(exc)} died: {describe_death(exc)}; {resume_hint(self.run_dir)}"
+            )
+            _record_failure(self, failure)
+            raise failure from exc
 
     return wrapper  # type: ignore[return-value]
+
+
+def _actor_class(exc: BaseException) -> str:
+    found = re.search(r"class_name:\s*(\S+)", str(exc))
+    return found.group(1) if found else "a Ray actor"
 
 
 def _remote_cause(exc: BaseException) -> BaseException:

@@ -141,7 +141,7 @@ def test_rollout_worker_and_engine_deaths_and_a_hung_push_are_recovered_without_
             "rollout.max_num_seqs": 8,
             "actor.lr": 1e-3,
             "trainer.total_training_steps": 6,
-            "checkpoint_engine.timeout_s": 10.0,
+            "checkpoint_engine.timeout_s": 5.0,
             "checkpoint_engine.on_failure": "retry",
             "checkpoint_engine.max_retries": 1,
         },

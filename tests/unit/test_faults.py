@@ -361,6 +361,19 @@ def test_fails_cleanly_reports_a_worker_death_with_the_resume_point_in_summary_j
     assert summary["steps"] == 3 and summary["faults/rollout_restarts"] == 1
 
 
+def test_fails_cleanly_names_any_other_actor_of_the_run_that_died(tmp_path):
+    class Recipe:
+        cfg = SimpleNamespace(mode="fully_async")
+        run_dir, global_step, version, tracker = tmp_path, 0, 0, None
+
+        @fails_cleanly
+        def fit(self) -> None:
+            raise _actor_died(pid=77)
+
+    with pytest.raises(RunFailure, match=r"^VLLMRolloutWorker died: pid 77, The actor is dead"):
+        Recipe().fit()
+
+
 def test_output_dir_check_names_a_directory_that_cannot_be_created(tmp_path):
     check_writable_dir(tmp_path / "a" / "b", "hydra.run.dir")
     assert (tmp_path / "a" / "b").is_dir()
