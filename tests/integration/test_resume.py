@@ -170,7 +170,8 @@ def test_sigkill_at_a_random_step_then_auto_resume_trains_every_prompt_exactly_o
 
     resume_from = latest_checkpoint(run_dir)
     assert resume_from is not None
-    resume_step = read_state(resume_from)["global_step"]
+    checkpoint_state = read_state(resume_from)  # read now: pruned by the time the run ends
+    resume_step = checkpoint_state["global_step"]
     saved = json.loads((resume_from / RUN_STATE_DIR / "rollouter_state.json").read_text())
     assert saved["partials"], "the checkpoint holds no partial trajectory to resume"
     for _ticket, trajs in saved["partials"]:
@@ -202,7 +203,7 @@ def test_sigkill_at_a_random_step_then_auto_resume_trains_every_prompt_exactly_o
     assert set(trained) == set(_planned_prompts())
     # ... and the checkpoint's own ledger agrees with the file up to its step.
     before = [uid for r in ledger[:resume_step] for uid in r["trained"]]
-    assert read_state(resume_from)["trained_uids"] == before
+    assert checkpoint_state["trained_uids"] == before
 
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, TOTAL_STEPS + 1))
