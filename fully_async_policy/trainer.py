@@ -172,13 +172,16 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         pause = ray.get(self.rollouter.begin_sync.remote())
         self._heal()  # replicas that died since the last sync receive this push too
         self._fit_update_weights(metrics)
-        if self.cfg.rollout.max_restarts > 0:
-            self._save_pushed_copy(metrics)
         if self._should_save(last=last):
             self._rollouter_state = ray.get(self.rollouter.snapshot.remote())
         ray.get(self.rollouter.end_sync.remote(self.version, len(self.trained_uids)))
+        pause_window_s = time.perf_counter() - start
+        if self.cfg.rollout.max_restarts > 0:
+            # After the engines resumed: the trainer's weights stay the served ones until the
+            # next update, so the copy need not hold generation up.
+            self._save_pushed_copy(metrics)
         return metrics.reduce() | {
-            "sync/pause_window_s": time.perf_counter() - start,
+            "sync/pause_window_s": pause_window_s,
             "sync/quiesce_s": pause.pause_s,
             "sync/partial_groups": float(pause.num_partial_groups),
             "sync/drained_groups": float(pause.num_drained_groups),
