@@ -134,7 +134,9 @@ def validate(workload: Workload, run_dirs: list[Path]) -> list[tuple[str, float,
     from recipe.report_data import load_run
 
     out = []
-    print(f"{'run':<44}{'predicted':>10}{'measured':>10}{'error':>8}  samples/s after warm-up")
+    print(
+        f"{'mode':<16}{'predicted':>10}{'measured':>10}{'error':>8}  run (samples/s after warm-up)"
+    )
     for path in run_dirs:
         run = measure(load_run(path), contention=workload.contention)
         layout = Layout(
@@ -147,8 +149,7 @@ def validate(workload: Workload, run_dirs: list[Path]) -> list[tuple[str, float,
         own = replace(workload, prompts_per_step=run.workload.prompts_per_step, n=run.workload.n)
         predicted = simulate(own, layout, run.num_steps).steady_samples_per_s()
         error = predicted / run.samples_per_s - 1
-        name = f"{run.mode} {str(path)[-30:]}"
-        print(f"{name:<44}{predicted:>10.1f}{run.samples_per_s:>10.1f}{error:>+8.1%}")
+        print(f"{run.mode:<16}{predicted:>10.1f}{run.samples_per_s:>10.1f}{error:>+8.1%}  {path}")
         out.append((run.mode, predicted, run.samples_per_s))
     return out
 

@@ -236,7 +236,8 @@ def test_validate_prints_predicted_vs_measured(tmp_path, capsys):
     run = _synthetic_sync_run(tmp_path)
     assert main(["--run", str(run), "--validate", str(run)]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    predicted, measured, error = last.split()[-3:]
+    mode, predicted, measured, error, path = last.split()
+    assert (mode, path) == ("sync", str(run))
     assert float(predicted) == pytest.approx(float(measured), abs=0.1)
     assert error == "+0.0%"
 
