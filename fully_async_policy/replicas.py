@@ -83,7 +83,7 @@ class ReplicaSupervisor:
         another error, for the caller to raise."""
         if self.closing:
             return False
-        if self._replaced(index, worker):
+        if self._replaced(index, worker) or self.error is not None:  # the run is failing anyway
             return True
         reason = await self._death_reason(worker, exc)
         if reason is None:
