@@ -37,12 +37,19 @@ class ReplicaSupervisor:
     """Death detection, bounded restarts and re-entry of the rollouter's replicas."""
 
     def __init__(
-        self, group: Any, *, max_restarts: int, on_fatal: Callable[[BaseException], None]
+        self,
+        group: Any,
+        *,
+        max_restarts: int,
+        on_fatal: Callable[[BaseException], None],
+        timeout_s: float = 120.0,
     ) -> None:
         """``group``: the rollouter's ``RolloutGroup``; ``on_fatal(error)`` is called when a
-        replica dies with no restart left (or fails to come back up)."""
+        replica dies with no restart left (or fails to come back up); ``timeout_s`` bounds a
+        pause or resume of one replica (``checkpoint_engine.timeout_s``)."""
         self.group = group
         self.max_restarts = max_restarts
+        self.timeout_s = timeout_s
         self.num_restarts = 0
         """Replicas restarted so far (``faults/rollout_restarts``)."""
         self.paused = False
@@ -205,11 +212,22 @@ class ReplicaSupervisor:
         await self._each("resume")
 
     async def _each(self, method: str) -> None:
+        """``method`` on every replica that is up, each within ``timeout_s``: a hung replica
+        fails the call naming it (a sync must never wait silently)."""
         up = [(i, w) for i, w in enumerate(self.group.workers) if i not in self._restarting]
         results = await asyncio.gather(
-            *(_awaitable(getattr(w, method).remote()) for _, w in up), return_exceptions=True
+            *(
+                asyncio.wait_for(_awaitable(getattr(w, method).remote()), self.timeout_s)
+                for _, w in up
+            ),
+            return_exceptions=True,
         )
         for (index, worker), result in zip(up, results, strict=True):
+            if isinstance(result, TimeoutError):
+                from recipe.checkpoint_engine.base import WeightSyncError
+
+                detail = f"no answer within {self.timeout_s:.1f} s"
+                raise WeightSyncError(method, f"rollout replica {index}", detail)
             if isinstance(result, Exception) and not await self.on_failure(index, worker, result):
                 raise result
 

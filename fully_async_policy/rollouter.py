@@ -104,7 +104,10 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         )
         self._build_rollout_group()
         self.replicas = ReplicaSupervisor(
-            self.rollout_group, max_restarts=cfg.rollout.max_restarts, on_fatal=self._fail
+            self.rollout_group,
+            max_restarts=cfg.rollout.max_restarts,
+            on_fatal=self._fail,
+            timeout_s=cfg.checkpoint_engine.timeout_s,
         )
         self._in_flight: dict[int, asyncio.Task] = {}
         self._partials: list[tuple[Ticket, list[Trajectory]]] = []

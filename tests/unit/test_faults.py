@@ -81,6 +81,8 @@ class FakeWorker:
         async def set_paused() -> None:
             if self.state == "dead":
                 raise _actor_died()
+            if self.state == "hung":
+                await asyncio.sleep(3600)
             self.paused = paused
 
         return set_paused
@@ -197,6 +199,18 @@ def test_a_hung_replica_is_not_restarted(monkeypatch):
         assert not await sup.on_failure(0, group.workers[0], RuntimeError("timeout"))
         assert await sup.recover() == []
         assert group.restarted == [] and group.in_service == [True]
+
+    asyncio.run(scenario())
+
+
+def test_pausing_a_hung_replica_fails_within_the_deadline_naming_it():
+    async def scenario() -> None:
+        group = FakeGroup(2)
+        sup = ReplicaSupervisor(group, max_restarts=3, on_fatal=print, timeout_s=0.05)
+        group.workers[1].state = "hung"
+        with pytest.raises(WeightSyncError, match="phase 'pause' failed at rollout replica 1"):
+            await asyncio.wait_for(sup.pause_all(), 5)
+        assert group.workers[0].paused and sup.num_restarts == 0
 
     asyncio.run(scenario())
 
