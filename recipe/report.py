@@ -44,6 +44,16 @@ def _pyplot() -> Any:
     return plt
 
 
+def save_figure(fig, out: Path) -> bool:
+    """Lay out, write ``out`` (PNG) and free ``fig``; True (a plot was written)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return True
+
+
 # ---- curves ----------------------------------------------------------------------------------
 
 
@@ -71,10 +81,7 @@ def _curve_pair(runs: list[RunData], key: str, title: str, out: Path, *, window:
     for ax in (by_step, by_time):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return True
+    return save_figure(fig, out)
 
 
 def plot_val_accuracy(runs: list[RunData], out: Path) -> bool:
@@ -110,10 +117,7 @@ def plot_staleness(runs: list[RunData], out: Path) -> bool:
     )
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return True
+    return save_figure(fig, out)
 
 
 def plot_idle_ratios(runs: list[RunData], out: Path) -> bool:
@@ -133,10 +137,7 @@ def plot_idle_ratios(runs: list[RunData], out: Path) -> bool:
         ax.set(xlabel="trainer step", ylabel="idle ratio", title=f"{who} idle ratio", ylim=(0, 1))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return True
+    return save_figure(fig, out)
 
 
 SYNC_PHASES = ("sync/gather_s", "sync/transfer_s", "sync/verify_s", "sync/load_s")
@@ -168,10 +169,7 @@ def plot_sync_times(runs: list[RunData], out: Path) -> bool:
     split.set(ylabel="seconds per push (mean)", title="push phases")
     split.legend(fontsize=8)
     split.tick_params(axis="x", labelrotation=15)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return True
+    return save_figure(fig, out)
 
 
 PLOTS = {
