@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
@@ -485,10 +485,14 @@ class SeparateRayPPOTrainer:
             self._score(record, trajs)
             scores += [t.reward for t in trajs]
             lengths += [t.num_response_tokens for t in trajs]
+        clipped = response_clip_ratio([t for g in groups for t in g])
+        if (warning := clip_warning(clipped, self.cfg.rollout.response_length)) is not None:
+            logger.warning(warning)
         return {
             "val/accuracy": sum(s >= 1.0 for s in scores) / len(scores),
             "val/reward_mean": sum(scores) / len(scores),
             "val/response_length_mean": sum(lengths) / len(lengths),
+            "val/response_length_clip_ratio": clipped,
             "timing/val_s": time.perf_counter() - start,
         }
 
@@ -523,6 +527,27 @@ class SeparateRayPPOTrainer:
         self.param_sync = self.rollout_group = self.trainer_group = None
         if self.tracker is not None:
             self.tracker.close()
+
+
+CLIP_WARN_RATIO = 0.1
+"""Validation warns when more than this fraction of responses hit ``rollout.response_length``."""
+
+
+def response_clip_ratio(trajs: Sequence[Trajectory]) -> float:
+    """Fraction of ``trajs`` cut off at ``rollout.response_length`` (finish_reason ``length``)."""
+    return sum(t.finish_reason == "length" for t in trajs) / len(trajs) if trajs else 0.0
+
+
+def clip_warning(ratio: float, response_length: int) -> str | None:
+    """The validation warning when more than ``CLIP_WARN_RATIO`` of responses were cut off
+    (the tiny preset's 16 tokens cut most answers short), else None."""
+    if ratio <= CLIP_WARN_RATIO:
+        return None
+    return (
+        f"{ratio:.0%} of validation responses stopped at rollout.response_length="
+        f"{response_length} tokens (finish_reason 'length'; more than {CLIP_WARN_RATIO:.0%}): "
+        f"their answers are cut off. Raise it, e.g. rollout.response_length={2 * response_length}"
+    )
 
 
 def _resolve_device(device: str) -> str:

@@ -62,8 +62,9 @@ class LoggerConfig:
     """Experiment name (wandb run name)."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """wandb-only settings (``logger.wandb.*``)."""
-    console_every: int = 1
-    """Print a console line every N steps (steps divisible by N)."""
+    console_every: int = 10
+    """Print a console line every N steps (steps divisible by N); the step bar shows every
+    step's headline figures in between."""
     quiet: bool = False
     """Console prints nothing per step (for CI logs); other sinks are unaffected."""
 

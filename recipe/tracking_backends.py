@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from recipe.progress import bar_paused
+
 if TYPE_CHECKING:
     from recipe.tracking import LoggerConfig
 
@@ -100,7 +102,11 @@ def _ends_mid_line(path: Path) -> bool:
 
 
 class ConsoleBackend(Backend):
-    """A compact rich line per ``console_every`` steps: headline values plus a count of the rest."""
+    """A compact rich line per ``console_every`` steps: headline values plus a count of the rest.
+
+    Lines go through ``recipe.progress.bar_paused``, so each starts on a line of its own even
+    while the step bar is drawn on the same terminal or log file.
+    """
 
     def __init__(self, every: int, quiet: bool, console: Any = None) -> None:
         from rich.console import Console
@@ -112,7 +118,8 @@ class ConsoleBackend(Backend):
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         if self.quiet or step % self.every != 0:
             return
-        self.console.print(format_console_line(metrics, step), markup=False, soft_wrap=True)
+        with bar_paused(self.console.file):
+            self.console.print(format_console_line(metrics, step), markup=False, soft_wrap=True)
 
     def summary(self, summary: Mapping[str, Any]) -> None:
         if self.quiet or not summary:
@@ -122,7 +129,8 @@ class ConsoleBackend(Backend):
         table = Table(title="summary", show_header=False)
         for key, value in summary.items():
             table.add_row(str(key), _format_value(value))
-        self.console.print(table)
+        with bar_paused(self.console.file):
+            self.console.print(table)
 
     def close(self) -> None:
         """Nothing buffered: each line is printed when logged."""

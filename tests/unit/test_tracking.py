@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from recipe import tracking_backends
+from recipe.protocol import Trajectory
+from recipe.separate_trainer import CLIP_WARN_RATIO, clip_warning, response_clip_ratio
 from recipe.tracking import (
     LoggerConfig,
     MetricsAccumulator,
@@ -36,6 +38,7 @@ def test_default_config_logs_to_console_and_jsonl_with_wandb_offline():
     cfg = LoggerConfig()
     assert cfg.backends == ["console", "jsonl"]
     assert cfg.wandb.mode == "offline"
+    assert cfg.console_every == 10  # a line per step drowned the step bar
 
 
 def test_unknown_backend_error_names_logger_backends_and_the_allowed_names():
@@ -182,7 +185,7 @@ def test_summary_json_is_replaced_atomically_and_keeps_the_old_file_on_failure(
 
 
 def test_console_line_shows_step_headline_keys_and_count_of_others(tmp_path, capsys):
-    cfg = LoggerConfig(backends=["console"])
+    cfg = LoggerConfig(backends=["console"], console_every=1)
     with Tracker(cfg, tmp_path) as tracker:
         metrics = {"reward/mean": 0.5, "timing/step_s": 1.25, "queue/size": 2, "sync/time_s": 0.1}
         tracker.log(metrics, step=7)
@@ -390,3 +393,31 @@ def test_timer_records_even_when_the_block_raises_and_needs_a_seconds_key():
     assert "timing/update_s" in acc.reduce()
     with pytest.raises(ValueError, match="'_s'"), acc.timer("timing/update"):
         pass
+
+
+# --- responses cut off at rollout.response_length (validation) ------------------------------
+
+
+def _traj(finish_reason: str) -> Trajectory:
+    return Trajectory("p0", 0, [1, 2], [3, 4], [-0.5, -0.5], [0, 0], finish_reason)
+
+
+def test_clip_ratio_is_the_fraction_of_responses_that_hit_the_length_limit():
+    trajs = [_traj("length")] * 3 + [_traj("stop")] * 6 + [_traj("aborted")]
+    assert response_clip_ratio(trajs) == pytest.approx(0.3)
+    assert response_clip_ratio([]) == 0.0
+
+
+def test_clip_warning_only_above_ten_percent():
+    assert CLIP_WARN_RATIO == 0.1
+    assert clip_warning(0.0, 16) is None
+    assert clip_warning(0.1, 16) is None  # "more than 10%"
+    assert clip_warning(0.11, 16) is not None
+
+
+def test_clip_warning_names_the_fraction_the_limit_and_the_knob():
+    ratio = response_clip_ratio([_traj("length")] * 3 + [_traj("stop")])
+    warning = clip_warning(ratio, 16)
+    assert "75% of validation responses" in warning
+    assert "rollout.response_length=16 tokens" in warning
+    assert "rollout.response_length=32" in warning  # the suggested value
