@@ -7,10 +7,21 @@ only (no prompt, special tokens already skipped). They are pure functions: the r
 
 - ``arithmetic_score``: the synthetic task. The first number in the response must be the
   integer answer ("68" or " 68 " score 1, "6 8" or "68.5" score 0).
-- ``math_score``: MATH-style; the last ``\\boxed{...}`` (nested braces allowed) against the
-  ground truth after a light LaTeX normalisation, or equal as numbers. Deliberately light: no
-  symbolic equivalence (``\\frac{2}{4}`` equals ``0.5``, but ``x+1`` does not equal ``1+x``).
-- ``gsm8k_score``: strict GSM8K; the last ``#### <number>`` (commas and ``$`` removed).
+- ``math_score``: MATH; the last ``\\boxed{...}`` or ``\\fbox{...}`` (nested braces allowed;
+  verl finds a last ``\\fbox`` but then scores it 0) against the ground truth (the dataset's
+  ``answer``, or a whole ``solution`` whose last box is taken), by the MATH benchmark's
+  normalisation plus numeric equality: ``recipe.reward.math_normalize`` lists the rules and
+  where they deliberately differ from verl's ``math.compute_score``. No box, or a box cut off
+  before its closing brace, scores 0.
+- ``gsm8k_score``: GSM8K, strict by default as verl's ``gsm8k.compute_score(method="strict")``:
+  the number after the last ``####`` in the response, else 0 however right the text is. The
+  ground truth is the bare number (verl's preprocessed rows) or the dataset's whole ``answer``
+  field, whose last ``#### n`` is taken. Deliberately more lenient than verl on how the number
+  is written, never on its value: equal values match (``72.00`` = ``72``; verl compares
+  strings); ``$72``, a trailing ``72.`` and any spaces or tabs (or none) after ``####`` are
+  accepted. The whole response is searched (some verl versions read only its last 300
+  characters).
+  ``method="flexible"`` takes the last number of the response instead, as verl's flexible mode.
 """
 
 from __future__ import annotations
@@ -19,15 +30,26 @@ import re
 from fractions import Fraction
 from typing import Any
 
+from recipe.reward.math_normalize import answers_match, normalize_math_answer
+
+__all__ = [
+    "answers_match",
+    "arithmetic_score",
+    "gsm8k_score",
+    "last_boxed",
+    "math_score",
+    "normalize_math_answer",
+]
+
 _FIRST_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _BOXED_WORD = re.compile(r"\s+([^\s${}]+)")
-_LEFT_RIGHT = re.compile(r"\\(?:left|right)(?![a-zA-Z])")
-_LATEX_SPACES = re.compile(r"\\[!,;:]")
-_THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
-_FRAC_SHORTHAND = re.compile(r"\\frac(\d)(\d)")
-_FRAC = re.compile(r"(-?)\\frac\{([^{}]+)\}\{([^{}]+)\}")
-_GSM8K_ANSWER = re.compile(r"####\s*([-$0-9.,]+)")
+# GSM8K's number: optional sign and "$", digits with thousands commas, optional decimals.
+_GSM8K_NUMBER = r"[-$]{0,2}\d[\d,]*(?:\.\d+)?"
+_GSM8K_ANSWER = re.compile(r"####[ \t]*(" + _GSM8K_NUMBER + ")")
+_ANY_NUMBER = re.compile(_GSM8K_NUMBER)
+_PLAIN_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_GSM8K_METHODS = ("strict", "flexible")
 
 
 def arithmetic_score(
@@ -54,16 +76,22 @@ def math_score(
 
 
 def gsm8k_score(
-    data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
+    data_source: str,
+    solution_str: str,
+    ground_truth: str,
+    extra_info: dict[str, Any] | None = None,
+    *,
+    method: str = "strict",
 ) -> float:
-    matches = _GSM8K_ANSWER.findall(solution_str)
+    """``method``: "strict" (verl's default) or "flexible"; see the module doc."""
+    if method not in _GSM8K_METHODS:
+        raise ValueError(f"gsm8k_score method={method!r}; expected one of {_GSM8K_METHODS}")
+    pattern = _GSM8K_ANSWER if method == "strict" else _ANY_NUMBER
+    matches = pattern.findall(solution_str)
     if not matches:
         return 0.0
-    predicted = _clean_gsm8k_number(matches[-1])
-    truth = _clean_gsm8k_number(ground_truth)
-    if not predicted:
-        return 0.0
-    pred_value, truth_value = _to_number(predicted), _to_number(truth)
+    predicted, truth = _clean_gsm8k_number(matches[-1]), _gsm8k_truth(ground_truth)
+    pred_value, truth_value = _gsm8k_value(predicted), _gsm8k_value(truth)
     if pred_value is not None and truth_value is not None:
         return float(pred_value == truth_value)
     return float(predicted == truth)
@@ -92,42 +120,22 @@ def last_boxed(text: str) -> str | None:
     return None  # unbalanced: the response was cut off inside the box
 
 
-def normalize_math_answer(answer: str) -> str:
-    """Light LaTeX normalisation: spacing, ``\\left``/``\\right``, ``\\dfrac``, ``\\frac12``."""
-    answer = _LEFT_RIGHT.sub("", answer)
-    answer = _LATEX_SPACES.sub("", answer)
-    answer = answer.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    answer = _FRAC_SHORTHAND.sub(r"\\frac{\1}{\2}", answer)
-    answer = "".join(answer.split())
-    return answer.strip("$").rstrip(".")
-
-
-def answers_match(predicted: str, truth: str) -> bool:
-    predicted, truth = normalize_math_answer(predicted), normalize_math_answer(truth)
-    if not predicted:
-        return False
-    if predicted == truth:
-        return True
-    pred_value, truth_value = _to_number(predicted), _to_number(truth)
-    return pred_value is not None and pred_value == truth_value
-
-
-def _to_number(text: str) -> Fraction | None:
-    """Exact value of an integer, decimal, ``a/b`` or ``\\frac{a}{b}``; None otherwise."""
-    frac = _FRAC.fullmatch(text)
-    if frac is not None:
-        numerator, denominator = _to_number(frac.group(2)), _to_number(frac.group(3))
-        if numerator is None or not denominator:
-            return None
-        value = numerator / denominator
-        return -value if frac.group(1) else value
-    if _THOUSANDS.fullmatch(text):
-        text = text.replace(",", "")
-    try:
-        return Fraction(text)
-    except (ValueError, ZeroDivisionError):
-        return None
+def _gsm8k_truth(ground_truth: str) -> str:
+    """The bare answer: ``ground_truth`` itself, or the last ``#### n`` of a whole answer field."""
+    if "####" not in ground_truth:
+        return _clean_gsm8k_number(ground_truth)
+    matches = _GSM8K_ANSWER.findall(ground_truth)
+    if not matches:
+        raise ValueError(
+            f"GSM8K ground truth has '####' but no number after it: {ground_truth[-80:]!r}; "
+            "pass the bare number or the dataset's answer field ending in '#### <number>'"
+        )
+    return _clean_gsm8k_number(matches[-1])
 
 
 def _clean_gsm8k_number(text: str) -> str:
     return text.strip().replace(",", "").replace("$", "").rstrip(".")
+
+
+def _gsm8k_value(text: str) -> Fraction | None:
+    return Fraction(text) if _PLAIN_NUMBER.fullmatch(text) else None
