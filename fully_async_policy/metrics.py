@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from fully_async_policy.messages import PromptGroup
+from recipe.metrics import sample_metrics
 
 
 def group_metrics(groups: list[PromptGroup], trainer_version: int) -> dict[str, float]:
@@ -21,12 +22,8 @@ def group_metrics(groups: list[PromptGroup], trainer_version: int) -> dict[str, 
     staleness = [trainer_version - t.min_version for t in trajs if t.token_versions]
     token_staleness = [trainer_version - v for t in trajs for v in t.token_versions]
     spans = [t.max_version - t.min_version for t in trajs if t.token_versions]
-    lengths = [t.num_response_tokens for t in trajs]
     return {
-        "reward/mean": sum(t.reward for t in trajs) / num,
-        "reward/accuracy": sum(t.reward >= 1.0 for t in trajs) / num,
-        "response_length/mean": sum(lengths) / num,
-        "response_length/clip_ratio": sum(t.finish_reason == "length" for t in trajs) / num,
+        **sample_metrics(trajs),
         "staleness/mean": _mean(staleness),
         "staleness/max": float(max(staleness, default=0)),
         "staleness/token_mean": _mean(token_staleness),
@@ -34,8 +31,6 @@ def group_metrics(groups: list[PromptGroup], trainer_version: int) -> dict[str, 
         "partial/ratio": sum(s > 0 for s in spans) / num,
         "partial/max_span": float(max(spans, default=0)),
         "partial/resumed_group_ratio": sum(g.num_resumes > 0 for g in groups) / len(groups),
-        "throughput/samples": float(num),
-        "throughput/tokens": float(sum(lengths) + sum(len(t.prompt_ids) for t in trajs)),
     }
 
 

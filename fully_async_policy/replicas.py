@@ -23,9 +23,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from recipe.faults import RolloutWorkerError, describe_death, is_actor_death
+from recipe.workers.rollout.engine_log import describe_engine_failure
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +65,7 @@ class ReplicaSupervisor:
         self._on_fatal = on_fatal
         self._restarting: dict[int, asyncio.Task] = {}
         self._needs_weights: set[int] = set()
+        self._died_of: dict[int, str | None] = {}  # root error of each replica's last death
         self._changed = asyncio.Event()  # any replica joined service, or holding changed
 
     # ---- placing groups ---------------------------------------------------------------------
@@ -92,39 +95,60 @@ class ReplicaSupervisor:
             return False
         if self._replaced(index, worker) or self.error is not None:  # the run is failing anyway
             return True
-        reason = await self._death_reason(worker, exc)
-        if reason is None:
+        death = await self._death(worker, exc)
+        if death is None:
             return False
-        if not self._replaced(index, worker):  # nobody restarted it during the health check
-            self._restart(index, reason)
+        # Nobody restarted it (or failed the run) while its health was being checked.
+        if not self._replaced(index, worker) and self.error is None:
+            self._restart(index, death)
         return True
 
     def _replaced(self, index: int, worker: Any) -> bool:
         """``worker`` is no longer replica ``index``'s worker, or is being replaced."""
         return self.group.workers[index] is not worker or index in self._restarting
 
-    async def _death_reason(self, worker: Any, exc: BaseException | None) -> str | None:
+    async def _death(self, worker: Any, exc: BaseException | None) -> _Death | None:
         """Why ``worker`` is dead (None: it is not)."""
         if exc is not None and is_actor_death(exc):
-            return describe_death(exc)
+            return _Death(describe_death(exc))
         try:
             await asyncio.wait_for(_awaitable(worker.check_health.remote()), HEALTH_TIMEOUT_S)
         except TimeoutError:
             return None  # busy or hung: not a death
         except Exception as health:
             if is_actor_death(health):
-                return describe_death(health)
+                return _Death(describe_death(health))
             cause = getattr(health, "cause", None) or health
-            return f"its engine failed its health check ({type(cause).__name__})"
+            try:  # the actor is alive: its engine's log says what killed it
+                failure = await asyncio.wait_for(
+                    _awaitable(worker.engine_failure.remote()), HEALTH_TIMEOUT_S
+                )
+            except Exception:
+                failure = {}
+            reason = describe_engine_failure(failure, type(cause).__name__)
+            return _Death(reason, failure.get("error"), failure.get("num_finished"))
         return None
 
-    def _restart(self, index: int, reason: str) -> None:
+    def _restart(self, index: int, death: _Death) -> None:
         self.group.in_service[index] = False
+        if death.repeats(self._died_of.get(index)):
+            # Same root error, nothing finished since the last restart: a restart only
+            # replays it (a bad engine setting, a model the engine cannot run).
+            self._fail(
+                RolloutWorkerError(
+                    index,
+                    f"{death.reason}; its restart died of the same error before finishing a "
+                    "response, so it is not restarted again",
+                )
+            )
+            return
+        self._died_of[index] = death.error
         if self.num_restarts >= self.max_restarts:
             self._fail(
                 RolloutWorkerError(
                     index,
-                    f"{reason}; rollout.max_restarts={self.max_restarts} restarts are used up",
+                    f"{death.reason}; rollout.max_restarts={self.max_restarts} restarts are "
+                    "used up",
                 )
             )
             return
@@ -132,7 +156,7 @@ class ReplicaSupervisor:
         logger.warning(
             "rollout replica %d died (%s): restarting it (restart %d of rollout.max_restarts=%d)",
             index,
-            reason,
+            death.reason,
             self.num_restarts,
             self.max_restarts,
         )
@@ -175,10 +199,10 @@ class ReplicaSupervisor:
         if self.closing:
             return
         up = [(i, w) for i, w in enumerate(self.group.workers) if i not in self._restarting]
-        reasons = await asyncio.gather(*(self._death_reason(w, None) for _, w in up))
-        for (index, worker), reason in zip(up, reasons, strict=True):
-            if reason is not None and not self._replaced(index, worker):
-                self._restart(index, reason)
+        deaths = await asyncio.gather(*(self._death(w, None) for _, w in up))
+        for (index, worker), death in zip(up, deaths, strict=True):
+            if death is not None and not self._replaced(index, worker):
+                self._restart(index, death)
 
     async def recover(self) -> list[int]:
         """Restart the dead replicas (``check_all``) and wait for every restart; returns the
@@ -237,6 +261,23 @@ class ReplicaSupervisor:
         for task in self._restarting.values():
             task.cancel()
         self.weights_wanted.set()  # release a waiting trainer
+
+
+@dataclass(frozen=True, slots=True)
+class _Death:
+    """How a replica died."""
+
+    reason: str
+    """One line for logs and errors."""
+    error: str | None = None
+    """Its engine's root error (``"Type: message"``), when the engine's log has one."""
+    num_finished: int | None = None
+    """Responses the dead worker completed; None when unknown (its actor is gone)."""
+
+    def repeats(self, previous_error: str | None) -> bool:
+        """The restart of a replica that died of ``previous_error`` died of it again
+        before completing a single response."""
+        return self.error is not None and self.error == previous_error and self.num_finished == 0
 
 
 async def _awaitable(ref: Any) -> Any:

@@ -59,6 +59,7 @@ from recipe.config import RecipeConfig
 from recipe.data.cursor import PromptCursor
 from recipe.faults import RolloutWorkerError
 from recipe.protocol import Trajectory
+from recipe.reward import RewardError
 from recipe.separate_trainer import SeparateRayPPOTrainer
 from recipe.trace import ROLLOUTER_TIDS, now_us, traced
 
@@ -191,12 +192,14 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
             if any(t.finish_reason == "aborted" for t in trajs):
                 self._partials.append((ticket, trajs))  # cut by a pause: resumed at end_sync
                 return
-            self._score(self.records[ticket.uid], trajs)
+            await self.reward_fn.ascore_group(self.records[ticket.uid], trajs)
             group = PromptGroup(
                 ticket.ticket, ticket.window, trajs, self._num_resumes.pop(ticket.ticket, 0)
             )
             self._releases.extend(self.admission.complete(ticket.ticket, group))
             self._released.set()
+        except RewardError as exc:  # the user's function: nothing to restart
+            self._fail(exc)
         except Exception as exc:  # surfaces from run(), which closes the queue
             if replica is not None and await self.replicas.on_failure(replica, worker, exc):
                 self._readmit_lost(ticket)  # its replica died with it (and is restarting)

@@ -33,6 +33,7 @@ from recipe.checkpoint.codec import decode_groups, encode_groups
 from recipe.config import RecipeConfig
 from recipe.data.cursor import PromptCursor
 from recipe.faults import fails_cleanly
+from recipe.metrics import sample_metrics
 from recipe.progress import step_bar, update_bar
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.separate_trainer import SeparateRayPPOTrainer
@@ -235,22 +236,15 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
     def _sample_metrics(self, trajs: list[Trajectory]) -> dict[str, float]:
         """Reward, length and staleness of one batch, trained on ``self.version``."""
         num = len(trajs)
-        rewards = [t.reward for t in trajs]
-        lengths = [t.num_response_tokens for t in trajs]
         staleness = [self.version - t.min_version for t in trajs if t.token_versions]
         self.num_samples += num
         self.staleness_sum += sum(staleness)
         self.staleness_max = max(self.staleness_max, *staleness, 0)
         self.staleness_counts.update(staleness)
         return {
-            "reward/mean": sum(rewards) / num,
-            "reward/accuracy": sum(r >= 1.0 for r in rewards) / num,
-            "response_length/mean": sum(lengths) / num,
-            "response_length/clip_ratio": sum(t.finish_reason == "length" for t in trajs) / num,
+            **sample_metrics(trajs),
             "staleness/mean": sum(staleness) / len(staleness) if staleness else 0.0,
             "staleness/max": float(max(staleness, default=0)),
-            "throughput/samples": float(num),
-            "throughput/tokens": float(sum(lengths) + sum(len(t.prompt_ids) for t in trajs)),
         }
 
     def _summarize(

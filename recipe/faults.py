@@ -1,7 +1,8 @@
 """Faults that end a run, and how a run says so.
 
     worker death / failed weight push --> RolloutWorkerError | TrainerWorkerError |
-                                          WeightSyncError (recipe.checkpoint_engine)
+    / reward function that failed         WeightSyncError (recipe.checkpoint_engine) |
+                                          RewardError (recipe.reward)
         @fails_cleanly fit()          --> RunFailure: what failed + where to resume from;
                                           summary.json gets "status": "failed" and "error"
         python -m recipe              --> one line "error: ..." on stderr, exit code 1
@@ -109,6 +110,7 @@ def fails_cleanly(fit: F) -> F:
     ``self`` needs ``run_dir``, ``tracker``, ``global_step``, ``version`` and ``cfg.mode``.
     """
     from recipe.checkpoint_engine.base import WeightSyncError
+    from recipe.reward import RewardError
 
     @functools.wraps(fit)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -117,7 +119,7 @@ def fails_cleanly(fit: F) -> F:
         except RunFailure as exc:
             _record_failure(self, exc)
             raise
-        except (WorkerDiedError, WeightSyncError) as exc:
+        except (WorkerDiedError, WeightSyncError, RewardError) as exc:
             failure = RunFailure(f"{_remote_cause(exc)}; {resume_hint(self.run_dir)}")
             _record_failure(self, failure)
             raise failure from exc

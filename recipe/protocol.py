@@ -65,6 +65,8 @@ class Trajectory:
     """Scalar reward of the full response."""
     response_text: str = ""
     """Decoded response (what the reward function scored)."""
+    reward_extras: dict[str, float] = field(default_factory=dict)
+    """Other numbers the reward function returned (e.g. ``acc``), logged as ``reward/<key>``."""
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)

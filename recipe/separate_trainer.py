@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
@@ -42,6 +42,7 @@ from recipe.checkpoint.store import (
 from recipe.config import RecipeConfig
 from recipe.data.dataset import build_datasets
 from recipe.data.prompts import encode_prompts
+from recipe.metrics import clip_warning, response_clip_ratio
 from recipe.model import HFModelConfig
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.reward import RewardFunction
@@ -51,6 +52,9 @@ from recipe.tracking_backends import METRICS_FILE
 from recipe.workers.batch import TrainBatch
 
 logger = logging.getLogger(__name__)
+
+ENGINE_LOG_DIR = "engines"
+"""Run-directory folder of the engines' own output (recipe/workers/rollout/engine_log.py)."""
 
 
 class SeparateRayPPOTrainer:
@@ -201,6 +205,7 @@ class SeparateRayPPOTrainer:
             self.cfg.rollout,
             device=self.device,
             gpu_fraction=self.cfg.rollout.gpu_memory_utilization if self.shares_gpus else 1.0,
+            log_dir=self.run_dir / ENGINE_LOG_DIR,
         )
         return self.rollout_group
 
@@ -208,11 +213,7 @@ class SeparateRayPPOTrainer:
 
     def _score(self, record: PromptRecord, trajs: list[Trajectory]) -> None:
         """Fill ``reward`` of each trajectory of one prompt group (in place)."""
-        for traj in trajs:
-            result = self.reward_fn.score(
-                record.data_source, traj.response_text, record.ground_truth, record.extra_info
-            )
-            traj.reward = result.score
+        self.reward_fn.score_group(record, trajs)
 
     def _make_batch(self, groups: list[list[Trajectory]]) -> TrainBatch:
         trajs = [t for group in groups for t in group]
@@ -492,7 +493,7 @@ class SeparateRayPPOTrainer:
             "val/accuracy": sum(s >= 1.0 for s in scores) / len(scores),
             "val/reward_mean": sum(scores) / len(scores),
             "val/response_length_mean": sum(lengths) / len(lengths),
-            "val/response_length_clip_ratio": clipped,
+            "response/clip_ratio": clipped,
             "timing/val_s": time.perf_counter() - start,
         }
 
@@ -527,27 +528,6 @@ class SeparateRayPPOTrainer:
         self.param_sync = self.rollout_group = self.trainer_group = None
         if self.tracker is not None:
             self.tracker.close()
-
-
-CLIP_WARN_RATIO = 0.1
-"""Validation warns when more than this fraction of responses hit ``rollout.response_length``."""
-
-
-def response_clip_ratio(trajs: Sequence[Trajectory]) -> float:
-    """Fraction of ``trajs`` cut off at ``rollout.response_length`` (finish_reason ``length``)."""
-    return sum(t.finish_reason == "length" for t in trajs) / len(trajs) if trajs else 0.0
-
-
-def clip_warning(ratio: float, response_length: int) -> str | None:
-    """The validation warning when more than ``CLIP_WARN_RATIO`` of responses were cut off
-    (the tiny preset's 16 tokens cut most answers short), else None."""
-    if ratio <= CLIP_WARN_RATIO:
-        return None
-    return (
-        f"{ratio:.0%} of validation responses stopped at rollout.response_length="
-        f"{response_length} tokens (finish_reason 'length'; more than {CLIP_WARN_RATIO:.0%}): "
-        f"their answers are cut off. Raise it, e.g. rollout.response_length={2 * response_length}"
-    )
 
 
 def _resolve_device(device: str) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 from recipe.config import RecipeConfig
 from recipe.data.cursor import PromptCursor
 from recipe.faults import fails_cleanly
+from recipe.metrics import sample_metrics
 from recipe.progress import step_bar, update_bar
 from recipe.protocol import Trajectory
 from recipe.separate_trainer import SeparateRayPPOTrainer
@@ -128,17 +129,13 @@ class SyncTrainer(SeparateRayPPOTrainer):
 
 def _sample_metrics(trajs: list[Trajectory], step_s: float) -> dict[str, float]:
     """Reward, length and throughput of one step's samples (staleness is 0 in sync mode)."""
-    rewards = [t.reward for t in trajs]
-    lengths = [t.num_response_tokens for t in trajs]
-    tokens = sum(lengths) + sum(len(t.prompt_ids) for t in trajs)
-    return {
-        "reward/mean": sum(rewards) / len(rewards),
-        "reward/accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
-        "response_length/mean": sum(lengths) / len(lengths),
-        "response_length/clip_ratio": sum(t.finish_reason == "length" for t in trajs) / len(trajs),
-        "staleness/mean": 0.0,
-        "staleness/max": 0.0,
-        "throughput/samples": float(len(trajs)),
-        "throughput/tokens_per_s": tokens / step_s,
-        "throughput/samples_per_s": len(trajs) / step_s,
-    }
+    out = sample_metrics(trajs)
+    out.update(
+        {
+            "staleness/mean": 0.0,
+            "staleness/max": 0.0,
+            "throughput/tokens_per_s": out["throughput/tokens"] / step_s,
+            "throughput/samples_per_s": len(trajs) / step_s,
+        }
+    )
+    return out

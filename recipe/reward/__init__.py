@@ -9,25 +9,35 @@ with a ``"score"`` key (extra numeric keys become ``extras``, e.g. ``acc``), so 
 functions written for verl work unchanged. ``RewardFunction`` turns whatever they return into
 a typed ``RewardResult`` and fails loudly on anything else.
 
+A reward function may also be an ``async def`` (a call to a reward service, a sandbox):
+``ascore_group`` then scores a group's responses concurrently, ``score_group`` runs them on
+the function's own event loop. Whatever a function raises, or a return value that is no
+score (None, NaN, a string), stops the run with a ``RewardError`` naming the function and the
+prompt's uid (``split:file:row``): a reward that cannot be computed is never a silent 0.
+
 ``RewardFunction.check_data_sources`` is meant for startup: a dataset source without a scorer
 fails before any generation, not at the first batch.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
 import logging
 import math
 import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
+from recipe.protocol import PromptRecord, Trajectory
 from recipe.reward.config import RewardConfig
 from recipe.reward.custom import load_custom_fn
 from recipe.reward.registry import Scorer, get_scorer, known_data_sources, register_scorer
 
 __all__ = [
     "RewardConfig",
+    "RewardError",
     "RewardFunction",
     "RewardResult",
     "get_scorer",
@@ -48,6 +58,11 @@ class RewardResult:
     """Other numeric values the function returned (e.g. ``acc``), logged as ``reward/<key>``."""
 
 
+class RewardError(RuntimeError):
+    """A reward function raised, or returned something that is not a score, for a prompt;
+    the message names the function (and its file) and the prompt's uid."""
+
+
 class RewardFunction:
     """Scores responses with the registry's scorers, or with ``reward.custom_fn`` for all.
 
@@ -58,6 +73,7 @@ class RewardFunction:
     def __init__(self, cfg: RewardConfig) -> None:
         self.cfg = cfg
         self._custom_fn: Scorer | None = load_custom_fn(cfg.custom_fn) if cfg.custom_fn else None
+        self._loop: asyncio.AbstractEventLoop | None = None  # score_group's, for async fns
 
     def __reduce__(self) -> tuple[type[RewardFunction], tuple[RewardConfig]]:
         return (RewardFunction, (self.cfg,))
@@ -91,10 +107,85 @@ class RewardFunction:
         )
         return to_reward_result(raw, fn_name=self._fn_name(fn))
 
+    def score_group(self, record: PromptRecord, trajs: list[Trajectory]) -> None:
+        """Fill ``reward`` and ``reward_extras`` of each response to ``record`` (in place);
+        ``RewardError`` naming the function and the prompt if one cannot be scored. Not for
+        a thread that runs an event loop: there, await ``ascore_group``."""
+        if self._custom_fn is not None and inspect.iscoroutinefunction(self._custom_fn):
+            self._own_loop().run_until_complete(self.ascore_group(record, trajs))
+            return
+        for traj in trajs:
+            raw = self._call(record, traj)
+            if inspect.isawaitable(raw):  # a plain function that returned a coroutine
+                raw = self._own_loop().run_until_complete(self._awaited(record, traj, raw))
+            _fill(traj, self._checked(record, traj, raw))
+
+    async def ascore_group(self, record: PromptRecord, trajs: list[Trajectory]) -> None:
+        """``score_group`` from a coroutine: an async function scores the responses
+        concurrently; a plain one runs in line (rule-based scorers take microseconds)."""
+
+        async def one(traj: Trajectory) -> RewardResult:
+            raw = self._call(record, traj)
+            if inspect.isawaitable(raw):
+                raw = await self._awaited(record, traj, raw)
+            return self._checked(record, traj, raw)
+
+        for traj, result in zip(trajs, await asyncio.gather(*map(one, trajs)), strict=True):
+            _fill(traj, result)
+
+    def _call(self, record: PromptRecord, traj: Trajectory) -> Any:
+        fn = self._custom_fn if self._custom_fn is not None else get_scorer(record.data_source)
+        try:
+            return fn(
+                data_source=record.data_source,
+                solution_str=traj.response_text,
+                ground_truth=record.ground_truth,
+                extra_info=record.extra_info,
+            )
+        except Exception as err:
+            raise self._error(record, traj, err) from err
+
+    def _own_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:  # one loop for the run: clients an async fn keeps stay valid
+            self._loop = asyncio.new_event_loop()
+        return self._loop
+
+    async def _awaited(self, record: PromptRecord, traj: Trajectory, raw: Any) -> Any:
+        try:
+            return await raw
+        except Exception as err:
+            raise self._error(record, traj, err) from err
+
+    def _checked(self, record: PromptRecord, traj: Trajectory, raw: Any) -> RewardResult:
+        fn = self._custom_fn if self._custom_fn is not None else get_scorer(record.data_source)
+        try:
+            return to_reward_result(raw, fn_name=self._fn_name(fn))
+        except (TypeError, ValueError) as err:
+            raise RewardError(
+                f"{err} on prompt {record.uid} (response {traj.sample_index})"
+            ) from err
+
+    def _error(self, record: PromptRecord, traj: Trajectory, err: Exception) -> RewardError:
+        fn = self._custom_fn if self._custom_fn is not None else get_scorer(record.data_source)
+        return RewardError(
+            f"reward function {self._fn_name(fn)} raised {type(err).__name__}: "
+            f"{_first_line(err)} on prompt {record.uid} (response {traj.sample_index})"
+        )
+
     def _fn_name(self, fn: Scorer) -> str:
         if self._custom_fn is not None:
             return f"reward.custom_fn={self.cfg.custom_fn!r}"
         return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _fill(traj: Trajectory, result: RewardResult) -> None:
+    traj.reward = result.score
+    traj.reward_extras = result.extras
+
+
+def _first_line(err: Exception) -> str:
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return lines[0][:300] if lines else "(no message)"
 
 
 def to_reward_result(raw: Any, *, fn_name: str) -> RewardResult:

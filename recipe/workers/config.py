@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from recipe.utils.config_check import (
     require,
@@ -135,6 +136,10 @@ class RolloutConfig:
     """Disable CUDA graphs / compilation (faster start; slower decode on GPU)."""
     seed: int = 0
     """Engine sampling seed."""
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra vLLM engine args (``AsyncEngineArgs`` fields, e.g. ``max_model_len``,
+    ``max_num_batched_tokens``, ``kv_cache_dtype``); they override ours. Unknown names fail
+    at startup."""
 
     def __post_init__(self) -> None:
         require_choice("rollout.backend", self.backend, ROLLOUT_BACKENDS)
@@ -162,6 +167,13 @@ class RolloutConfig:
         require_fraction("rollout.gpu_memory_utilization", self.gpu_memory_utilization)
         require_positive("rollout.cpu_kv_cache_gib", self.cpu_kv_cache_gib)
         require_positive("rollout.max_num_seqs", self.max_num_seqs)
+        self.engine_kwargs = dict(self.engine_kwargs)
+        require(
+            self.backend == "vllm" or not self.engine_kwargs,
+            "rollout.engine_kwargs",
+            self.engine_kwargs,
+            "empty with rollout.backend='hf' (they are vLLM engine args)",
+        )
 
     @property
     def replicas(self) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from recipe.faults import RolloutWorkerError, describe_death, is_actor_death
@@ -22,6 +23,7 @@ from recipe.protocol import PromptRecord, Trajectory
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout import make_rollout_worker_cls
 from recipe.workers.rollout.base import GenerationRequest, longtail_lengths
+from recipe.workers.rollout.engine_log import describe_engine_failure
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +40,17 @@ class RolloutGroup:
     """``num_replicas`` engines as Ray actors, driven from one process."""
 
     def __init__(
-        self, model: HFModelConfig, cfg: RolloutConfig, *, device: str, gpu_fraction: float = 1.0
+        self,
+        model: HFModelConfig,
+        cfg: RolloutConfig,
+        *,
+        device: str,
+        gpu_fraction: float = 1.0,
+        log_dir: Path | None = None,
     ) -> None:
-        """``gpu_fraction``: the share of a GPU each replica reserves in Ray (< 1 colocated)."""
+        """``gpu_fraction``: the share of a GPU each replica reserves in Ray (< 1 colocated);
+        ``log_dir``: where each engine writes its output (``replica_R.log``, then
+        ``replica_R.restart_K.log``); None leaves it in the workers' Ray logs."""
         import ray
 
         if cfg.tensor_parallel_size != 1:
@@ -48,7 +58,13 @@ class RolloutGroup:
                 f"rollout.tensor_parallel_size={cfg.tensor_parallel_size} is not supported yet: "
                 "allowed 1 (scale out with rollout.num_replicas)"
             )
+        if cfg.backend == "vllm" and cfg.engine_kwargs:
+            from recipe.workers.rollout.vllm_worker import check_engine_kwargs
+
+            check_engine_kwargs(cfg)  # an unknown name fails here, not inside an actor
         self.cfg = cfg
+        self._log_dir = str(log_dir) if log_dir is not None else None
+        self._starts: list[int] = []  # workers started per replica
         self.version = 0
         worker_cls = make_rollout_worker_cls(cfg.backend)
         resources: dict[str, Any] = {"num_cpus": 1}
@@ -60,7 +76,7 @@ class RolloutGroup:
         self._model_cfg = ModelConfig(
             path=str(model.path), dtype=model.dtype, trust_remote_code=model.trust_remote_code
         )
-        self.workers = [self._start_worker() for _ in range(cfg.replicas)]
+        self.workers = [self._start_worker(index) for index in range(cfg.replicas)]
         self.in_service = [True] * cfg.replicas
         self._retired: dict[str, int] = {}  # actor id -> replica, of workers restart() replaced
         """Replicas that take new groups: a restarted one joins once it serves the current
@@ -69,10 +85,22 @@ class RolloutGroup:
         ray.get([w.get_version.remote() for w in self.workers])
         self._next_replica = 0
 
-    def _start_worker(self) -> Any:
+    def _start_worker(self, index: int) -> Any:
         import ray
 
-        return ray.remote(**self._resources)(self._worker_cls).remote(self._model_cfg, self.cfg)
+        if index == len(self._starts):
+            self._starts.append(0)
+        self._starts[index] += 1
+        return ray.remote(**self._resources)(self._worker_cls).remote(
+            self._model_cfg, self.cfg, self._log_path(index)
+        )
+
+    def _log_path(self, index: int) -> str | None:
+        if self._log_dir is None:
+            return None
+        restarts = self._starts[index] - 1
+        suffix = f".restart_{restarts}" if restarts else ""
+        return str(Path(self._log_dir) / f"replica_{index}{suffix}.log")
 
     def restart(self, index: int) -> Any:
         """Replace replica ``index`` (dead, or with a dead engine) by a new worker with the
@@ -87,7 +115,7 @@ class RolloutGroup:
             logger.debug("rollout replica %d was already gone", index, exc_info=True)
         self.in_service[index] = False
         self._retired[self.workers[index]._actor_id.hex()] = index
-        self.workers[index] = self._start_worker()
+        self.workers[index] = self._start_worker(index)
         return self.workers[index]
 
     def next_replica(self) -> int:
@@ -102,22 +130,35 @@ class RolloutGroup:
     def as_worker_error(self, exc: BaseException) -> RolloutWorkerError | None:
         """``exc``, raised by a call on a replica, as the death of that replica: its actor
         died, or it is alive but fails its health check (its engine process died). None
-        when ``exc`` is an error of another kind."""
-        import ray
-
+        when ``exc`` is an error of another kind. A ``RayTaskError`` does not always carry
+        the actor's id, so without one every replica's health is checked."""
         actor_id = getattr(exc, "actor_id", None) or getattr(exc, "_actor_id", None)
         if actor_id in self._retired:  # a call on a worker that was replaced meanwhile
             return RolloutWorkerError(self._retired[actor_id], "replaced after it died")
         ids = [w._actor_id.hex() for w in self.workers]
-        if actor_id not in ids:
+        if actor_id in ids:
+            if is_actor_death(exc):
+                return RolloutWorkerError(ids.index(actor_id), describe_death(exc))
+            return self._health_error(ids.index(actor_id))
+        if actor_id is not None:
             return None
-        index = ids.index(actor_id)
-        if is_actor_death(exc):
-            return RolloutWorkerError(index, describe_death(exc))
+        return next(filter(None, (self._health_error(i) for i in range(len(self.workers)))), None)
+
+    def _health_error(self, index: int) -> RolloutWorkerError | None:
+        """Replica ``index``'s death, if its health check says it is dead."""
+        import ray
+
+        worker = self.workers[index]
         try:
-            ray.get(self.workers[index].check_health.remote(), timeout=_HEALTH_TIMEOUT_S)
+            ray.get(worker.check_health.remote(), timeout=_HEALTH_TIMEOUT_S)
         except Exception as health:
-            return RolloutWorkerError(index, f"its engine failed ({_first_line(health)})")
+            if is_actor_death(health):
+                return RolloutWorkerError(index, describe_death(health))
+            try:
+                failure = ray.get(worker.engine_failure.remote(), timeout=_HEALTH_TIMEOUT_S)
+            except Exception:  # the actor went too: no more to say than the health check
+                failure = None
+            return RolloutWorkerError(index, describe_engine_failure(failure, _first_line(health)))
         return None
 
     def get(self, refs: list[Any]) -> list[Any]:

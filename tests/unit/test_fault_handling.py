@@ -62,7 +62,10 @@ class FakeWorker:
 
     def __init__(self, state: str = "ok") -> None:
         self.state, self.version, self.paused = state, 0, False
+        self.engine_error: str | None = None  # state "engine_dead": its engine died of this
+        self.num_finished = 0
         self.check_health = _Method(self._check_health)
+        self.engine_failure = _Method(self._engine_failure)
         self.get_version = _Method(self._get_version)
         self.pause = _Method(self._set_paused(True))
         self.resume = _Method(self._set_paused(False))
@@ -71,8 +74,14 @@ class FakeWorker:
     async def _check_health(self) -> None:
         if self.state == "dead":
             raise _actor_died()
+        if self.state == "engine_dead":
+            raise RuntimeError("EngineDeadError: EngineCore encountered an issue")
         if self.state == "hung":
             await asyncio.sleep(3600)
+
+    async def _engine_failure(self) -> dict[str, Any]:
+        log = "/run/engines/replica_0.log"
+        return {"error": self.engine_error, "log": log, "num_finished": self.num_finished}
 
     async def _get_version(self) -> int:
         return self.version
@@ -228,6 +237,59 @@ def test_a_death_past_max_restarts_fails_the_run_naming_the_replica():
         assert "rollout.max_restarts=1 restarts are used up" in message
         with pytest.raises(RolloutWorkerError):
             await sup.recover()
+
+    asyncio.run(scenario())
+
+
+def _engine_death(worker: FakeWorker, error: str, num_finished: int = 0) -> FakeWorker:
+    worker.state, worker.engine_error, worker.num_finished = "engine_dead", error, num_finished
+    return worker
+
+
+def test_a_restart_that_dies_of_the_same_engine_error_before_any_response_stops_the_run():
+    async def scenario() -> None:
+        group = FakeGroup(1)
+        sup, fatal = _supervisor(group, max_restarts=3)
+        offset = "RuntimeError: CPU Generator does not use offset"
+        first = _engine_death(group.workers[0], offset, num_finished=0)
+        assert await sup.on_failure(0, first, RuntimeError("generate failed"))
+        await _settle()
+        assert group.restarted == [0] and not fatal  # a first death is always restarted
+        again = _engine_death(group.workers[0], offset)
+        results = await asyncio.gather(
+            *(sup.on_failure(0, again, RuntimeError("generate failed")) for _ in range(4))
+        )
+        await _settle()
+        assert results == [True] * 4
+        assert group.restarted == [0], "a deterministic failure must not be restarted into"
+        assert len(fatal) == 1, "one failure, however many groups saw it"
+        assert str(fatal[0]) == (
+            f"rollout replica 0 died: its engine failed: {offset} (engine log: "
+            "/run/engines/replica_0.log); its restart died of the same error before finishing "
+            "a response, so it is not restarted again"
+        )
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("second_error", "num_finished"),
+    [("RuntimeError: CPU Generator does not use offset", 3), ("MemoryError: out of KV", 0)],
+    ids=["same-error-after-finishing-responses", "another-error"],
+)
+def test_a_restart_that_served_first_or_dies_of_another_error_is_restarted_again(
+    second_error, num_finished
+):
+    async def scenario() -> None:
+        group = FakeGroup(1)
+        sup, fatal = _supervisor(group, max_restarts=3)
+        first = "RuntimeError: CPU Generator does not use offset"
+        assert await sup.on_failure(0, _engine_death(group.workers[0], first), RuntimeError())
+        await _settle()
+        again = _engine_death(group.workers[0], second_error, num_finished)
+        assert await sup.on_failure(0, again, RuntimeError())
+        await _settle()
+        assert group.restarted == [0, 0] and not fatal and sup.num_restarts == 2
 
     asyncio.run(scenario())
 

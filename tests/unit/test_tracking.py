@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from recipe import tracking_backends
+from recipe.metrics import CLIP_WARN_RATIO, clip_warning, response_clip_ratio
 from recipe.protocol import Trajectory
-from recipe.separate_trainer import CLIP_WARN_RATIO, clip_warning, response_clip_ratio
 from recipe.tracking import (
     LoggerConfig,
     MetricsAccumulator,

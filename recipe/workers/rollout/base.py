@@ -222,6 +222,7 @@ class RolloutWorker(ABC):
         self._running = asyncio.Event()
         self._running.set()
         self._requests = RequestTrace()  # one trace slice per generate() call
+        self._num_finished = 0  # responses that ended at EOS or their budget (not aborted)
 
     @property
     def version(self) -> int:
@@ -270,7 +271,19 @@ class RolloutWorker(ABC):
         finally:
             self._requests.end(slot)
         self._requests.generated(request, trajectories, start_us, slot)
+        self._num_finished += sum(t.finish_reason != "aborted" for t in trajectories)
         return trajectories
+
+    def engine_failure(self) -> dict[str, Any]:
+        """What the engine left behind when it failed: ``error``, its root error line
+        (``"Type: message"``, None if unknown), ``log``, the engine's log file (None if it
+        has none), and ``num_finished``, the responses it completed before."""
+        error, log = self._engine_error()
+        return {"error": error, "log": log, "num_finished": self._num_finished}
+
+    def _engine_error(self) -> tuple[str | None, str | None]:
+        """(root error, log path) of a failed engine; in-process engines raise their own."""
+        return None, None
 
     def drain_trace(self, replica: int) -> list[dict[str, Any]]:
         """Trace slices of the requests finished since the last call, as engine ``replica``

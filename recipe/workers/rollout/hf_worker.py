@@ -47,7 +47,10 @@ def _stop_when_paused(worker: HFRolloutWorker) -> Any:
 class HFRolloutWorker(RolloutWorker):
     """A rollout worker that runs one transformers causal LM."""
 
-    def __init__(self, model: ModelConfig, config: RolloutConfig) -> None:
+    def __init__(
+        self, model: ModelConfig, config: RolloutConfig, log_path: str | None = None
+    ) -> None:
+        """``log_path`` is unused: the engine runs in this process, its errors are its own."""
         super().__init__()
         from transformers import AutoModelForCausalLM, GenerationConfig
 

