@@ -6,10 +6,14 @@ preset is fixed (a ``mode=`` given on the command line is refused, not silently 
 
 import sys
 
-from recipe.main import main
+from recipe.main import cli
 
 if __name__ == "__main__":
     if any(arg.startswith("mode=") for arg in sys.argv[1:]):
-        sys.exit("error: python -m fully_async_policy runs mode=fully_async; drop the mode= key")
+        print(
+            "error: python -m fully_async_policy runs mode=fully_async; drop the mode= key",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     sys.argv.insert(1, "mode=fully_async")
-    main()
+    cli()

@@ -1,6 +1,6 @@
 """Entry point of ``python -m recipe`` (see recipe/main.py)."""
 
-from recipe.main import main
+from recipe.main import cli
 
 if __name__ == "__main__":
-    main()
+    cli()

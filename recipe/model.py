@@ -3,7 +3,9 @@ HF causal-LM directory that every component shares (tokenizer, generation config
 
 ``model.path`` empty means the embedded default: a tiny Qwen2-style model with a task
 tokenizer, built locally and cached on first use (``recipe.tiny``). Real users pass the path
-of any local HF causal-LM directory; nothing is downloaded at run time.
+of any local HF causal-LM directory; nothing is downloaded at run time, so a directory without
+weights or tokenizer files (a config-only or half-finished download) fails at startup with
+what is missing and what is there.
 """
 
 from __future__ import annotations
@@ -20,6 +22,20 @@ from recipe.utils.config_check import require_choice
 logger = logging.getLogger(__name__)
 
 DTYPES = ("float32", "bfloat16", "float16")
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+"""Weight files transformers' ``from_pretrained`` (the trainer) and vLLM both load; sharded
+checkpoints list theirs in ``*.index.json``."""
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "*.model",
+    "vocab.json",
+    "vocab.txt",
+    "*.tiktoken",
+    "tekken.json",
+)
+"""A tokenizer's vocabulary (fast, sentencepiece, BPE, WordPiece or tiktoken);
+``tokenizer_config.json`` alone is not one."""
+MAX_FILES_SHOWN = 8
 
 
 @dataclass
@@ -49,6 +65,54 @@ def _is_causal_lm_config(config: Any) -> bool:
     return "AutoModelForCausalLM" in auto_map
 
 
+def _found(path: Path) -> str:
+    """The directory's entries, for an error line (``a, b, c and 4 more``)."""
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
+    shown = ", ".join(names[:MAX_FILES_SHOWN]) or "nothing"
+    more = len(names) - MAX_FILES_SHOWN
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def _check_weight_files(path: Path, shown: str) -> None:
+    """Raise ``ModelPathError`` unless ``path`` has weight files, every shard of its index."""
+    indexes = sorted(path.glob("*.index.json"))
+    for index in indexes:
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ModelPathError(f"model.path={shown!r}: unreadable {index.name} ({exc})") from exc
+        missing = sorted(s for s in shards if not (path / s).is_file())
+        if missing:
+            raise ModelPathError(
+                f"model.path={shown!r}: {index.name} names {len(shards)} weight files, "
+                f"{len(missing)} of them missing ({', '.join(missing[:3])}"
+                f"{', ...' if len(missing) > 3 else ''}); found: {_found(path)}"
+            )
+    if not indexes and not any(any(path.glob(p)) for p in WEIGHT_FILES):
+        raise ModelPathError(
+            f"model.path={shown!r}: no model weights (expected {' or '.join(WEIGHT_FILES)}); "
+            f"found: {_found(path)}"
+        )
+
+
+def _check_tokenizer_files(path: Path, shown: str) -> None:
+    """Raise ``ModelPathError`` unless ``path`` holds a tokenizer vocabulary."""
+    if any(any(path.glob(p)) for p in TOKENIZER_FILES):
+        return
+    tok_config = path / "tokenizer_config.json"
+    if tok_config.is_file():
+        try:
+            auto_map = json.loads(tok_config.read_text()).get("auto_map") or {}
+        except (OSError, ValueError, AttributeError):
+            auto_map = {}
+        if "AutoTokenizer" in auto_map:
+            return  # remote-code tokenizers may build their vocabulary in code
+    raise ModelPathError(
+        f"model.path={shown!r}: no tokenizer files (expected tokenizer.json, tokenizer.model, "
+        f"vocab.json + merges.txt, vocab.txt or *.tiktoken); found: {_found(path)}"
+    )
+
+
 class HFModelConfig:
     """A loaded, validated HF causal-LM directory.
 
@@ -71,6 +135,8 @@ class HFModelConfig:
                 f"model.path={str(path)!r}: no config.json, so not a Hugging Face model directory"
             )
         self.hf_config = self._load_hf_config()
+        _check_weight_files(self.path, str(path))
+        _check_tokenizer_files(self.path, str(path))
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> HFModelConfig:

@@ -2,13 +2,14 @@
 stderr naming the key, file or row, and no traceback (``RECIPE_DEBUG=1`` shows it).
 
 Each case runs the real command line in a subprocess. Every check fires before Ray starts
-(config values in ``load_config``, the run directory in a Hydra callback, data, reward
-function and model in the recipe's constructor before ``ray.init``), which the time bounds
+(override keys and types before Hydra composes, config values in ``load_config``, the run
+directory in a Hydra callback, data, reward function and model in the recipe's constructor
+before ``ray.init``), which the time bounds
 guard: CPU seconds of the command (what it did; a busy CI machine does not inflate them) and
 a looser wall-clock bound (that it did not hang). The model cases pay for importing
 transformers (~10 CPU seconds on a slow CPU). The per-field rules themselves are unit-tested
 next to their components (tests/unit/test_config.py, test_data_loaders.py,
-test_model_config.py, test_reward.py).
+test_model_config.py, test_overrides.py, test_reward.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -73,6 +75,16 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
+def _copy_of_tiny_model(tmp: Path, *drop: str) -> Path:
+    """The embedded default model's directory, copied without the files named in ``drop``."""
+    from recipe.tiny import ensure_tiny_model
+
+    copy = Path(shutil.copytree(ensure_tiny_model(), tmp / "model"))
+    for name in drop:
+        (copy / name).unlink()
+    return copy
+
+
 def _case_files(tmp: Path, case: str) -> tuple[list[str], list[str]]:
     """Overrides and the texts the error line must name, for cases that need files."""
     if case == "missing model path":
@@ -81,6 +93,12 @@ def _case_files(tmp: Path, case: str) -> tuple[list[str], list[str]]:
     if case == "directory that is not a causal LM":
         _write(tmp / "t5" / "config.json", json.dumps({"model_type": "t5"}))
         return [f"model.path={tmp / 't5'}"], ["model.path=", "not a causal LM"]
+    if case == "model without weights":
+        model = _copy_of_tiny_model(tmp, "model.safetensors")
+        return [f"model.path={model}"], [str(model), "no model weights", "found: config.json"]
+    if case == "model without tokenizer":
+        model = _copy_of_tiny_model(tmp, "tokenizer.json", "tokenizer_config.json")
+        return [f"model.path={model}"], [str(model), "no tokenizer files", "model.safetensors"]
     if case == "malformed dataset row":
         bad = dict(ROW)
         del bad["reward_model"]
@@ -103,6 +121,8 @@ def _case_files(tmp: Path, case: str) -> tuple[list[str], list[str]]:
 FILE_CASES = [
     "missing model path",
     "directory that is not a causal LM",
+    "model without weights",
+    "model without tokenizer",
     "malformed dataset row",
     "empty dataset",
     "output directory under a file",
@@ -131,6 +151,18 @@ def test_bad_file_or_path_fails_at_startup_naming_it(case, tmp_path):
             "data.train_batch_size=30",
         ),
         (["reward.custom_fn=recipe.reward.scorers:no_such_scorer"], "reward.custom_fn="),
+        (["actor.lrr=1e-5"], "unknown key 'actor.lrr' in 'actor.lrr=1e-5': did you mean actor.lr"),
+        (["rollout.n=1.5"], "rollout.n=1.5 is invalid: expected an integer"),
+        (["rollout.n=[1,2]"], "rollout.n=[1, 2] is invalid: expected an integer"),
+        (
+            ["actor_rollout_ref.actor.optim.lr=1e-6"],
+            "actor_rollout_ref.actor.optim.lr is verl's name; here it is actor.lr (actor.lr=1e-6)",
+        ),
+        (
+            ["trainer.n_gpus_per_node=8"],
+            "set actor.n_gpus_per_node (trainer ranks per node) and rollout.n_gpus_per_node",
+        ),
+        (["hydra.job.env_set.FOO=1"], "+hydra.job.env_set.FOO=1"),
     ],
     ids=[
         "negative staleness",
@@ -138,6 +170,12 @@ def test_bad_file_or_path_fails_at_startup_naming_it(case, tmp_path):
         "trigger_parameter_sync_step=0",
         "batch sizes that do not divide",
         "unknown reward function",
+        "unknown key",
+        "float for an integer",
+        "list for an integer",
+        "verl key",
+        "verl key with no one-to-one equivalent",
+        "missing + on a hydra key",
     ],
 )
 def test_invalid_knob_fails_at_startup_naming_the_key(overrides, named, tmp_path):

@@ -1,4 +1,5 @@
-"""HFModelConfig: loads any local HF causal-LM directory, names the path on every failure."""
+"""HFModelConfig: loads any local HF causal-LM directory, names the path on every failure
+(and, for a directory without weights or tokenizer files, what is missing and what is there)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def _write_tiny_causal_lm(path: Path, *, generation_config: dict | None) -> Path
         num_key_value_heads=1,
         intermediate_size=64,
     ).save_pretrained(path)
+    # HFModelConfig checks that weight files exist; these tests never load them.
+    (path / "model.safetensors").write_bytes(b"")
     if generation_config is not None:
         (path / "generation_config.json").write_text(json.dumps(generation_config))
     return path
@@ -82,3 +85,51 @@ def test_eos_and_pad_fall_back_to_the_tokenizer(tmp_path):
 def test_get_processor_falls_back_to_the_tokenizer(tmp_path):
     model = HFModelConfig(_write_tiny_causal_lm(tmp_path / "m", generation_config=None))
     assert model.get_processor() is model.tokenizer
+
+
+def test_directory_without_weights_names_what_it_found(tmp_path):
+    model_dir = _write_tiny_causal_lm(tmp_path / "m", generation_config=None)
+    (model_dir / "model.safetensors").unlink()
+    with pytest.raises(ModelPathError, match=r"no model weights \(expected \*\.safetensors") as err:
+        HFModelConfig(model_dir)
+    assert "found: config.json, tokenizer.json, tokenizer_config.json" in str(err.value)
+
+
+def test_sharded_weights_with_a_missing_shard_name_the_shard(tmp_path):
+    model_dir = _write_tiny_causal_lm(tmp_path / "m", generation_config=None)
+    (model_dir / "model.safetensors").rename(model_dir / "model-00001-of-00002.safetensors")
+    weight_map = {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}
+    (model_dir / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(ModelPathError, match=r"2 weight files, 1 of them missing") as err:
+        HFModelConfig(model_dir)
+    assert "(model-00002-of-00002.safetensors)" in str(err.value)
+
+
+def test_sharded_weights_load_when_every_shard_is_there(tmp_path):
+    model_dir = _write_tiny_causal_lm(tmp_path / "m", generation_config=None)
+    weight_map = {"a": "model.safetensors"}
+    (model_dir / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    assert HFModelConfig(model_dir).hf_config.model_type == "qwen2"
+
+
+@pytest.mark.parametrize("kept", [[], ["tokenizer_config.json"]], ids=["none", "config only"])
+def test_directory_without_tokenizer_files_names_what_it_found(tmp_path, kept):
+    model_dir = _write_tiny_causal_lm(tmp_path / "m", generation_config=None)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if name not in kept:
+            (model_dir / name).unlink()
+    with pytest.raises(
+        ModelPathError, match=r"no tokenizer files \(expected tokenizer.json"
+    ) as err:
+        HFModelConfig(model_dir)
+    assert "found: " + ", ".join(sorted(["config.json", "model.safetensors", *kept])) in str(
+        err.value
+    )
+
+
+def test_a_remote_code_tokenizer_needs_no_vocabulary_file(tmp_path):
+    model_dir = _write_tiny_causal_lm(tmp_path / "m", generation_config=None)
+    (model_dir / "tokenizer.json").unlink()
+    auto_map = {"AutoTokenizer": ["tok.MyTokenizer", None]}
+    (model_dir / "tokenizer_config.json").write_text(json.dumps({"auto_map": auto_map}))
+    HFModelConfig(model_dir)  # the file check passes; loading it is the remote code's business
