@@ -254,6 +254,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
             "mode": self.cfg.mode,
             "steps": self.global_step,
             "param_version": self.version,
+            "prompts/admitted": self.cursor.num_handed_out,
             "prompts/trained": self.global_step * self.cfg.prompts_per_step,
             "samples/trained": self.num_samples,
             "initial/val_accuracy": initial.get("val/accuracy"),

@@ -375,7 +375,10 @@ class RolloutWorker(ABC):
         if self._closed:
             return
         if not self._paused:
-            await self.pause()
+            try:
+                await self.pause()
+            except Exception:  # a dead engine cannot pause: it is closed all the same
+                logger.info("pausing before shutdown failed; closing anyway", exc_info=True)
         self._closed = True
         self._running.set()  # wake waiters so they fail with "closed"
         await self._close_engine()

@@ -19,6 +19,7 @@ also what keeps a deterministic engine failure down to one line.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import sys
@@ -63,6 +64,23 @@ def engine_output_to(path: Path | None) -> Iterator[None]:
         os.dup2(saved[1], 2)
         for fd in (*saved, log_fd):
             os.close(fd)
+
+
+def route_vllm_logging(path: Path | None) -> None:
+    """Send this process's ``vllm`` log records to ``path`` too, instead of stderr: vLLM
+    logs an engine death here as well (its output handler's ``EngineDeadError``)."""
+    if path is None:
+        return
+    vllm_logger = logging.getLogger("vllm")
+    for handler in list(vllm_logger.handlers):
+        if isinstance(handler, logging.StreamHandler) and not isinstance(
+            handler, logging.FileHandler
+        ):
+            vllm_logger.removeHandler(handler)
+    file_handler = logging.FileHandler(path)
+    file_handler.setFormatter(logging.Formatter("(worker) %(levelname)s %(name)s: %(message)s"))
+    vllm_logger.addHandler(file_handler)
+    vllm_logger.propagate = False
 
 
 def root_engine_error(text: str) -> str | None:

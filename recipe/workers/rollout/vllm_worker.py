@@ -37,7 +37,11 @@ from recipe.workers.rollout.base import (
     finish_job,
     plan_group,
 )
-from recipe.workers.rollout.engine_log import engine_output_to, read_root_error
+from recipe.workers.rollout.engine_log import (
+    engine_output_to,
+    read_root_error,
+    route_vllm_logging,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +74,7 @@ class VLLMRolloutWorker(RolloutWorker):
         start = time.perf_counter()
         with engine_output_to(self._log_path):
             self._engine = AsyncLLM.from_engine_args(self._engine_args(model))
+        route_vllm_logging(self._log_path)
         logger.info(
             "vLLM engine for %s started in %.1f s", self._model.path, time.perf_counter() - start
         )
