@@ -1,13 +1,20 @@
 """The embedded default model: a tiny Qwen2-style causal LM warm-started on the arithmetic task.
 
 ``model.path`` empty resolves here, so ``python -m recipe`` runs with nothing downloaded. On
-first use ``ensure_tiny_model`` builds, in a few tens of seconds on 2 CPU cores:
+first use ``ensure_tiny_model`` builds, in 2-3 minutes on one CPU core:
 
     byte-level BPE tokenizer -> random Qwen2ForCausalLM -> seeded SFT on the ``sft`` split
       -> greedy + sampled eval on ``val`` -> HF directory (safetensors, float32) + tiny_meta.json
 
 and caches the directory under ``$RECIPE_CACHE_DIR`` (default ``~/.cache/fully_async_rl``) in a
 folder named by a fingerprint of ``TinySpec``, so changing any builder constant rebuilds.
+
+Reproducible across hosts: 425 SFT steps amplify last-bit float differences into different
+models (greedy val accuracy 0.30 to 0.34 for one seed, by CPU), so the build runs in a
+child process whose numerics are pinned before torch starts (``BUILD_ENV``: one thread, ATen's
+AVX2 kernels, MKL's SSE2 path) and AdamW runs fused (no MKL VML). Tokenizer, data and init never
+depended on the host. Two x86-64 hosts (AMD and Intel, torch 2.13 and 2.11) built the same bits;
+``tiny_meta.json`` records ``weights_sha256`` and the versions, to compare builds.
 
 Why a warm start: RL from a random init is hopeless at this scale, and a converged model leaves
 nothing to learn. The SFT is stopped early on purpose, so greedy val accuracy is low (~20-40%)
@@ -27,6 +34,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -37,7 +46,9 @@ from recipe.data.arithmetic import make_arithmetic_records, sft_text
 
 logger = logging.getLogger(__name__)
 
-BUILDER_VERSION = 1
+# 3: numerics pinned by BUILD_ENV and a fused AdamW, so hosts build the same weights (v1's
+# depended on the host's CPU; v2 folders come from a draft of v3 and hold other weights).
+BUILDER_VERSION = 3
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 META_FILE = "tiny_meta.json"
@@ -48,6 +59,19 @@ _SPLIT_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Read when torch, OpenMP and MKL initialise, hence set for a child process, not in this one.
+BUILD_ENV = {
+    # ATen's vectorised kernels (softmax, norms, exp, attention): AVX2, not the host's best
+    # (AVX-512 where present), whose different reduction widths change the low bits.
+    "ATEN_CPU_CAPABILITY": "avx2",
+    # MKL's GEMMs dispatch on CPU vendor and ISA, also in its CNR mode's ISA branches (on AMD
+    # those fall back to AUTO); COMPATIBLE (SSE2) is the branch that is the same everywhere.
+    # It doubles the SFT's time.
+    "MKL_CBWR": "COMPATIBLE",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "PYTHONHASHSEED": "0",  # no set order is known to reach the model; pinned so none can
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +148,7 @@ def ensure_tiny_model(cache_dir: Path | None = None, *, force: bool = False) -> 
                 return final  # another process built it while we waited
             tmp = Path(tempfile.mkdtemp(prefix=f".{spec.dir_name}-", dir=root))
             try:
-                _build(spec, tmp)
+                build_in_child(tmp)
                 publish_dir(tmp, final)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -134,6 +158,20 @@ def ensure_tiny_model(cache_dir: Path | None = None, *, force: bool = False) -> 
             "if none is building the tiny model, delete the lock file"
         ) from exc
     return final
+
+
+def build_in_child(out_dir: Path) -> None:
+    """Build the default model into ``out_dir`` in a fresh Python process with ``BUILD_ENV``."""
+    package_root = str(Path(__file__).resolve().parent.parent)
+    python_path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, **BUILD_ENV, "PYTHONPATH": python_path}
+    cmd = [sys.executable, "-m", "recipe.tiny", "--build-into", str(out_dir)]
+    proc = subprocess.run(cmd, env=env, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"building the tiny model failed (exit {proc.returncode}); its log is above. "
+            f"To retry by hand: {' '.join(cmd)}"
+        )
 
 
 def publish_dir(src: Path, dst: Path) -> None:
@@ -213,7 +251,16 @@ def _build(spec: TinySpec, out_dir: Path) -> None:
     import transformers
 
     started = time.perf_counter()
-    logger.info("building the tiny default model in %s (one-time, ~1 min)", out_dir)
+    logger.info("building the tiny default model in %s (one-time, 2-3 min)", out_dir)
+    pinned = {k: os.environ.get(k) for k in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")}
+    cpu_capability = torch.backends.cpu.get_cpu_capability()
+    if pinned != {k: BUILD_ENV[k] for k in pinned} or cpu_capability != "AVX2":
+        logger.warning(
+            "tiny model built with %s and ATen CPU capability %s, not BUILD_ENV's: its weights "
+            "may differ from other hosts' builds",
+            pinned,
+            cpu_capability,
+        )
     tokenizer = build_tokenizer(out_dir, model_max_length=spec.max_position_embeddings)
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(spec.num_threads)
@@ -235,9 +282,12 @@ def _build(spec: TinySpec, out_dir: Path) -> None:
         "vocab_size": len(tokenizer),
         **sft,
         **evals,
+        "weights_sha256": weights_sha256(out_dir),
         "build_seconds": round(time.perf_counter() - started, 2),
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
+        "cpu_capability": cpu_capability,
+        "mkl_cbwr": pinned["MKL_CBWR"],
     }
     (out_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     logger.info(
@@ -249,6 +299,21 @@ def _build(spec: TinySpec, out_dir: Path) -> None:
         meta["sampled_mixed_fraction"],
         meta["build_seconds"],
     )
+
+
+def weights_sha256(model_dir: Path) -> str:
+    """sha256 over the saved tensors' names and raw bytes in name order (not the file's bytes,
+    whose header layout may change with the safetensors version)."""
+    import torch
+    from safetensors import safe_open
+
+    digest = hashlib.sha256()
+    with safe_open(str(Path(model_dir) / "model.safetensors"), "pt") as f:
+        for name in sorted(f.keys()):
+            tensor = f.get_tensor(name).contiguous()
+            digest.update(name.encode())
+            digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _init_model(spec: TinySpec, tokenizer: Any) -> Any:
@@ -306,7 +371,9 @@ def _sft(spec: TinySpec, model: Any, tokenizer: Any) -> dict[str, Any]:
 
     input_ids, labels, attention_mask = _encode_sft(spec, tokenizer)
     gen = torch.Generator().manual_seed(spec.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr, betas=(0.9, 0.98))
+    # fused: ATen's vectorised kernel. The default per-tensor step takes sqrt from MKL's VML,
+    # whose last bit differs between hosts whatever MKL_CBWR says.
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr, betas=(0.9, 0.98), fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda step: min(1.0, (step + 1) / spec.sft_warmup_steps)
     )
@@ -407,8 +474,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--force", action="store_true", help="rebuild even if cached")
     parser.add_argument("--cache-dir", type=Path, default=None, help="default: $RECIPE_CACHE_DIR")
+    parser.add_argument(
+        "--build-into",
+        type=Path,
+        default=None,
+        help="build into this empty folder in this process, as ensure_tiny_model's child does "
+        "(set BUILD_ENV first for a reproducible build)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.build_into is not None:
+        _build(TinySpec(), args.build_into)
+        return
     path = ensure_tiny_model(args.cache_dir, force=args.force)
     print(path)
     print(json.dumps(read_tiny_meta(path), indent=2))
