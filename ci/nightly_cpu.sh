@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Nightly CPU convergence: each mode trains the embedded default for a full epoch
-# (8,000 prompts) and must beat the thresholds in ci/thresholds.json. Schedule it with cron or a CI
+# Nightly CPU convergence: the `nightly` tests (50-100 step learning checks of each mode), then
+# each mode trains the embedded default for a full epoch (8,000 prompts) and must beat the
+# thresholds in ci/thresholds.json. Schedule it with cron or a CI
 # scheduler on a CPU runner, e.g. `0 3 * * * cd /path/to/repo && ci/nightly_cpu.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 make venv
 out=${NIGHTLY_OUT:-outputs/nightly/$(date +%Y-%m-%d)}
 status=0
+# The learning checks left out of `make test` (minutes each): short runs of every mode.
+.venv/bin/python -m pytest -q -m nightly tests || status=1
 for mode in sync one_step_off fully_async; do
   .venv/bin/python -m recipe mode=$mode logger.quiet=true hydra.run.dir="$out/$mode"
   .venv/bin/python ci/check_run.py "$out/$mode" "$mode" || status=1

@@ -292,3 +292,42 @@ def test_a_reward_that_returns_no_score_stops_the_run_naming_it_and_the_row(
     assert "on prompt train:rows.jsonl:" in message and "\n" not in message
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "failed"
+
+
+# ---- an engine that fails the same way every time is not restarted into again
+
+
+def test_an_engine_that_dies_of_the_same_error_after_a_restart_stops_the_run_naming_it(
+    tiny_model_path, tmp_path
+):
+    """Chunked prefill switched back on for a CPU engine (the failure this tier was built
+    for): seeded requests past the token budget kill the engine, its restart dies the same
+    way before finishing a response, and the run stops naming the replica, the root error
+    and the engine's log, instead of restarting until ``rollout.max_restarts`` runs out."""
+    train = shapes.write_jsonl(tmp_path / "long.jsonl", shapes.gsm8k_rows(16, 8))
+    run_dir = tmp_path / "run"
+    with pytest.raises(RunFailure) as info:
+        run(
+            run_dir,
+            [
+                "mode=fully_async",
+                f"data.train_files=[{train}]",
+                f"data.val_files=[{train}]",
+                "actor.ppo_mini_batch_size=4",
+                "rollout.n=8",
+                "rollout.max_restarts=3",
+                "trainer.test_freq=0",
+                "+rollout.engine_kwargs.enable_chunked_prefill=true",
+                *ENGINE,
+            ],
+        )
+    message = str(info.value)
+    log = run_dir / "engines" / "replica_0.restart_1.log"
+    assert message.startswith(
+        "rollout replica 0 died: its engine failed: RuntimeError: CPU Generator does not use "
+        f"offset (engine log: {log}); its restart died of the same error before finishing a "
+        "response, so it is not restarted again"
+    ), message
+    assert "CPU Generator does not use offset" in log.read_text()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"] == message
