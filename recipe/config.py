@@ -166,7 +166,12 @@ class RecipeConfig:
                 if getattr(self.async_training, name) != getattr(defaults, name):
                     warn_unused(f"async_training.{name}", self.mode)
         elif self.data.train_batch_size != DataConfig().train_batch_size:
-            warn_unused("data.train_batch_size", self.mode)
+            warn_unused(
+                "data.train_batch_size",
+                self.mode,
+                "prompts per trainer step are actor.ppo_mini_batch_size x "
+                "async_training.require_batches here",
+            )
 
     @property
     def prompts_per_step(self) -> int:

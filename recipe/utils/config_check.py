@@ -42,6 +42,8 @@ def require_fraction(key: str, value: float, *, open_low: bool = True) -> None:
     require(value is not None and low_ok and value <= 1, key, value, "a number in (0, 1]")
 
 
-def warn_unused(key: str, mode: str) -> None:
-    """A knob that has no effect in the chosen mode warns (it does not fail)."""
-    logger.warning("%s has no effect in mode=%s; it is ignored", key, mode)
+def warn_unused(key: str, mode: str, instead: str = "") -> None:
+    """A knob that has no effect in the chosen mode warns (it does not fail); ``instead``
+    says what sets the same thing in that mode, if anything does."""
+    hint = f"; {instead}" if instead else ""
+    logger.warning("%s has no effect in mode=%s; it is ignored%s", key, mode, hint)
