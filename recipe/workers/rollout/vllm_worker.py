@@ -96,7 +96,7 @@ class VLLMRolloutWorker(RolloutWorker):
             disable_log_stats=True,
             worker_extension_cls=EXTENSION_CLS,
             logprobs_mode="raw_logprobs",
-            **_chunked_prefill_args(),
+            **chunked_prefill_args(),
         )
         known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
         kwargs.update(check_engine_kwargs(cfg))
@@ -274,7 +274,7 @@ def check_engine_kwargs(cfg: RolloutConfig) -> dict[str, Any]:
     return dict(cfg.engine_kwargs)
 
 
-def _chunked_prefill_args() -> dict[str, Any]:
+def chunked_prefill_args() -> dict[str, Any]:
     """Engine args that keep per-request seeds working: no chunked prefill on CPU engines.
 
     Every training request carries its own seed (``sample_seed``), so a response is
