@@ -21,7 +21,7 @@ def test_unknown_engine_args_fail_naming_them():
 
 
 def test_chunked_prefill_on_a_cpu_engine_warns_why_it_is_off(caplog):
-    from recipe.workers.rollout.vllm_worker import chunked_prefill_args, check_engine_kwargs
+    from recipe.workers.rollout.vllm_worker import check_engine_kwargs, chunked_prefill_args
 
     assert chunked_prefill_args() == {"enable_chunked_prefill": False}  # this is a CPU host
     with caplog.at_level(logging.WARNING):
