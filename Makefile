@@ -23,7 +23,7 @@ run: $(STAMP)
 	$(PY) -m recipe $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests --durations=25 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
