@@ -151,7 +151,7 @@ import asyncio
 
 async def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     await asyncio.sleep(0.001)  # a remote judge
-    return {"score": float(ground_truth in solution_str), "judge_calls": 1.0}
+    return float(ground_truth in solution_str)
 """
 RAISES_ON_ROW = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
