@@ -32,7 +32,7 @@ register_configs()
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
-def _runner(mode: str):
+def recipe_class(mode: str):
     """The recipe class of a mode (imported lazily: each pulls in Ray and torch)."""
     if mode == "sync":
         from recipe.sync_trainer import SyncTrainer
@@ -78,7 +78,7 @@ def main(dict_cfg: DictConfig) -> None:
         cfg = load_config(dict_cfg)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         OmegaConf.save(OmegaConf.structured(cfg), run_dir / "config.yaml", resolve=True)
-        recipe = _runner(cfg.mode)(cfg, run_dir)
+        recipe = recipe_class(cfg.mode)(cfg, run_dir)
     except ValueError as exc:
         _exit_bad_input(exc)
     failure: RunFailure | None = None

@@ -15,16 +15,16 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from recipe.pipeline_sim import Command, Simulation, _Group
+    from recipe.pipeline_sim import Command, SimGroup, Simulation
 
 Process = Generator["Command", None, None]
 
 
-def _batch(sim: Simulation) -> list[_Group]:
+def _batch(sim: Simulation) -> list[SimGroup]:
     return [sim.start_group() for _ in range(sim.w.prompts_per_step)]
 
 
-def _all_done(groups: list[_Group]) -> Callable[[], bool]:
+def _all_done(groups: list[SimGroup]) -> Callable[[], bool]:
     return lambda: all(g.done for g in groups)
 
 
@@ -63,7 +63,7 @@ def fully_async_process(sim: Simulation) -> Process:
     """Streaming admission (the recipe's AdmissionController), R groups per step, a push
     every T steps; partial rollout pauses in-flight sequences across the push."""
     admission = sim.admission()
-    queue: deque[_Group] = deque()
+    queue: deque[SimGroup] = deque()
     state = {"admitting": True}
 
     def admit() -> None:
@@ -72,7 +72,7 @@ def fully_async_process(sim: Simulation) -> Process:
             group = sim.start_group()
             group.ticket = ticket.ticket
 
-    def on_done(group: _Group) -> None:
+    def on_done(group: SimGroup) -> None:
         queue.extend(admission.complete(group.ticket, group))
 
     sim.set_on_done(on_done)

@@ -41,7 +41,7 @@ from recipe.pipeline_spec import Layout, SimResult, Workload
 
 
 @dataclass(eq=False)
-class _Group:
+class SimGroup:
     uid: int
     num_left: int
     start_version: int | None = None
@@ -58,8 +58,8 @@ class _Engine:
         self.w = workload
         self.index = index
         self.done_work = 0.0  # work each running sequence has received since time 0
-        self.running: list[tuple[float, int, _Group]] = []  # (finish at done_work, seq, group)
-        self.waiting: deque[tuple[float, _Group]] = deque()
+        self.running: list[tuple[float, int, SimGroup]] = []  # (finish at done_work, seq, group)
+        self.waiting: deque[tuple[float, SimGroup]] = deque()
         self.paused = False
         self.speed = 1.0  # 1 / contention while the trainer computes
         self.busy_s = 0.0
@@ -89,7 +89,7 @@ class _Engine:
             return math.inf
         return self.t_last + max(0.0, (self.running[0][0] - self.done_work) / rate)
 
-    def submit(self, group: _Group, works: list[float], version: int) -> None:
+    def submit(self, group: SimGroup, works: list[float], version: int) -> None:
         for work in works:
             self.waiting.append((work, group))
         self.fill(version)
@@ -102,7 +102,7 @@ class _Engine:
             self._seq += 1
             heapq.heappush(self.running, (self.done_work + work, self._seq, group))
 
-    def pop_finished(self, version: int) -> list[_Group]:
+    def pop_finished(self, version: int) -> list[SimGroup]:
         """Groups whose last sequence finished by now (call ``sync_to`` first)."""
         done = []
         tolerance = 1e-9 * max(1.0, abs(self.done_work))
@@ -152,7 +152,7 @@ class Simulation:
         self._events: list[tuple[float, int, int]] = []  # (time, stamp, engine)
         self._next_engine = 0
         self._next_uid = 0
-        self._on_done: Callable[[_Group], None] = lambda group: None
+        self._on_done: Callable[[SimGroup], None] = lambda group: None
         self.result = SimResult(layout, [], 0, 0.0, 0.0)
 
     # ---- engine side -------------------------------------------------------------------
@@ -162,8 +162,8 @@ class Simulation:
         engine.stamp += 1
         heapq.heappush(self._events, (engine.next_time(), engine.stamp, engine.index))
 
-    def start_group(self) -> _Group:
-        group = _Group(self._next_uid, self.w.n)
+    def start_group(self) -> SimGroup:
+        group = SimGroup(self._next_uid, self.w.n)
         self._next_uid += 1
         works = [self.w.prefill_tokens + self.rng.choice(self.w.lengths) for _ in range(self.w.n)]
         engine = self.engines[self._next_engine]
@@ -176,7 +176,7 @@ class Simulation:
     def in_flight(self) -> bool:
         return not all(e.idle for e in self.engines)
 
-    def train(self, samples: int, trainer_version: int, groups: list[_Group]) -> Command:
+    def train(self, samples: int, trainer_version: int, groups: list[SimGroup]) -> Command:
         """Record the batch's staleness; the command that trains it."""
         for group in groups:
             self.result.staleness[trainer_version - (group.start_version or 0)] += self.w.n
@@ -289,7 +289,7 @@ class Simulation:
             max_fresh=per_step * self.num_steps,
         )
 
-    def set_on_done(self, callback: Callable[[_Group], None]) -> None:
+    def set_on_done(self, callback: Callable[[SimGroup], None]) -> None:
         self._on_done = callback
 
 

@@ -26,22 +26,12 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-from recipe.report_data import RunData, load_run, smooth
+from recipe.report_data import RunData, load_run, pyplot, smooth
 
 logger = logging.getLogger(__name__)
 
 IMAGES = ("val_accuracy", "reward", "staleness", "idle_ratios", "sync_times")
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def save_figure(fig, out: Path) -> bool:
@@ -62,7 +52,7 @@ def _curve_pair(runs: list[RunData], key: str, title: str, out: Path, *, window:
     series = [(run, run.series(key)) for run in runs]
     if not any(points for _, points in series):
         return False
-    plt = _pyplot()
+    plt = pyplot()
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 3.8))
     for run, points in series:
         if not points:
@@ -100,7 +90,7 @@ def plot_staleness(runs: list[RunData], out: Path) -> bool:
     hists = [(run, h) for run, h in hists if h]
     if not hists:
         return False
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
     levels = sorted({level for _, hist in hists for level in hist})
     width = 0.8 / len(hists)
@@ -124,7 +114,7 @@ def plot_idle_ratios(runs: list[RunData], out: Path) -> bool:
     keys = (("trainer/idle_ratio", "trainer"), ("rollouter/idle_ratio", "rollouter"))
     if not any(run.series(key) for run in runs for key, _ in keys):
         return False
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     for ax, (key, who) in zip(axes, keys, strict=True):
         for run in runs:
@@ -147,7 +137,7 @@ def plot_sync_times(runs: list[RunData], out: Path) -> bool:
     """Each push's time over the run (left) and the mean phase split per run (right)."""
     if not any(run.series("sync/total_s") for run in runs):
         return False
-    plt = _pyplot()
+    plt = pyplot()
     fig, (over_time, split) = plt.subplots(1, 2, figsize=(11, 3.8))
     for run in runs:
         total = run.series("sync/total_s")

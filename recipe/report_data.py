@@ -232,3 +232,13 @@ def _read_config(path: Path) -> dict[str, Any]:
 
     data = yaml.safe_load(path.read_text())
     return data if isinstance(data, dict) else {}
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the file-only Agg backend (reports run without a screen)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from recipe.report_data import RunData, depth_of
+from recipe.report_data import RunData, depth_of, pyplot
 from recipe.trace import (
     ENGINE_PID_BASE,
     PHASES_TID,
@@ -159,9 +159,7 @@ def plot_gantt(run: RunData, out: Path, *, steps: tuple[int, int] | None = None)
         return False
     lo, hi = window
     rows = _rows(run, lo, hi)
-    from recipe.report import _pyplot
-
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.patches import Patch
 
     height = 1.2 + 0.22 * len(rows)

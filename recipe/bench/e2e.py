@@ -96,12 +96,12 @@ def idle_ratios(mode: str, summary: dict[str, Any], rows: list[dict]) -> tuple[A
 
 
 def run_mode(mode: str, steps: int, overrides: dict[str, Any], out_dir: Path) -> dict[str, Any]:
-    from recipe.main import _runner
+    from recipe.main import recipe_class
 
     cfg = bench_config(mode, steps, overrides)
     run_dir = out_dir / mode
     start = time.perf_counter()
-    recipe = _runner(mode)(cfg, run_dir)
+    recipe = recipe_class(mode)(cfg, run_dir)
     build_s = time.perf_counter() - start
     try:
         summary = recipe.fit()
