@@ -98,7 +98,7 @@ class RewardFunction:
         ground_truth: str,
         extra_info: dict[str, Any] | None = None,
     ) -> RewardResult:
-        fn = self._custom_fn if self._custom_fn is not None else get_scorer(data_source)
+        fn = self._scorer(data_source)
         raw = fn(
             data_source=data_source,
             solution_str=solution_str,
@@ -134,7 +134,7 @@ class RewardFunction:
             _fill(traj, result)
 
     def _call(self, record: PromptRecord, traj: Trajectory) -> Any:
-        fn = self._custom_fn if self._custom_fn is not None else get_scorer(record.data_source)
+        fn = self._scorer(record.data_source)
         try:
             return fn(
                 data_source=record.data_source,
@@ -157,7 +157,7 @@ class RewardFunction:
             raise self._error(record, traj, err) from err
 
     def _checked(self, record: PromptRecord, traj: Trajectory, raw: Any) -> RewardResult:
-        fn = self._custom_fn if self._custom_fn is not None else get_scorer(record.data_source)
+        fn = self._scorer(record.data_source)
         try:
             return to_reward_result(raw, fn_name=self._fn_name(fn))
         except (TypeError, ValueError) as err:
@@ -166,11 +166,15 @@ class RewardFunction:
             ) from err
 
     def _error(self, record: PromptRecord, traj: Trajectory, err: Exception) -> RewardError:
-        fn = self._custom_fn if self._custom_fn is not None else get_scorer(record.data_source)
+        fn = self._scorer(record.data_source)
         return RewardError(
             f"reward function {self._fn_name(fn)} raised {type(err).__name__}: "
             f"{_first_line(err)} on prompt {record.uid} (response {traj.sample_index})"
         )
+
+    def _scorer(self, data_source: str) -> Scorer:
+        """``reward.custom_fn`` for every source, else the registry's scorer of this one."""
+        return self._custom_fn if self._custom_fn is not None else get_scorer(data_source)
 
     def _fn_name(self, fn: Scorer) -> str:
         if self._custom_fn is not None:
