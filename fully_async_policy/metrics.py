@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from fully_async_policy.messages import PromptGroup
-from recipe.metrics import sample_metrics
+from recipe.run.metrics import sample_metrics
 
 
 def group_metrics(groups: list[PromptGroup], trainer_version: int) -> dict[str, float]:

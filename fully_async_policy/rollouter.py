@@ -41,8 +41,8 @@ from typing import Any
 
 from fully_async_policy.admission import AdmissionController, Ticket
 from fully_async_policy.messages import PromptGroup, RolloutLedger, RolloutProgress, SyncPause
-from fully_async_policy.plan import RunPlan
 from fully_async_policy.replicas import ReplicaSupervisor
+from fully_async_policy.run_plan import RunPlan
 from fully_async_policy.snapshot import (
     ROLLOUTER_STATE_FILE,
     decode_group,
@@ -58,10 +58,10 @@ from recipe.checkpoint.store import RUN_STATE_DIR
 from recipe.config import RecipeConfig
 from recipe.data.cursor import PromptCursor
 from recipe.faults import RolloutWorkerError
+from recipe.observability.trace import ROLLOUTER_TIDS, now_us, traced
 from recipe.protocol import Trajectory
 from recipe.reward import RewardError
 from recipe.separate_trainer import SeparateRayPPOTrainer
-from recipe.trace import ROLLOUTER_TIDS, now_us, traced
 
 logger = logging.getLogger(__name__)
 

@@ -34,15 +34,15 @@ from typing import Any
 
 from fully_async_policy.messages import EndOfStream, PromptGroup, RolloutProgress
 from fully_async_policy.metrics import RunTotals, group_metrics
-from fully_async_policy.plan import plan_run
+from fully_async_policy.run_plan import plan_run
 from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE, decode_totals, encode_totals
 from recipe.checkpoint.store import write_json
 from recipe.config import RecipeConfig
 from recipe.faults import fails_cleanly
-from recipe.progress import step_bar, update_bar
+from recipe.observability.progress import step_bar, update_bar
+from recipe.observability.trace import traced
+from recipe.observability.tracking import MetricsAccumulator
 from recipe.separate_trainer import SeparateRayPPOTrainer
-from recipe.trace import traced
-from recipe.tracking import MetricsAccumulator
 
 logger = logging.getLogger(__name__)
 
@@ -360,7 +360,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         into every restarted one. True when a replica was replaced since the last call."""
         import ray
 
-        from recipe.checkpoint_engine.shared_region import shm_dir
+        from recipe.checkpoint_engine.host import shm_dir
 
         waiting = ray.get(self.rollouter.recover_replicas.remote())
         replaced = self._refresh_engines()

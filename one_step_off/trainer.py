@@ -33,13 +33,13 @@ from recipe.checkpoint.codec import decode_groups, encode_groups
 from recipe.config import RecipeConfig
 from recipe.data.cursor import PromptCursor
 from recipe.faults import fails_cleanly
-from recipe.metrics import sample_metrics
-from recipe.progress import step_bar, update_bar
+from recipe.observability.progress import step_bar, update_bar
+from recipe.observability.trace import now_us, traced
+from recipe.observability.trace_file import busy_s, rollout_slices
+from recipe.observability.tracking import MetricsAccumulator
 from recipe.protocol import PromptRecord, Trajectory
+from recipe.run.metrics import sample_metrics
 from recipe.separate_trainer import SeparateRayPPOTrainer
-from recipe.trace import now_us, traced
-from recipe.trace_file import busy_s, rollout_slices
-from recipe.tracking import MetricsAccumulator
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ The tree is shallow and keeps verl's names for the knobs users already know:
     async_training   here                       AsyncTrainingConfig
     checkpoint_engine recipe/checkpoint_engine/config.py
     trainer, ray     here
-    logger           recipe/tracking.py         LoggerConfig
+    logger           recipe/observability/config.py           LoggerConfig
 
 Each component receives only its own sub-config. ``load_config`` turns a composed DictConfig
 into these dataclasses, which runs every ``__post_init__`` validation, then the cross-section
@@ -32,8 +32,8 @@ from recipe.checkpoint.store import check_checkpoint_path
 from recipe.checkpoint_engine.config import CheckpointEngineConfig
 from recipe.data.config import DataConfig
 from recipe.model import ModelConfig
+from recipe.observability.config import LoggerConfig
 from recipe.reward.config import RewardConfig
-from recipe.tracking import LoggerConfig
 from recipe.utils.config_check import (
     ConfigError,
     require,

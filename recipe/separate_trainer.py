@@ -42,13 +42,13 @@ from recipe.checkpoint.store import (
 from recipe.config import RecipeConfig
 from recipe.data.dataset import build_datasets
 from recipe.data.prompts import encode_prompts
-from recipe.metrics import clip_warning, response_clip_ratio
 from recipe.model import HFModelConfig
+from recipe.observability.backends import METRICS_FILE
+from recipe.observability.trace import ROLLOUTER_PID, RunTrace, Tracer, traced
+from recipe.observability.tracking import MetricsAccumulator, Tracker
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.reward import RewardFunction
-from recipe.trace import ROLLOUTER_PID, RunTrace, Tracer, traced
-from recipe.tracking import MetricsAccumulator, Tracker
-from recipe.tracking_backends import METRICS_FILE
+from recipe.run.metrics import clip_warning, response_clip_ratio
 from recipe.workers.batch import TrainBatch
 
 logger = logging.getLogger(__name__)
@@ -107,7 +107,8 @@ class SeparateRayPPOTrainer:
             if self.run_trace is not None
             else Tracer(ROLLOUTER_PID, "rollouter", sort_index=ROLLOUTER_PID)
         )
-        """This process's trace events (recipe/trace.py); the trainer pulls the rollouter's."""
+        """This process's trace events (observability/trace.py); the trainer pulls the
+        rollouter's."""
         self.param_sync: Any = None
         """The ParameterSynchronizer, built at the first push (it needs both groups)."""
         self.trainer_group: Any = None
@@ -400,7 +401,7 @@ class SeparateRayPPOTrainer:
         """Make the engines serve the resumed weights as ``self.version`` (they start from
         ``model.path`` at version 0): the trainer exports its weights once, every replica
         loads them."""
-        from recipe.checkpoint_engine.shared_region import shm_dir
+        from recipe.checkpoint_engine.host import shm_dir
 
         assert self.version > 0, "checkpoints are taken after a push"
         start = time.perf_counter()

@@ -23,11 +23,11 @@ from typing import Any
 from recipe.config import RecipeConfig
 from recipe.data.cursor import PromptCursor
 from recipe.faults import fails_cleanly
-from recipe.metrics import sample_metrics
-from recipe.progress import step_bar, update_bar
+from recipe.observability.progress import step_bar, update_bar
+from recipe.observability.tracking import MetricsAccumulator
 from recipe.protocol import Trajectory
+from recipe.run.metrics import sample_metrics
 from recipe.separate_trainer import SeparateRayPPOTrainer
-from recipe.tracking import MetricsAccumulator
 
 logger = logging.getLogger(__name__)
 

@@ -33,8 +33,9 @@ from typing import Any
 
 import torch
 
-from recipe.checkpoint_engine.base import TransferPlan, make_checkpoint_engine, raise_wire_error
+from recipe.checkpoint_engine.base import TransferPlan, raise_wire_error
 from recipe.checkpoint_engine.endpoints import WeightReceiver
+from recipe.checkpoint_engine.factory import make_checkpoint_engine
 from recipe.checkpoint_engine.layout import BucketLayout, TensorMeta, as_bytes
 
 logger = logging.getLogger(__name__)

@@ -17,9 +17,9 @@ if TYPE_CHECKING:
         TransferPlan,
         TransferReport,
         WeightSyncError,
-        make_checkpoint_engine,
     )
     from recipe.checkpoint_engine.config import CheckpointEngineConfig
+    from recipe.checkpoint_engine.factory import make_checkpoint_engine
     from recipe.checkpoint_engine.layout import BucketLayout
     from recipe.checkpoint_engine.synchronizer import ParameterSynchronizer
 
@@ -34,7 +34,7 @@ _HOMES = {
     "TransferPlan": "base",
     "TransferReport": "base",
     "WeightSyncError": "base",
-    "make_checkpoint_engine": "base",
+    "make_checkpoint_engine": "factory",
 }
 
 

@@ -1,4 +1,4 @@
-"""The ``CheckpointEngine`` contract: one end of one weight transport, and its factory.
+"""The ``CheckpointEngine`` contract: one end of one weight transport (factory.py builds one).
 
 A weight push has one sender (trainer rank 0; the other trainer ranks only join the
 collective gather) and N receivers (every rollout engine worker, global ranks 1..N)::
@@ -206,17 +206,17 @@ class CheckpointEngine(ABC):
             )
 
 
-def make_checkpoint_engine(
-    plan: TransferPlan, *, rank: int, device: torch.device
-) -> CheckpointEngine:
-    """The engine of ``plan.backend`` (``checkpoint_engine.backend`` after ``auto``)."""
-    if plan.backend in ("shm", "cuda_ipc"):
-        from recipe.checkpoint_engine.shared_region import SharedRegionEngine
-
-        return SharedRegionEngine(plan, rank=rank, device=device)
-    if plan.backend in ("gloo", "nccl"):
-        from recipe.checkpoint_engine.broadcast import BroadcastEngine
-
-        return BroadcastEngine(plan, rank=rank, device=device)
-    allowed = ", ".join(repr(b) for b in ENGINE_BACKENDS)
-    raise ValueError(f"checkpoint_engine.backend={plan.backend!r}: allowed one of {allowed}")
+def timed_iter(
+    tensors: Iterable[tuple[str, torch.Tensor]], report: TransferReport
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Adds the time spent waiting on ``tensors`` (the FSDP gather) to ``report.gather_s``."""
+    iterator = iter(tensors)
+    while True:
+        start = time.perf_counter()
+        try:
+            item = next(iterator)
+        except StopIteration:
+            report.gather_s += time.perf_counter() - start
+            return
+        report.gather_s += time.perf_counter() - start
+        yield item

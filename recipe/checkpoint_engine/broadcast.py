@@ -32,25 +32,14 @@ from recipe.checkpoint_engine.base import (
     TransferPlan,
     TransferReport,
     WeightSyncError,
+    timed_iter,
 )
+from recipe.checkpoint_engine.host import node_ip
 from recipe.checkpoint_engine.layout import pack_buckets
-from recipe.checkpoint_engine.shared_region import timed_iter
 
 logger = logging.getLogger(__name__)
 
 _NUM_BUFFERS = 2
-
-
-def node_ip() -> str:
-    """This node's address as Ray knows it (what peers on other hosts can reach)."""
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return ray.util.get_node_ip_address()
-    except ImportError:  # Ray is optional for in-process use
-        pass
-    return "127.0.0.1"
 
 
 class BroadcastEngine(CheckpointEngine):

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -33,39 +32,13 @@ from recipe.checkpoint_engine.base import (
     TransferReport,
     WeightSyncError,
     error_to_wire,
-    make_checkpoint_engine,
 )
-from recipe.checkpoint_engine.broadcast import node_ip
+from recipe.checkpoint_engine.factory import make_checkpoint_engine
+from recipe.checkpoint_engine.host import free_memory_bytes, host_id, node_ip
 
 logger = logging.getLogger(__name__)
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
-
-
-def free_memory_bytes(device: torch.device) -> int:
-    """Free memory of ``device`` (host: MemAvailable)."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:  # not Linux: fall back to the POSIX count
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def host_id() -> str:
-    """This machine's identity (hostname + boot id): equal exactly for processes that can
-    share memory. Not an IP: vLLM's worker processes are not Ray workers and cannot ask Ray
-    for the node address."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as boot:
-            boot_id = boot.read().strip()
-    except OSError:  # not Linux
-        boot_id = ""
-    return f"{socket.gethostname()}/{boot_id}"
 
 
 def placement_info(device: torch.device) -> dict[str, Any]:

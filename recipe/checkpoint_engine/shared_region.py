@@ -24,10 +24,9 @@ import contextlib
 import logging
 import os
 import pickle
-import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -38,37 +37,15 @@ from recipe.checkpoint_engine.base import (
     TransferPlan,
     TransferReport,
     WeightSyncError,
+    timed_iter,
 )
+from recipe.checkpoint_engine.host import shm_dir
 from recipe.checkpoint_engine.layout import PAGE_BYTES, pack_buckets
 
 logger = logging.getLogger(__name__)
 
 _MAGIC = 0x5245434950452D57  # any constant: tells a header from an unrelated file
 _HEAD_WORDS = 3  # magic, layout fingerprint, transfer id being written
-
-
-def shm_dir() -> str:
-    """/dev/shm when usable (RAM-backed on Linux), else the temp dir (still mmap-shared)."""
-    override = os.environ.get("RECIPE_SHM_DIR", "")
-    if override:
-        return override
-    return "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-
-
-def timed_iter(
-    tensors: Iterable[tuple[str, torch.Tensor]], report: TransferReport
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Adds the time spent waiting on ``tensors`` (the FSDP gather) to ``report.gather_s``."""
-    iterator = iter(tensors)
-    while True:
-        start = time.perf_counter()
-        try:
-            item = next(iterator)
-        except StopIteration:
-            report.gather_s += time.perf_counter() - start
-            return
-        report.gather_s += time.perf_counter() - start
-        yield item
 
 
 class SharedRegionEngine(CheckpointEngine):

@@ -34,6 +34,7 @@ from typing import Any
 
 from recipe.checkpoint_engine.base import ChecksumMismatchError, TransferPlan, WeightSyncError
 from recipe.checkpoint_engine.config import CheckpointEngineConfig
+from recipe.checkpoint_engine.host import shm_dir
 from recipe.checkpoint_engine.layout import BucketLayout
 from recipe.checkpoint_engine.phases import SENDER, replica_peer, wait_phase
 from recipe.checkpoint_engine.placement import (
@@ -41,7 +42,7 @@ from recipe.checkpoint_engine.placement import (
     resolve_backend,
     resolve_bucket_bytes,
 )
-from recipe.trace import SENDER_TID, Tracer
+from recipe.observability.trace import SENDER_TID, Tracer
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class ParameterSynchronizer:
         self.receiver_ranks: list[list[int]] = []
         """Global receiver ranks of each replica's engine workers (worker-group order)."""
         self.tracer = Tracer(0, None, enabled=False)
-        """Each phase is a trace slice here (the owner sets its own ``recipe.trace`` tracer)."""
+        """Each phase is a trace slice here (the owner sets its own tracer)."""
 
     @property
     def version(self) -> int:
@@ -128,7 +129,7 @@ class ParameterSynchronizer:
         self._phase("placement", self._on_sender("commit", self._version))
         if self._backend == "file":
             if self._file_dir is None:
-                self._file_dir = Path(tempfile.mkdtemp(prefix="weights-", dir=_shm()))
+                self._file_dir = Path(tempfile.mkdtemp(prefix="weights-", dir=shm_dir()))
             self._connected = True
             return
         layout = self._layout = self._layout or self._build_layout(infos[SENDER]["free_bytes"])
@@ -308,9 +309,3 @@ class ParameterSynchronizer:
         if self._file_dir is not None:
             shutil.rmtree(self._file_dir, ignore_errors=True)
             self._file_dir = None
-
-
-def _shm() -> str:
-    from recipe.checkpoint_engine.shared_region import shm_dir
-
-    return shm_dir()

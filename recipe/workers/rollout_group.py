@@ -257,8 +257,8 @@ class RolloutGroup:
         self.version = version
 
     def drain_trace(self, timeout_s: float = 30.0) -> list[dict[str, Any]]:
-        """Every replica's trace slices since the last call (``recipe.trace``), replica r on
-        its own process track."""
+        """Every replica's trace slices since the last call (``observability.trace``), replica
+        r on its own process track."""
         import ray
 
         refs = [w.drain_trace.remote(i) for i, w in enumerate(self.workers)]

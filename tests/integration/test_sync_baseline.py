@@ -110,7 +110,7 @@ def _check_trace_and_report(run_dir: Path) -> None:
         )
     assert len(requests(events, training=False)) == 3 * 256
 
-    from recipe.report import write_report
+    from recipe.report.cli import write_report
 
     report = write_report([run_dir], run_dir / "report")
     images = {p.name for p in report.parent.glob("*.png")}

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from recipe.tracking import LoggerConfig, Tracker, WandbConfig
+from recipe.observability.config import LoggerConfig, WandbConfig
+from recipe.observability.tracking import Tracker
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from recipe.trace import ENGINE_PID_BASE, TRAINER_PID
+from recipe.observability.trace import ENGINE_PID_BASE, TRAINER_PID
 
 TOLERANCE_US = 1.0
 """Timestamps are written to 0.1 us: a child may end a rounding step after its parent."""

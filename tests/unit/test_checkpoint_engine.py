@@ -16,9 +16,9 @@ from recipe.checkpoint_engine.base import (
     ChecksumMismatchError,
     TransferPlan,
     WeightSyncError,
-    make_checkpoint_engine,
 )
 from recipe.checkpoint_engine.endpoints import WeightReceiver
+from recipe.checkpoint_engine.factory import make_checkpoint_engine
 from recipe.checkpoint_engine.layout import (
     ALIGN_BYTES,
     PAGE_BYTES,

@@ -13,8 +13,8 @@ from recipe.checkpoint_engine.base import (
     ChecksumMismatchError,
     TransferPlan,
     WeightSyncError,
-    make_checkpoint_engine,
 )
+from recipe.checkpoint_engine.factory import make_checkpoint_engine
 from recipe.checkpoint_engine.layout import PAGE_BYTES, BucketLayout
 from recipe.model import ModelConfig
 from recipe.workers.config import RolloutConfig

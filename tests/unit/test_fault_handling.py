@@ -28,8 +28,9 @@ from recipe.faults import (
     fails_cleanly,
     resume_hint,
 )
+from recipe.observability.config import LoggerConfig
+from recipe.observability.tracking import MetricsAccumulator, Tracker
 from recipe.separate_trainer import SeparateRayPPOTrainer
-from recipe.tracking import LoggerConfig, MetricsAccumulator, Tracker
 from recipe.utils.output_dir import OutputDirError, check_writable_dir
 
 

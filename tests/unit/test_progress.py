@@ -1,4 +1,4 @@
-"""Unit tests of recipe.progress: the step bar and the console's metric lines sharing a stream.
+"""observability/progress.py: the step bar and the console's metric lines sharing a stream.
 
 A log file (stdout/stderr redirected) and a terminal are both driven into one StringIO, with the
 bar redrawing at every step, the worst case for lines glued onto the bar's text.
@@ -12,9 +12,9 @@ import re
 import pytest
 from rich.console import Console
 
-from recipe import progress
-from recipe.progress import step_bar, update_bar
-from recipe.tracking_backends import ConsoleBackend
+from recipe.observability import progress
+from recipe.observability.backends import ConsoleBackend
+from recipe.observability.progress import step_bar, update_bar
 
 METRIC_LINE = re.compile(r"step \d+ \|")
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from recipe.report import main, write_report
-from recipe.report_data import depth_of, load_run, smooth, top_level
+from recipe.report.cli import main, write_report
+from recipe.report.data import depth_of, load_run, smooth, top_level
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

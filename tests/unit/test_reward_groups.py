@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from recipe.metrics import sample_metrics
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.reward import RewardConfig, RewardError, RewardFunction
+from recipe.run.metrics import sample_metrics
 
 RECORD = PromptRecord(
     uid="train:my_task.jsonl:7",

@@ -1,5 +1,5 @@
-"""The run timeline (recipe/trace.py): events, the in-place trace.json, engine request slots,
-busy time; and the step bar (recipe/progress.py)."""
+"""The run timeline (observability/trace.py): events, the in-place trace.json, engine request slots,
+busy time; and the step bar (recipe/observability/progress.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import threading
 
 import pytest
 
-from recipe.progress import bar_postfix, step_bar, update_bar
+from recipe.observability.progress import bar_postfix, step_bar, update_bar
+from recipe.observability.trace import ENGINE_PID_BASE, RequestTrace, RunTrace, Tracer, traced
+from recipe.observability.trace_file import TraceFile, busy_s, load_trace
 from recipe.protocol import Trajectory
-from recipe.trace import ENGINE_PID_BASE, RequestTrace, RunTrace, Tracer, traced
-from recipe.trace_file import TraceFile, busy_s, load_trace
 from recipe.workers.rollout.base import GenerationRequest
 
 
@@ -77,7 +77,7 @@ def test_traced_decorates_sync_and_async_methods():
 
 
 def test_full_buffer_drops_and_reports_the_count(monkeypatch):
-    monkeypatch.setattr("recipe.trace.MAX_BUFFERED_EVENTS", 3)
+    monkeypatch.setattr("recipe.observability.trace.MAX_BUFFERED_EVENTS", 3)
     tracer = Tracer(1, None)
     for i in range(5):
         tracer.counter("c", {"v": i})

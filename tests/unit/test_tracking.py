@@ -1,4 +1,4 @@
-"""Unit tests of recipe.tracking: config validation, sinks' files and output, the accumulator."""
+"""observability/tracking.py: config validation, sinks' files and output, the accumulator."""
 
 from __future__ import annotations
 
@@ -10,17 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from recipe import tracking_backends
-from recipe.metrics import CLIP_WARN_RATIO, clip_warning, response_clip_ratio
+from recipe.observability import backends as tracking_backends
+from recipe.observability.backends import Backend, make_backend
+from recipe.observability.config import LoggerConfig, WandbConfig
+from recipe.observability.tracking import MetricsAccumulator, Tracker, validate_metric_key
 from recipe.protocol import Trajectory
-from recipe.tracking import (
-    LoggerConfig,
-    MetricsAccumulator,
-    Tracker,
-    WandbConfig,
-    validate_metric_key,
-)
-from recipe.tracking_backends import Backend, make_backend
+from recipe.run.metrics import CLIP_WARN_RATIO, clip_warning, response_clip_ratio
 
 
 def _read_jsonl(path: Path) -> list[dict]:

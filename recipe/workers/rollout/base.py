@@ -32,8 +32,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+from recipe.observability.trace import RequestTrace
 from recipe.protocol import Trajectory
-from recipe.trace import RequestTrace
 
 logger = logging.getLogger(__name__)
 
@@ -287,7 +287,7 @@ class RolloutWorker(ABC):
 
     def drain_trace(self, replica: int) -> list[dict[str, Any]]:
         """Trace slices of the requests finished since the last call, as engine ``replica``
-        (``recipe.trace``)."""
+        (``recipe.observability.trace``)."""
         return self._requests.drain(replica)
 
     async def pause(self) -> None:

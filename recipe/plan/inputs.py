@@ -18,9 +18,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from recipe.pipeline_sim import Workload
-from recipe.report_data import RunData
-from recipe.trace_file import busy_s, rollout_slices
+from recipe.observability.trace_file import busy_s, rollout_slices
+from recipe.plan.spec import Workload
+from recipe.report.data import RunData
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""What ``recipe.report`` and ``recipe.plan`` read from a run directory, loaded once.
+"""What ``recipe.report.cli`` and ``recipe.plan.cli`` read from a run directory, loaded once.
 
 ``RunData`` holds a run's ``summary.json``, ``metrics.jsonl`` records, ``trace.json`` events
 and resolved ``config.yaml``, and derives the figures the report shows (per-step series,
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recipe.trace import PHASES_TID, STEPS_TID, TRACE_FILE, TRAINER_PID
-from recipe.trace_file import load_trace
+from recipe.observability.trace import PHASES_TID, STEPS_TID, TRACE_FILE, TRAINER_PID
+from recipe.observability.trace_file import load_trace
 
 logger = logging.getLogger(__name__)
 
@@ -232,13 +232,3 @@ def _read_config(path: Path) -> dict[str, Any]:
 
     data = yaml.safe_load(path.read_text())
     return data if isinstance(data, dict) else {}
-
-
-def pyplot() -> Any:
-    """``matplotlib.pyplot`` on the file-only Agg backend (reports run without a screen)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt

@@ -1,4 +1,5 @@
-"""The trainer-side process of each mode in ``recipe.pipeline_sim`` (one generator each).
+"""The trainer-side process of each mode in recipe/plan/sim.py (one generator each), and
+``simulate``, which runs a layout's mode.
 
 Each yields commands to the simulation: ``("work", s)`` computes for ``s`` seconds at full
 speed (slower under contention); ``("sleep", s)`` takes ``s`` seconds (a push: the engines
@@ -12,12 +13,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from recipe.pipeline_sim import Command, SimGroup, Simulation
+from recipe.plan.sim import Command, SimGroup, Simulation
+from recipe.plan.spec import Layout, SimResult, Workload
 
-Process = Generator["Command", None, None]
+Process = Generator[Command, None, None]
 
 
 def _batch(sim: Simulation) -> list[SimGroup]:
@@ -103,3 +103,9 @@ PROCESSES = {
     "one_step_off": one_step_off_process,
     "fully_async": fully_async_process,
 }
+
+
+def simulate(workload: Workload, layout: Layout, num_steps: int, seed: int = 0) -> SimResult:
+    """Simulate ``num_steps`` trainer steps of ``layout`` on ``workload``."""
+    sim = Simulation(workload, layout, num_steps, seed)
+    return sim.run(PROCESSES[layout.mode](sim))

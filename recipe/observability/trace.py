@@ -20,7 +20,7 @@ Clock: ``time.time()`` in microseconds, so processes on one host agree (across h
 far as their clocks do). Complete ("X") slices on one track never overlap unless nested:
 each process keeps spans of concurrent activities on separate tracks.
 
-The file itself (grown in place, readable after a crash) is recipe/trace_file.py.
+The file itself (grown in place, readable after a crash) is recipe/observability/trace_file.py.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from recipe.trace_file import TraceFile
+from recipe.observability.trace_file import TraceFile
 
 logger = logging.getLogger(__name__)
 

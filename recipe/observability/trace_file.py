@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from recipe.tracking_backends import json_safe
+from recipe.observability.backends import json_safe
 
 logger = logging.getLogger(__name__)
 

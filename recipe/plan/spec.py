@@ -1,4 +1,4 @@
-"""What ``recipe.pipeline_sim`` simulates and what it reports: ``Workload`` (what a run does
+"""What ``recipe.plan.sim`` simulates and what it reports: ``Workload`` (what a run does
 and what its pieces cost), ``Layout`` (mode, resources, async knobs), ``SimResult``."""
 
 from __future__ import annotations

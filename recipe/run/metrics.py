@@ -72,5 +72,5 @@ def clip_warning(ratio: float, response_length: int) -> str | None:
 
 
 def _is_metric_name(key: str) -> bool:
-    # A metric key part: no whitespace or slashes (recipe.tracking.validate_metric_key).
+    # A metric key part: no whitespace or slashes (tracking.validate_metric_key).
     return bool(key) and not any(c.isspace() or c == "/" for c in key)

@@ -24,60 +24,19 @@ import re
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from recipe.tracking_backends import BACKEND_NAMES, Backend, json_safe, make_backend
-from recipe.utils.config_check import require, require_choice, require_positive
+from recipe.observability.backends import Backend, json_safe, make_backend
+from recipe.observability.config import LoggerConfig
 
 logger = logging.getLogger(__name__)
 
 SUMMARY_FILE = "summary.json"
-WANDB_MODES = ("offline", "online", "disabled")
 REDUCE_KINDS = ("mean", "sum", "max", "min", "last")
 _KEY_RE = re.compile(r"[^\s/]+(/[^\s/]+)+")
-
-
-@dataclass
-class WandbConfig:
-    mode: str = "offline"
-    """``offline`` (files under the run directory), ``online`` (needs a W&B API key) or
-    ``disabled``."""
-    entity: str | None = None
-    """W&B team or user; None: the account's default entity."""
-
-    def __post_init__(self) -> None:
-        require_choice("logger.wandb.mode", self.mode, WANDB_MODES)
-
-
-@dataclass
-class LoggerConfig:
-    backends: list[str] = field(default_factory=lambda: ["console", "jsonl"])
-    """Metric sinks, any of ``console``, ``jsonl``, ``wandb``, ``tensorboard``."""
-    project: str = "fully_async_rl"
-    """Project name (wandb project; also recorded in the run config)."""
-    experiment: str = "default"
-    """Experiment name (wandb run name)."""
-    wandb: WandbConfig = field(default_factory=WandbConfig)
-    """wandb-only settings (``logger.wandb.*``)."""
-    console_every: int = 10
-    """Print a console line every N steps (steps divisible by N); the step bar shows every
-    step's headline figures in between."""
-    quiet: bool = False
-    """Console prints nothing per step (for CI logs); other sinks are unaffected."""
-
-    def __post_init__(self) -> None:
-        require(not isinstance(self.backends, str), "logger.backends", self.backends, "a list")
-        self.backends = list(self.backends)
-        for name in self.backends:
-            require_choice("logger.backends", name, BACKEND_NAMES)
-        duplicates = sorted({n for n in self.backends if self.backends.count(n) > 1})
-        require(not duplicates, "logger.backends", self.backends, "each backend at most once")
-        require(bool(self.project), "logger.project", self.project, "a non-empty string")
-        require(bool(self.experiment), "logger.experiment", self.experiment, "a non-empty string")
-        require_positive("logger.console_every", self.console_every)
 
 
 def validate_metric_key(key: str) -> str:

@@ -36,7 +36,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from recipe.pipeline_sim import Layout, Workload, simulate
+from recipe.plan.modes import simulate
+from recipe.plan.spec import Layout, Workload
 
 BATCH_PROMPTS = 512
 N_RESPONSES = 16

@@ -1,7 +1,7 @@
 """``python -m recipe.plan``: how to split GPUs between trainer and rollout, predicted by a
-discrete-event simulation of the pipeline (recipe/pipeline_sim.py).
+discrete-event simulation of the pipeline (recipe/plan/sim.py).
 
-    inputs:  --run RUN_DIR (measured: recipe/plan_inputs.py)  or  flags (--engine-tps ...)
+    inputs:  --run RUN_DIR (measured: recipe/plan/inputs.py)  or  flags (--engine-tps ...)
     sweep:   sync on all --gpus | one_step_off and fully_async for trainer:rollout splits
              x staleness thresholds
     output:  one table row per layout (samples/s, speedup over sync, idle ratios, staleness);
@@ -9,10 +9,10 @@ discrete-event simulation of the pipeline (recipe/pipeline_sim.py).
     --validate RUN_DIR ...   each run's own layout simulated with the inputs: predicted vs
                              measured samples/s
     --verl                   verl's published 7B runs (32/64/128 GPUs) next to the planner's
-                             prediction for them (recipe/plan_verl.py states the assumptions)
+                             prediction for them (recipe/plan/verl.py states the assumptions)
     --contention-from RUN    trainer and engines share resources (this project's CPU runs):
                              how much slower training runs while generation overlaps it,
-                             measured from an async run (recipe/plan_inputs.py)
+                             measured from an async run (recipe/plan/inputs.py)
 
 Scaling (stated, not measured): training time per sample falls linearly with trainer GPUs
 (``--measured-trainer-gpus`` is the count the run trained on); each engine replica of
@@ -28,7 +28,8 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from recipe.pipeline_sim import Layout, SimResult, Workload, simulate
+from recipe.plan.modes import simulate
+from recipe.plan.spec import Layout, SimResult, Workload
 
 logger = logging.getLogger(__name__)
 
@@ -130,8 +131,8 @@ def print_table(rows: list[Row]) -> None:
 
 def validate(workload: Workload, run_dirs: list[Path]) -> list[tuple[str, float, float]]:
     """Each run's own layout simulated with ``workload``: (mode, predicted, measured)."""
-    from recipe.plan_inputs import measure
-    from recipe.report_data import load_run
+    from recipe.plan.inputs import measure
+    from recipe.report.data import load_run
 
     out = []
     print(
@@ -161,8 +162,8 @@ def workload_from_args(args: argparse.Namespace) -> tuple[Workload, dict[str, ob
     """The measured workload of ``--run`` with flag overrides, or one from flags alone."""
     defaults: dict[str, object] = {"steps_per_sync": 1}
     if args.run is not None:
-        from recipe.plan_inputs import measure
-        from recipe.report_data import load_run
+        from recipe.plan.inputs import measure
+        from recipe.report.data import load_run
 
         measured = measure(load_run(args.run))
         workload = measured.workload
@@ -199,8 +200,8 @@ def workload_from_args(args: argparse.Namespace) -> tuple[Workload, dict[str, ob
     }
     contention = args.contention
     if args.contention_from is not None:
-        from recipe.plan_inputs import estimate_contention
-        from recipe.report_data import load_run
+        from recipe.plan.inputs import estimate_contention
+        from recipe.report.data import load_run
 
         contention = estimate_contention(workload, load_run(args.contention_from))
         print(f"contention {contention:.2f} (measured from {args.contention_from})")
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         if args.verl:
-            from recipe.plan_verl import compare_with_verl
+            from recipe.plan.verl import compare_with_verl
 
             compare_with_verl()
             return 0

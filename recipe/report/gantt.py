@@ -1,4 +1,4 @@
-"""The pipeline Gantt chart of ``recipe.report``: a few trainer steps of a run's trace.json.
+"""The pipeline Gantt chart of ``recipe.report.cli``: a few trainer steps of a run's trace.json.
 
     steps              | step 5 | step 6 | step 7 |          one bar per trainer step
     trainer            [wait][train_step ][sync]...           top-level phases
@@ -18,8 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from recipe.report_data import RunData, depth_of, pyplot
-from recipe.trace import (
+from recipe.observability.trace import (
     ENGINE_PID_BASE,
     PHASES_TID,
     ROLLOUTER_PID,
@@ -28,6 +27,8 @@ from recipe.trace import (
     STEPS_TID,
     TRAINER_PID,
 )
+from recipe.report.data import RunData, depth_of
+from recipe.report.plotting import pyplot
 
 DEFAULT_STEPS_SHOWN = 6
 MAX_ROWS_PER_ENGINE = 32

@@ -35,7 +35,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 from fully_async_policy.admission import AdmissionController, window_budget
-from recipe.pipeline_spec import Layout, SimResult, Workload
+from recipe.plan.spec import Layout, SimResult, Workload
 
 # ---- engines ---------------------------------------------------------------------------------
 
@@ -215,10 +215,9 @@ class Simulation:
 
     # ---- the event loop ----------------------------------------------------------------
 
-    def run(self) -> SimResult:
-        from recipe.pipeline_modes import PROCESSES
-
-        self._loop(PROCESSES[self.layout.mode](self))
+    def run(self, process: Generator[Command, None, None]) -> SimResult:
+        """Drive the trainer ``process`` (recipe/plan/modes.py) and the engines to its end."""
+        self._loop(process)
         for engine in self.engines:
             engine.sync_to(self.now)
         self.result.engine_busy_s = sum(e.busy_s for e in self.engines) / len(self.engines)
@@ -291,8 +290,3 @@ class Simulation:
 
     def set_on_done(self, callback: Callable[[SimGroup], None]) -> None:
         self._on_done = callback
-
-
-def simulate(workload: Workload, layout: Layout, num_steps: int, seed: int = 0) -> SimResult:
-    """Simulate ``num_steps`` trainer steps of ``layout`` on ``workload``."""
-    return Simulation(workload, layout, num_steps, seed).run()

@@ -1,4 +1,4 @@
-"""Metric sinks behind ``recipe.tracking.Tracker``: console, jsonl, wandb, tensorboard.
+"""Metric sinks behind ``tracking.Tracker``: console, jsonl, wandb, tensorboard.
 
 Each sink is a small ``Backend`` (``log``, ``summary``, ``close``) built by ``make_backend`` from
 its name in ``logger.backends``. Components never see these classes: they call the Tracker, which
@@ -16,12 +16,10 @@ import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from recipe.progress import bar_paused
-
-if TYPE_CHECKING:
-    from recipe.tracking import LoggerConfig
+from recipe.observability.config import BACKEND_NAMES, LoggerConfig
+from recipe.observability.progress import bar_paused
 
 logger = logging.getLogger(__name__)
 
@@ -104,8 +102,8 @@ def _ends_mid_line(path: Path) -> bool:
 class ConsoleBackend(Backend):
     """A compact rich line per ``console_every`` steps: headline values plus a count of the rest.
 
-    Lines go through ``recipe.progress.bar_paused``, so each starts on a line of its own even
-    while the step bar is drawn on the same terminal or log file.
+    Lines go through ``progress.bar_paused``, so each starts on a line of its own even while the
+    step bar is drawn on the same terminal or log file.
     """
 
     def __init__(self, every: int, quiet: bool, console: Any = None) -> None:
@@ -220,7 +218,7 @@ BACKEND_FACTORIES: dict[str, Callable[[LoggerConfig, Path, dict | None], Backend
     "wandb": WandbBackend,
     "tensorboard": lambda cfg, run_dir, run_config: TensorboardBackend(run_dir),
 }
-BACKEND_NAMES = tuple(BACKEND_FACTORIES)
+assert tuple(BACKEND_FACTORIES) == BACKEND_NAMES, "one factory per name in logger.backends"
 
 
 def make_backend(

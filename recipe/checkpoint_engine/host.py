@@ -1,0 +1,60 @@
+"""Facts about the process's host that the transports and the backend choice need.
+
+Where shared memory lives (``shm_dir``), how peers on other hosts reach this one (``node_ip``),
+which processes can share memory (``host_id``) and how much memory is free. No torch
+collectives and no engine state here: every transport and the synchronizer read these.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+
+import torch
+
+
+def shm_dir() -> str:
+    """/dev/shm when usable (RAM-backed on Linux), else the temp dir (still mmap-shared)."""
+    override = os.environ.get("RECIPE_SHM_DIR", "")
+    if override:
+        return override
+    return "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+def node_ip() -> str:
+    """This node's address as Ray knows it (what peers on other hosts can reach)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:  # Ray is optional for in-process use
+        pass
+    return "127.0.0.1"
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    """Free memory of ``device`` (host: MemAvailable)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:  # not Linux: fall back to the POSIX count
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def host_id() -> str:
+    """This machine's identity (hostname + boot id): equal exactly for processes that can
+    share memory. Not an IP: vLLM's worker processes are not Ray workers and cannot ask Ray
+    for the node address."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            boot_id = boot.read().strip()
+    except OSError:  # not Linux
+        boot_id = ""
+    return f"{socket.gethostname()}/{boot_id}"
