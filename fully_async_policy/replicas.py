@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from recipe.faults import RolloutWorkerError, describe_death, is_actor_death
+from recipe.faults import RolloutWorkerError, describe_death, is_actor_death, remote_cause
 from recipe.workers.rollout.engine_log import describe_engine_failure
 
 logger = logging.getLogger(__name__)
@@ -118,14 +118,13 @@ class ReplicaSupervisor:
         except Exception as health:
             if is_actor_death(health):
                 return _Death(describe_death(health))
-            cause = getattr(health, "cause", None) or health
             try:  # the actor is alive: its engine's log says what killed it
                 failure = await asyncio.wait_for(
                     _awaitable(worker.engine_failure.remote()), HEALTH_TIMEOUT_S
                 )
             except Exception:
                 failure = {}
-            reason = describe_engine_failure(failure, type(cause).__name__)
+            reason = describe_engine_failure(failure, type(remote_cause(health)).__name__)
             return _Death(reason, failure.get("error"), failure.get("num_finished"))
         return None
 

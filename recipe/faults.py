@@ -79,6 +79,13 @@ def describe_death(exc: BaseException) -> str:
     return f"pid {pid.group(1)}, {reason}" if pid else reason
 
 
+def remote_cause(exc: BaseException) -> BaseException:
+    """The error an actor raised, unwrapped from the ``RayTaskError`` that carries it as
+    ``cause`` (whose own text is the remote traceback); ``exc`` itself otherwise."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint under ``run_dir/checkpoints`` (None if there is none)."""
     from recipe.checkpoint.store import latest_checkpoint as newest
@@ -120,7 +127,7 @@ def fails_cleanly(fit: F) -> F:
             _record_failure(self, exc)
             raise
         except (WorkerDiedError, WeightSyncError, RewardError) as exc:
-            failure = RunFailure(f"{_remote_cause(exc)}; {resume_hint(self.run_dir)}")
+            failure = RunFailure(f"{remote_cause(exc)}; {resume_hint(self.run_dir)}")
             _record_failure(self, failure)
             raise failure from exc
         except Exception as exc:
@@ -139,13 +146,6 @@ def fails_cleanly(fit: F) -> F:
 def _actor_class(exc: BaseException) -> str:
     found = re.search(r"class_name:\s*(\S+)", str(exc))
     return found.group(1) if found else "a Ray actor"
-
-
-def _remote_cause(exc: BaseException) -> BaseException:
-    """The error an actor raised (a ``RayTaskError`` carries it as ``cause``; its own text
-    is the remote traceback)."""
-    cause = getattr(exc, "cause", None)
-    return cause if isinstance(cause, BaseException) else exc
 
 
 def _record_failure(trainer: Any, failure: RunFailure) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from recipe.faults import RolloutWorkerError, describe_death, is_actor_death
+from recipe.faults import RolloutWorkerError, describe_death, is_actor_death, remote_cause
 from recipe.model import HFModelConfig, ModelConfig
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.workers.config import RolloutConfig
@@ -276,6 +276,6 @@ class RolloutGroup:
 
 
 def _first_line(exc: BaseException) -> str:
-    cause = getattr(exc, "cause", None) or exc  # a RayTaskError wraps the worker's exception
+    cause = remote_cause(exc)
     lines = [ln for ln in str(cause).splitlines() if ln.strip()]
     return f"{type(cause).__name__}: {lines[0]}" if lines else type(cause).__name__
