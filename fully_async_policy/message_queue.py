@@ -107,9 +107,6 @@ class MessageQueue:
             self._closed = True
             self._changed.notify_all()
 
-    def size(self) -> int:
-        return len(self._items)
-
     def stats(self) -> QueueStats:
         return QueueStats(
             size=len(self._items),

@@ -174,14 +174,6 @@ class TrainBatch:
             mine += mini[rank * per_rank : (rank + 1) * per_rank]
         return self.rows_of_groups(mine)
 
-    def shard(
-        self, rank: int, world_size: int, *, groups_per_mini_batch: int | None = None
-    ) -> TrainBatch:
-        """Rank ``rank``'s shard (see ``shard_rows``)."""
-        return self.select(
-            self.shard_rows(rank, world_size, groups_per_mini_batch=groups_per_mini_batch)
-        )
-
     def trim_padding(self) -> TrainBatch:
         """Drop trailing columns that are padding in every row (saves compute per micro-batch)."""
         num_cols = int(self.attention_mask_bt.sum(dim=1).max().item()) if self.batch_size else 0

@@ -239,16 +239,6 @@ class RolloutGroup:
         index = self.next_replica() if replica is None else replica
         return self.workers[index].generate.remote(request)
 
-    def pause(self) -> None:
-        import ray
-
-        ray.get([w.pause.remote() for w in self.workers])
-
-    def resume(self) -> None:
-        import ray
-
-        ray.get([w.resume.remote() for w in self.workers])
-
     def update_weights_from_file(self, path: str, version: int) -> None:
         """Every replica loads ``path`` and serves ``version``; raises if any fails."""
         import ray

@@ -188,16 +188,6 @@ class TrainerGroup:
         )
         return tuple(self._reassemble(batch, rows, [res[i] for res in results]) for i in (0, 1))
 
-    def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:
-        rows = self.shard_rows(batch)
-        results = self._get_all(
-            [
-                w.compute_ref_log_prob.remote(batch.select(r))
-                for w, r in zip(self.workers, rows, strict=True)
-            ]
-        )
-        return self._reassemble(batch, rows, results)
-
     @staticmethod
     def _reassemble(
         batch: TrainBatch, rows: list[list[int]], parts: list[torch.Tensor]

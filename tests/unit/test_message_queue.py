@@ -26,7 +26,7 @@ def test_queue_blocks_producer_when_full_and_lets_it_in_after_a_get():
         assert await queue.put("a") and await queue.put("b")
         blocked = asyncio.create_task(queue.put("c"))
         assert await _pending(blocked)
-        assert queue.size() == 2  # nothing was evicted to make room
+        assert queue.stats().size == 2  # nothing was evicted to make room
         assert await queue.get_batch(1) == ["a"]
         assert await blocked is True
         assert await queue.get_batch(2) == ["b", "c"]
