@@ -202,7 +202,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
             self._fail(exc)
         except Exception as exc:  # surfaces from run(), which closes the queue
             if replica is not None and await self.replicas.on_failure(replica, worker, exc):
-                self._readmit_lost(ticket)  # its replica died with it (and is restarting)
+                self._admit_again(ticket.ticket, ticket.uid)  # lost with its dying replica
                 return
             logger.exception("generating prompt %s failed", ticket.uid)
             self._fail(exc)
@@ -295,11 +295,18 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         """Admit again the prompts of released groups (ticket, uid) the trainer found too
         old (``async_training.max_staleness``)."""
         for ticket, uid in groups:
-            new = self.admission.readmit(ticket, uid)
-            if self._admitting:
-                self._start(new, resume=None)
-            else:
-                self._deferred.append(new)
+            self._admit_again(ticket, uid)
+
+    def _admit_again(self, ticket: int, uid: str) -> None:
+        """The prompt of ``ticket`` (released too old, or lost with its replica) again: a new
+        ticket in the current window, generated from scratch on the served weights, or at
+        ``end_sync`` while a sync holds admission."""
+        self._num_resumes.pop(ticket, None)
+        new = self.admission.readmit(ticket, uid)
+        if self._admitting:
+            self._start(new, resume=None)
+        else:
+            self._deferred.append(new)
 
     # ---- validation -------------------------------------------------------------------------
 
@@ -408,16 +415,6 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         """End the run with ``error`` (raised from ``run()``)."""
         self._error = self._error or error
         self._wake.set()
-
-    def _readmit_lost(self, ticket: Ticket) -> None:
-        """A group lost with its replica: its prompt is admitted again (a new ticket in the
-        current window, generated from scratch on the served weights)."""
-        self._num_resumes.pop(ticket.ticket, None)
-        new = self.admission.readmit(ticket.ticket, ticket.uid)
-        if self._admitting:
-            self._start(new, resume=None)
-        else:
-            self._deferred.append(new)
 
     def _hold_back(self, ticket: Ticket, resume: list[Trajectory] | None) -> None:
         """A group that waited for a serving replica when a sync began: it starts after."""
