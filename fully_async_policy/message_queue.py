@@ -26,21 +26,27 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-from fully_async_policy.messages import EndOfStream, QueueStats
+from fully_async_policy.messages import EndOfStream, PromptGroup, QueueStats
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 logger = logging.getLogger(__name__)
 
+Item = TypeVar("Item")
 
-class MessageQueue:
-    """FIFO of bounded size with a blocking put, a whole-batch get and an explicit close."""
+
+class MessageQueue(Generic[Item]):
+    """FIFO of bounded size with a blocking put, a whole-batch get and an explicit close.
+    The recipe's items are ``PromptGroup``s (``make_message_queue``)."""
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError(f"MessageQueue capacity={capacity}: allowed >= 1")
         self._capacity = capacity
-        self._items: deque[Any] = deque()
+        self._items: deque[Item] = deque()
         self._closed = False
         # One condition for both directions: every state change (put, get, close) notifies all.
         self._changed = asyncio.Condition()
@@ -51,7 +57,7 @@ class MessageQueue:
         self._max_put_wait_s = 0.0
         self._total_get_wait_s = 0.0
 
-    async def put(self, item: Any) -> bool:
+    async def put(self, item: Item) -> bool:
         """Append ``item``, waiting while the queue is full. False (item not taken) once the
         queue is closed, also when it closes during the wait."""
         start = time.perf_counter()
@@ -68,7 +74,7 @@ class MessageQueue:
             self._changed.notify_all()
             return True
 
-    async def get_batch(self, num_items: int) -> list[Any] | EndOfStream:
+    async def get_batch(self, num_items: int) -> list[Item] | EndOfStream:
         """The next ``num_items`` groups in put order, waiting until they are all there; an
         ``EndOfStream`` once the queue is closed with fewer left."""
         if not 1 <= num_items <= self._capacity:
@@ -86,7 +92,7 @@ class MessageQueue:
             self._changed.notify_all()
             return batch
 
-    async def drain(self) -> list[Any]:
+    async def drain(self) -> list[Item]:
         """Take every group left (end-of-run accounting); does not wait."""
         async with self._changed:
             items = list(self._items)
@@ -95,7 +101,7 @@ class MessageQueue:
             self._changed.notify_all()
             return items
 
-    async def snapshot(self) -> list[Any]:
+    async def snapshot(self) -> list[Item]:
         """The groups in the queue, in order, left in place (for a checkpoint)."""
         async with self._changed:
             return list(self._items)
@@ -121,8 +127,9 @@ class MessageQueue:
         )
 
 
-def make_message_queue(capacity: int) -> Any:
-    """A ``MessageQueue`` as an async Ray actor (no CPU reserved: it holds small scored groups)."""
+def make_message_queue(capacity: int) -> ActorHandle[MessageQueue[PromptGroup]]:
+    """The rollouter-to-trainer ``MessageQueue`` of ``PromptGroup``s as an async Ray actor (no
+    CPU reserved: it holds small scored groups)."""
     import ray
 
     return ray.remote(num_cpus=0)(MessageQueue).remote(capacity)
