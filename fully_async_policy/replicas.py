@@ -2,8 +2,9 @@
 
 A rollout replica is dead when its actor died (``RayActorError``: the process was killed or
 crashed) or when it is alive but fails ``check_health`` (its vLLM engine core process died:
-every call then raises ``EngineDeadError``). A replica that does not answer a health check in
-time is busy or hung, not dead: that is a matter for the weight-sync deadline
+every call then raises ``EngineDeadError``); the batch recipes judge it the same way
+(``recipe.workers.rollout_group.failed_health_check``). A replica that does not answer a
+health check in time is busy or hung, not dead: that is a matter for the weight-sync deadline
 (``checkpoint_engine.on_failure``), not for a restart. States of one replica::
 
     SERVING --dies--> RESTARTING --engine up, served version 0, not paused--> SERVING
@@ -11,7 +12,8 @@ time is busy or hung, not dead: that is a matter for the weight-sync deadline
                            '--engine up, otherwise--> WAITING_WEIGHTS
     WAITING_WEIGHTS --install_weights(v) (the trainer's copy of push v; none for v=0)--> SERVING
 
-Invariant: only a SERVING replica takes groups (``RolloutGroup.in_service``), and a replica
+Invariant: only a SERVING replica takes groups (``in_service``; the supervisor places the
+rollouter's groups, validation's too, through ``RolloutGroup.place_with``), and a replica
 enters SERVING only when it holds the weights every other replica serves, so no group is
 ever generated on the wrong weights. A replica that comes up while the rollouter is paused for
 a sync waits for the trainer (the push may be changing the version) and joins paused. The
@@ -23,16 +25,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from recipe.faults import RolloutWorkerError, describe_death, is_actor_death, remote_cause
-from recipe.workers.rollout.engine_log import describe_engine_failure
+from recipe.faults import RolloutWorkerError, is_actor_death
+from recipe.workers.rollout_group import (
+    HEALTH_TIMEOUT_S,
+    ReplicaDeath,
+    actor_death,
+    failed_health_check,
+)
 
 logger = logging.getLogger(__name__)
-
-HEALTH_TIMEOUT_S = 10.0
-"""A replica that does not answer a health check in this time is busy, not judged dead."""
 
 
 class ReplicaSupervisor:
@@ -46,10 +49,14 @@ class ReplicaSupervisor:
         on_fatal: Callable[[BaseException], None],
         timeout_s: float = 120.0,
     ) -> None:
-        """``group``: the rollouter's ``RolloutGroup``; ``on_fatal(error)`` is called when a
-        replica dies with no restart left (or fails to come back up); ``timeout_s`` bounds a
-        pause or resume of one replica (``checkpoint_engine.timeout_s``)."""
+        """``group``: the rollouter's ``RolloutGroup`` (its groups are placed here from now
+        on); ``on_fatal(error)`` is called when a replica dies with no restart left (or fails
+        to come back up); ``timeout_s`` bounds a pause or resume of one replica
+        (``checkpoint_engine.timeout_s``)."""
         self.group = group
+        self.in_service = [True] * len(group.workers)
+        """Replicas that take new groups: a restarted one joins once it serves the current
+        weights."""
         self.max_restarts = max_restarts
         self.timeout_s = timeout_s
         self.num_restarts = 0
@@ -67,6 +74,8 @@ class ReplicaSupervisor:
         self._needs_weights: set[int] = set()
         self._died_of: dict[int, str | None] = {}  # root error of each replica's last death
         self._changed = asyncio.Event()  # any replica joined service, or holding changed
+        self._next = 0  # round robin over the replicas in service
+        group.place_with(self.next_replica)
 
     # ---- placing groups ---------------------------------------------------------------------
 
@@ -76,10 +85,19 @@ class ReplicaSupervisor:
         while True:
             if self.holding or self.error is not None:
                 return None
-            if any(self.group.in_service):
-                return self.group.next_replica()
+            if any(self.in_service):
+                return self.next_replica()
             self._changed.clear()
             await self._changed.wait()
+
+    def next_replica(self) -> int:
+        """The in-service replica that takes the next group (round robin); RuntimeError when
+        none is in service."""
+        for _ in range(len(self.in_service)):
+            index, self._next = self._next, (self._next + 1) % len(self.in_service)
+            if self.in_service[index]:
+                return index
+        raise RuntimeError("no rollout replica is in service")
 
     def hold(self, holding: bool) -> None:
         self.holding = holding
@@ -107,29 +125,29 @@ class ReplicaSupervisor:
         """``worker`` is no longer replica ``index``'s worker, or is being replaced."""
         return self.group.workers[index] is not worker or index in self._restarting
 
-    async def _death(self, worker: Any, exc: BaseException | None) -> _Death | None:
+    async def _death(self, worker: Any, exc: BaseException | None) -> ReplicaDeath | None:
         """Why ``worker`` is dead (None: it is not)."""
-        if exc is not None and is_actor_death(exc):
-            return _Death(describe_death(exc))
+        death = None if exc is None else actor_death(exc)
+        if death is not None:
+            return death
         try:
             await asyncio.wait_for(_awaitable(worker.check_health.remote()), HEALTH_TIMEOUT_S)
         except TimeoutError:
             return None  # busy or hung: not a death
         except Exception as health:
-            if is_actor_death(health):
-                return _Death(describe_death(health))
-            try:  # the actor is alive: its engine's log says what killed it
-                failure = await asyncio.wait_for(
-                    _awaitable(worker.engine_failure.remote()), HEALTH_TIMEOUT_S
-                )
-            except Exception:
-                failure = {}
-            reason = describe_engine_failure(failure, type(remote_cause(health)).__name__)
-            return _Death(reason, failure.get("error"), failure.get("num_finished"))
+            failure = None
+            if not is_actor_death(health):  # the actor is alive: its engine's log says more
+                try:
+                    failure = await asyncio.wait_for(
+                        _awaitable(worker.engine_failure.remote()), HEALTH_TIMEOUT_S
+                    )
+                except Exception:  # no more to say than the health check
+                    failure = None
+            return failed_health_check(health, failure)
         return None
 
-    def _restart(self, index: int, death: _Death) -> None:
-        self.group.in_service[index] = False
+    def _restart(self, index: int, death: ReplicaDeath) -> None:
+        self.in_service[index] = False
         if death.repeats(self._died_of.get(index)):
             # Same root error, nothing finished since the last restart: a restart only
             # replays it (a bad engine setting, a model the engine cannot run).
@@ -181,7 +199,7 @@ class ReplicaSupervisor:
     async def _serve(self, index: int) -> None:
         if self.paused:
             await self.group.workers[index].pause.remote()
-        self.group.in_service[index] = True
+        self.in_service[index] = True
         self._changed.set()
         logger.info("rollout replica %d serves version %d again", index, self.group.version)
 
@@ -260,23 +278,6 @@ class ReplicaSupervisor:
         for task in self._restarting.values():
             task.cancel()
         self.weights_wanted.set()  # release a waiting trainer
-
-
-@dataclass(frozen=True, slots=True)
-class _Death:
-    """How a replica died."""
-
-    reason: str
-    """One line for logs and errors."""
-    error: str | None = None
-    """Its engine's root error (``"Type: message"``), when the engine's log has one."""
-    num_finished: int | None = None
-    """Responses the dead worker completed; None when unknown (its actor is gone)."""
-
-    def repeats(self, previous_error: str | None) -> bool:
-        """The restart of a replica that died of ``previous_error`` died of it again
-        before completing a single response."""
-        return self.error is not None and self.error == previous_error and self.num_finished == 0
 
 
 async def _awaitable(ref: Any) -> Any:

@@ -313,7 +313,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
     async def _validate_version(self, version: int) -> None:
         results: dict[str, float] = {}
         try:
-            if any(self.rollout_group.in_service):
+            if any(self.replicas.in_service):
                 results = await asyncio.to_thread(self._validate)
         except RolloutWorkerError as exc:  # skipped; a dead replica is restarted
             logger.warning("validation of version %d skipped: %s", version, exc)

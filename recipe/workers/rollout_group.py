@@ -3,17 +3,23 @@
     driver --generate(groups)--> replica 0 (engine) ... replica k-1 (engine)
            <--list[list[Trajectory]] in request order--
 
-Each prompt group goes to one replica (round robin); every replica is an async Ray actor,
-so all groups of a call are in flight at once and each finishes on its own. Sampling seeds
-are derived from (``rollout.seed``, prompt uid, weights version), so a run is repeatable
+Each prompt group goes to one replica (round robin; fully async places through its
+``ReplicaSupervisor``, which knows the replicas in service); every replica is an async Ray
+actor, so all groups of a call are in flight at once and each finishes on its own. Sampling
+seeds are derived from (``rollout.seed``, prompt uid, weights version), so a run is repeatable
 for a given data order and two recipes sample the same prompt the same way on equal weights.
+
+When is a replica dead (one classifier for every recipe): its actor died (``RayActorError``),
+or it is alive and fails ``check_health`` (its engine process died). A replica that does not
+answer a health check within ``HEALTH_TIMEOUT_S`` is busy or hung, not judged dead.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +33,42 @@ from recipe.workers.rollout.engine_log import describe_engine_failure
 
 logger = logging.getLogger(__name__)
 
-_HEALTH_TIMEOUT_S = 10.0
+HEALTH_TIMEOUT_S = 10.0
 """A replica that does not answer a health check in this time is busy, not judged dead."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaDeath:
+    """How a rollout replica died."""
+
+    reason: str
+    """One line for logs and errors."""
+    error: str | None = None
+    """Its engine's root error (``"Type: message"``), when the engine's log has one."""
+    num_finished: int | None = None
+    """Responses the dead worker completed; None when unknown (its actor is gone)."""
+
+    def repeats(self, previous_error: str | None) -> bool:
+        """The restart of a replica that died of ``previous_error`` died of it again
+        before completing a single response."""
+        return self.error is not None and self.error == previous_error and self.num_finished == 0
+
+
+def actor_death(exc: BaseException) -> ReplicaDeath | None:
+    """The replica's death when ``exc``, raised by a call on it, says its actor is gone."""
+    return ReplicaDeath(describe_death(exc)) if is_actor_death(exc) else None
+
+
+def failed_health_check(health: BaseException, failure: dict[str, Any] | None) -> ReplicaDeath:
+    """The death of a replica whose ``check_health`` raised ``health`` (not a timeout):
+    its actor is gone, or its engine is; ``failure`` is what the live actor's
+    ``engine_failure()`` returned (None when it did not answer)."""
+    death = actor_death(health)
+    if death is not None:
+        return death
+    failure = failure or {}
+    reason = describe_engine_failure(failure, _first_line(health))
+    return ReplicaDeath(reason, failure.get("error"), failure.get("num_finished"))
 
 
 def request_seed(base_seed: int, prompt_uid: str, version: int) -> int:
@@ -77,13 +117,15 @@ class RolloutGroup:
             path=str(model.path), dtype=model.dtype, trust_remote_code=model.trust_remote_code
         )
         self.workers = [self._start_worker(index) for index in range(cfg.replicas)]
-        self.in_service = [True] * cfg.replicas
         self._retired: dict[str, int] = {}  # actor id -> replica, of workers restart() replaced
-        """Replicas that take new groups: a restarted one joins once it serves the current
-        weights (fully_async_policy/replicas.py)."""
         # Constructors are where engines start: wait so failures surface here.
         ray.get([w.get_version.remote() for w in self.workers])
         self._next_replica = 0
+        self._placement: Callable[[], int] | None = None  # see place_with()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The group travels to the trainer (its weight push); placement stays here.
+        return {**self.__dict__, "_placement": None}
 
     def _start_worker(self, index: int) -> Any:
         import ray
@@ -104,28 +146,33 @@ class RolloutGroup:
 
     def restart(self, index: int) -> Any:
         """Replace replica ``index`` (dead, or with a dead engine) by a new worker with the
-        same resources, loading the model from disk (version 0). It is out of service until
-        the caller brought it to the served weights. Returns its handle; its engine is still
-        starting (a call on it waits for that)."""
+        same resources, loading the model from disk (version 0). Returns its handle; its
+        engine is still starting (a call on it waits for that). With round-robin placement it
+        takes groups at once; fully async's supervisor places none on it before it serves the
+        current weights."""
         import ray
 
         try:
             ray.kill(self.workers[index], no_restart=True)  # its engine processes go with it
         except Exception:  # already gone
             logger.debug("rollout replica %d was already gone", index, exc_info=True)
-        self.in_service[index] = False
         self._retired[self.workers[index]._actor_id.hex()] = index
         self.workers[index] = self._start_worker(index)
         return self.workers[index]
 
+    def place_with(self, next_replica: Callable[[], int] | None) -> None:
+        """Let ``next_replica()`` name the replica of each group submitted without one (fully
+        async: ``ReplicaSupervisor.next_replica``, replicas in service only); None: round
+        robin over every replica. A pickled copy of the group places round robin."""
+        self._placement = next_replica
+
     def next_replica(self) -> int:
-        """The in-service replica that takes the next group (round robin)."""
-        for _ in range(len(self.workers)):
-            index = self._next_replica
-            self._next_replica = (index + 1) % len(self.workers)
-            if self.in_service[index]:
-                return index
-        raise RuntimeError("no rollout replica is in service")
+        """The replica that takes the next group (``place_with``; round robin by default)."""
+        if self._placement is not None:
+            return self._placement()
+        index = self._next_replica
+        self._next_replica = (index + 1) % len(self.workers)
+        return index
 
     def as_worker_error(self, exc: BaseException) -> RolloutWorkerError | None:
         """``exc``, raised by a call on a replica, as the death of that replica: its actor
@@ -137,8 +184,9 @@ class RolloutGroup:
             return RolloutWorkerError(self._retired[actor_id], "replaced after it died")
         ids = [w._actor_id.hex() for w in self.workers]
         if actor_id in ids:
-            if is_actor_death(exc):
-                return RolloutWorkerError(ids.index(actor_id), describe_death(exc))
+            death = actor_death(exc)
+            if death is not None:
+                return RolloutWorkerError(ids.index(actor_id), death.reason)
             return self._health_error(ids.index(actor_id))
         if actor_id is not None:
             return None
@@ -150,15 +198,17 @@ class RolloutGroup:
 
         worker = self.workers[index]
         try:
-            ray.get(worker.check_health.remote(), timeout=_HEALTH_TIMEOUT_S)
+            ray.get(worker.check_health.remote(), timeout=HEALTH_TIMEOUT_S)
+        except TimeoutError:  # Ray's GetTimeoutError is one
+            return None  # busy or hung: not judged dead
         except Exception as health:
-            if is_actor_death(health):
-                return RolloutWorkerError(index, describe_death(health))
-            try:
-                failure = ray.get(worker.engine_failure.remote(), timeout=_HEALTH_TIMEOUT_S)
-            except Exception:  # the actor went too: no more to say than the health check
-                failure = None
-            return RolloutWorkerError(index, describe_engine_failure(failure, _first_line(health)))
+            failure = None
+            if not is_actor_death(health):  # the actor is alive: its engine's log says more
+                try:
+                    failure = ray.get(worker.engine_failure.remote(), timeout=HEALTH_TIMEOUT_S)
+                except Exception:  # the actor went too: no more to say than the health check
+                    failure = None
+            return RolloutWorkerError(index, failed_health_check(health, failure).reason)
         return None
 
     def get(self, refs: list[Any]) -> list[Any]:
@@ -180,17 +230,20 @@ class RolloutGroup:
         records: Sequence[PromptRecord],
         prompt_ids: Sequence[list[int]],
         *,
+        version: int,
         n: int,
         temperature: float,
         top_p: float = 1.0,
         top_k: int = -1,
         training: bool = True,
     ) -> list[list[Trajectory]]:
-        """One group per record, all in flight at once; results in ``records`` order."""
+        """One group per record, all in flight at once; results in ``records`` order.
+        ``version``: the weights version the engines serve (it seeds the requests)."""
         refs = [
             self.submit(
                 record.uid,
                 ids,
+                version=version,
                 n=n,
                 temperature=temperature,
                 top_p=top_p,

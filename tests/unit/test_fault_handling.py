@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -32,6 +33,7 @@ from recipe.observability.config import LoggerConfig
 from recipe.observability.tracking import MetricsAccumulator, Tracker
 from recipe.separate_trainer import SeparateRayPPOTrainer
 from recipe.utils.output_dir import OutputDirError, check_writable_dir
+from recipe.workers.rollout_group import RolloutGroup, failed_health_check
 
 
 def _actor_died(pid: int = 4242) -> Exception:
@@ -104,23 +106,17 @@ class FakeWorker:
 class FakeGroup:
     def __init__(self, num: int, version: int = 0) -> None:
         self.workers = [FakeWorker() for _ in range(num)]
-        self.in_service = [True] * num
         self.version = version
         self.restarted: list[int] = []
-        self._next = 0
+        self.placement: Any = None
 
     def restart(self, index: int) -> FakeWorker:
-        self.in_service[index] = False
         self.workers[index] = FakeWorker()
         self.restarted.append(index)
         return self.workers[index]
 
-    def next_replica(self) -> int:
-        for _ in self.workers:
-            index, self._next = self._next, (self._next + 1) % len(self.workers)
-            if self.in_service[index]:
-                return index
-        raise RuntimeError("none in service")
+    def place_with(self, next_replica: Any) -> None:
+        self.placement = next_replica
 
 
 def _supervisor(group: FakeGroup, max_restarts: int = 3) -> tuple[ReplicaSupervisor, list]:
@@ -140,10 +136,12 @@ def test_a_dead_replica_is_restarted_and_serves_again_at_version_zero():
         old = group.workers[1]
         old.state = "dead"
         assert await sup.on_failure(1, old, RuntimeError("generate failed"))
-        assert group.in_service == [True, False]
+        assert sup.in_service == [True, False]
+        # Groups placed by the RolloutGroup itself (validation) skip it too.
+        assert [group.placement() for _ in range(3)] == [0, 0, 0]
         assert await sup.on_failure(1, old, _actor_died())  # the same death, seen again
         await _settle()
-        assert group.restarted == [1] and group.in_service == [True, True]
+        assert group.restarted == [1] and sup.in_service == [True, True]
         assert sup.num_restarts == 1 and not fatal and not sup.weights_wanted.is_set()
 
     asyncio.run(scenario())
@@ -172,14 +170,14 @@ def test_a_replica_restarted_after_a_push_waits_for_the_served_weights():
         sup.paused = True  # a sync is in progress
         assert await sup.on_failure(0, group.workers[0], _actor_died())
         assert await sup.recover() == [0]
-        assert sup.weights_wanted.is_set() and group.in_service == [False]
+        assert sup.weights_wanted.is_set() and sup.in_service == [False]
         picked = asyncio.create_task(sup.pick())
         await _settle()
         assert not picked.done()  # nothing serves: a new group waits
         await sup.install_weights(0, "/dev/shm/w.safetensors", 3)
         new = group.workers[0]
         assert (new.loaded, new.version, new.paused) == ("/dev/shm/w.safetensors", 3, True)
-        assert group.in_service == [True] and not sup.weights_wanted.is_set()
+        assert sup.in_service == [True] and not sup.weights_wanted.is_set()
         assert await picked == 0
 
     asyncio.run(scenario())
@@ -191,9 +189,9 @@ def test_a_replica_that_comes_up_during_a_sync_waits_for_the_trainer_even_at_ver
         sup, _ = _supervisor(group)
         await sup.pause_all()  # the first push may be under way: version 0 or 1 is served
         assert await sup.on_failure(0, group.workers[0], _actor_died())
-        assert await sup.recover() == [0] and group.in_service == [False]
+        assert await sup.recover() == [0] and sup.in_service == [False]
         await sup.install_weights(0, None, 0)  # the trainer says: still version 0
-        assert group.in_service == [True] and group.workers[0].paused
+        assert sup.in_service == [True] and group.workers[0].paused
         assert not hasattr(group.workers[0], "loaded")
 
     asyncio.run(scenario())
@@ -208,7 +206,7 @@ def test_a_hung_replica_is_not_restarted(monkeypatch):
         group.workers[0].state = "hung"
         assert not await sup.on_failure(0, group.workers[0], RuntimeError("timeout"))
         assert await sup.recover() == []
-        assert group.restarted == [] and group.in_service == [True]
+        assert group.restarted == [] and sup.in_service == [True]
 
     asyncio.run(scenario())
 
@@ -312,6 +310,26 @@ def test_pause_all_restarts_a_replica_found_dead_and_pick_holds_during_a_sync():
         assert not any(w.paused for w in group.workers)
 
     asyncio.run(scenario())
+
+
+def test_an_engine_death_without_a_logged_error_is_named_by_the_remote_error():
+    health = RuntimeError("remote traceback")
+    health.cause = RuntimeError("EngineDeadError: EngineCore encountered an issue\nmore")
+    death = failed_health_check(health, None)
+    assert death.reason == (
+        "its engine failed: RuntimeError: EngineDeadError: EngineCore encountered an issue"
+    )
+    assert (death.error, death.num_finished) == (None, None)
+    assert failed_health_check(_actor_died(pid=5), None).reason.startswith("pid 5, ")
+
+
+def test_a_pickled_rollout_group_places_round_robin_without_the_supervisor():
+    group = RolloutGroup.__new__(RolloutGroup)  # no engines: placement state only
+    group.workers, group._next_replica, group._placement = ["w0", "w1"], 0, None
+    group.place_with(lambda: 1)
+    assert [group.next_replica() for _ in range(2)] == [1, 1]
+    copy = pickle.loads(pickle.dumps(group))
+    assert [copy.next_replica() for _ in range(3)] == [0, 1, 0]
 
 
 # ---- the weight-push failure policy ------------------------------------------------------------
