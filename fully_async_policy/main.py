@@ -48,8 +48,8 @@ class FullyAsyncRecipe:
             self.rollouter = ray.remote(num_cpus=0)(FullyAsyncRollouter).remote(
                 cfg, run_dir, self.queue, plan
             )
-            engines = ray.get(self.rollouter.rollout_group_handle.remote())
-            self.trainer.attach(self.rollouter, self.queue, engines)
+            ray.get(self.rollouter.engine_workers.remote())  # the engines started (or failed)
+            self.trainer.attach(self.rollouter, self.queue)
         except BaseException:
             self.close()
             raise

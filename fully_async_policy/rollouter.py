@@ -58,7 +58,7 @@ from recipe.checkpoint.store import RUN_STATE_DIR
 from recipe.config import RecipeConfig
 from recipe.data.cursor import PromptCursor
 from recipe.faults import RolloutWorkerError
-from recipe.observability.trace import ROLLOUTER_TIDS, now_us, traced
+from recipe.observability.trace import ROLLOUTER_PID, ROLLOUTER_TIDS, Tracer, now_us, traced
 from recipe.protocol import Trajectory
 from recipe.reward import RewardError
 from recipe.separate_trainer import SeparateRayPPOTrainer
@@ -93,10 +93,10 @@ class _IdleClock:
 class FullyAsyncRollouter(SeparateRayPPOTrainer):
     """The rollout side of the fully async recipe (see the module docstring)."""
 
-    owns_tracker = False
-
     def __init__(self, cfg: RecipeConfig, run_dir: Path, queue: Any, plan: RunPlan) -> None:
         super().__init__(cfg, run_dir)
+        self.tracer = Tracer(ROLLOUTER_PID, "rollouter", sort_index=ROLLOUTER_PID)
+        """This actor's trace events; the trainer pulls them (``drain_trace``)."""
         self.queue = queue
         self.cursor = PromptCursor(self.train_records, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
         self.records = {r.uid: r for r in self.train_records}
@@ -131,9 +131,16 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         for track, tid in ROLLOUTER_TIDS.items():
             self.tracer.name_thread(tid, track)
 
-    def rollout_group_handle(self) -> Any:
-        """The engines' handles, for the trainer's weight push (the engines stay ours)."""
-        return self.rollout_group
+    def engine_workers(self) -> list[Any]:
+        """The replicas' current worker handles, for the trainer's weight push (the engines
+        stay ours: a dead replica is replaced here)."""
+        return list(self.rollout_group.workers)
+
+    def load_weights(self, path: str, version: int) -> None:
+        """Every replica loads ``path`` and serves ``version`` (a resumed run, before
+        ``run()``)."""
+        self.rollout_group.update_weights_from_file(path, version)
+        self.version = version
 
     # ---- the streaming loop ---------------------------------------------------------------
 
@@ -182,6 +189,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
             trajs = await self.rollout_group.submit(
                 ticket.uid,
                 self.prompt_ids[ticket.uid],
+                version=self.version,
                 n=rollout.n,
                 temperature=rollout.temperature,
                 top_p=rollout.top_p,
@@ -264,7 +272,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
     @traced("end_sync (resume)", tid=ROLLOUTER_TIDS["sync"], cat="sync")
     async def end_sync(self, version: int, num_trained: int) -> None:
         """The engines serve ``version`` now: open its window and generate again."""
-        self.version = self.rollout_group.version = version
+        self.version = version
         self.admission.open_window(version, num_trained)
         await self.replicas.resume_all()
         self.replicas.hold(False)
@@ -374,9 +382,11 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
 
     # ---- progress and the end ---------------------------------------------------------------
 
-    def drain_trace(self) -> list[dict[str, Any]]:
-        """This actor's trace events since the last call (the trainer writes them)."""
-        return self.tracer.drain()
+    async def drain_trace(self) -> list[dict[str, Any]]:
+        """This actor's and its engines' trace events since the last call (the trainer
+        writes them into trace.json)."""
+        engines = await asyncio.to_thread(self.rollout_group.drain_trace)
+        return self.tracer.drain() + engines
 
     def poll(self) -> RolloutProgress:
         """Cumulative counters, and validation results not reported before."""

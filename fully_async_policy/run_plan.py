@@ -61,16 +61,7 @@ def plan_run(cfg: RecipeConfig, num_train_prompts: int) -> RunPlan:
         raise ConfigError(f"mode={cfg.mode!r} is invalid here: allowed 'fully_async'")
     asy = cfg.async_training
     per_step = cfg.prompts_per_step
-    total_prompts = cfg.rollout.total_rollout_steps or cfg.trainer.total_epochs * num_train_prompts
-    steps = total_prompts // per_step
-    if cfg.trainer.total_training_steps is not None:
-        steps = min(steps, cfg.trainer.total_training_steps)
-    if steps < 1:
-        raise ConfigError(
-            f"rollout.total_rollout_steps={total_prompts} is invalid: allowed >= one trainer "
-            f"step of {per_step} prompts (actor.ppo_mini_batch_size * async_training."
-            "require_batches)"
-        )
+    steps = cfg.num_trainer_steps(num_train_prompts)
     plan = RunPlan(
         prompts_per_step=per_step,
         steps_per_sync=asy.trigger_parameter_sync_step,

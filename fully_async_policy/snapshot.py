@@ -21,13 +21,10 @@ admitted prompt is trained once and the staleness bound (admission.py) holds acr
 
 from __future__ import annotations
 
-import dataclasses
-from collections import Counter
 from typing import Any
 
 from fully_async_policy.admission import Ticket
 from fully_async_policy.messages import PromptGroup
-from fully_async_policy.metrics import RunTotals
 from recipe.checkpoint.codec import decode_trajectory, encode_trajectory
 
 ROLLOUTER_STATE_FILE = "rollouter_state.json"
@@ -70,23 +67,3 @@ def encode_partials(partials: list[tuple[Ticket, list[Any]]]) -> list[list[Any]]
 
 def decode_partials(data: list[list[Any]]) -> list[tuple[Ticket, list[Any]]]:
     return [(decode_ticket(t), [decode_trajectory(x) for x in trajs]) for t, trajs in data]
-
-
-def encode_totals(totals: RunTotals) -> dict[str, Any]:
-    """Run totals as JSON values (a per-staleness Counter gets string keys)."""
-    # Not dataclasses.asdict: it rebuilds a Counter from (key, count) pairs, counting pairs.
-    out = {f.name: getattr(totals, f.name) for f in dataclasses.fields(totals)}
-    return {k: _str_keys(v) if isinstance(v, dict) else v for k, v in out.items()}
-
-
-def decode_totals(data: dict[str, Any]) -> RunTotals:
-    fields = {k: _int_keys(v) if isinstance(v, dict) else v for k, v in data.items()}
-    return RunTotals(**fields)
-
-
-def _str_keys(counts: dict[int, int]) -> dict[str, int]:
-    return {str(k): v for k, v in counts.items()}
-
-
-def _int_keys(counts: dict[str, int]) -> Counter[int]:
-    return Counter({int(k): v for k, v in counts.items()})

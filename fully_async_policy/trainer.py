@@ -27,22 +27,29 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fully_async_policy.messages import EndOfStream, PromptGroup, RolloutProgress
-from fully_async_policy.metrics import RunTotals, group_metrics
+from fully_async_policy.metrics import group_metrics
 from fully_async_policy.run_plan import plan_run
-from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE, decode_totals, encode_totals
+from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE
 from recipe.checkpoint.store import write_json
 from recipe.config import RecipeConfig
 from recipe.faults import fails_cleanly
 from recipe.observability.progress import step_bar, update_bar
 from recipe.observability.trace import traced
 from recipe.observability.tracking import MetricsAccumulator
+from recipe.run.checkpointing import exported_weights
+from recipe.run.metrics import RunTotals, run_summary
+from recipe.run.training_run import TraceSource
 from recipe.separate_trainer import SeparateRayPPOTrainer
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+    from recipe.checkpoint_engine.synchronizer import Receivers
 
 logger = logging.getLogger(__name__)
 
@@ -56,15 +63,18 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
 
     def __init__(self, cfg: RecipeConfig, run_dir: Path) -> None:
         super().__init__(cfg, run_dir)
+        run = self._open_run()
         self.plan = plan_run(cfg, len(self.train_records))
-        if self.resume_from is not None:
+        if run.resume_from is not None:
             self._check_resume_plan()
         optimizer_steps_per_step = cfg.async_training.require_batches * cfg.actor.ppo_epochs
         self._build_trainer_group(
             total_optimizer_steps=self.plan.total_steps * optimizer_steps_per_step
         )
-        self.rollouter: Any = None
-        self.queue: Any = None
+        self.rollouter: ActorHandle | None = None
+        """The FullyAsyncRollouter actor (it owns the engines)."""
+        self.queue: ActorHandle | None = None
+        """The MessageQueue actor of PromptGroups."""
         self._run_ref: Any = None
         self.trained_uids: list[str] = []
         """Prompt uid of every trained group, in training order."""
@@ -80,21 +90,33 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         """The version held in ``PUSHED_SLOT`` (None: nothing saved yet)."""
         self._replica_request: Any = None
         """Pending ``rollouter.wait_replica_request`` (a restarted replica wants weights)."""
-        self.fault_counts["faults/rollout_restarts"] = 0
-        if self.resume_from is not None:
+        self._num_rollout_restarts = 0
+        if run.resume_from is not None:
             self._resume_trainer()
 
-    def attach(self, rollouter: Any, queue: Any, engines: Any) -> None:
-        """Wire the rollouter actor, the message queue and the engines' handles (used only
-        to push weights; the rollouter owns and shuts down the engines). A resumed run then
-        makes the engines serve the checkpoint's weights and restores the rollouter."""
+    def attach(self, rollouter: ActorHandle, queue: ActorHandle) -> None:
+        """Wire the rollouter actor and the message queue. A resumed run then makes the
+        engines serve the checkpoint's weights and restores the rollouter."""
         import ray
 
-        self.rollouter, self.queue, self.rollout_group = rollouter, queue, engines
-        if self.resume_from is not None:
-            self._restore_engines()
+        self.rollouter, self.queue = rollouter, queue
+        if self.run.resume_from is not None:
+            with exported_weights(self.trainer_group, f"resume-v{self.version}") as path:
+                ray.get(self.rollouter.load_weights.remote(path, self.version))
             self._save_pushed_copy()  # the trainer's weights are the served ones right now
-            ray.get(self.rollouter.restore.remote(str(self.resume_from)))
+            ray.get(self.rollouter.restore.remote(str(self.run.resume_from)))
+
+    def _engine_workers(self) -> Receivers:
+        """The replicas' current workers, asked of the rollouter at every push (it owns the
+        engines and replaces dead ones)."""
+        import ray
+
+        rollouter = self.rollouter
+        return lambda: ray.get(rollouter.engine_workers.remote())
+
+    @property
+    def fault_counts(self) -> dict[str, int]:
+        return super().fault_counts | {"faults/rollout_restarts": self._num_rollout_restarts}
 
     # ---- one local step -------------------------------------------------------------------
 
@@ -155,7 +177,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         batch = self._compute_advantages(batch)
         self._update_actor(batch, metrics)
         self.trained_uids += [g.prompt_uid for g in groups]
-        self.totals.add(groups, self.version)
+        self.totals.add([t for g in groups for t in g.trajectories], self.version)
         return {**metrics.reduce(), **group_metrics(groups, self.version)}
 
     # ---- weight sync --------------------------------------------------------------------------
@@ -172,7 +194,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         pause = ray.get(self.rollouter.begin_sync.remote())
         self._heal()  # replicas that died since the last sync receive this push too
         self._fit_update_weights(metrics)
-        if self._should_save(last=last):
+        if self.run.should_save(self.version, last=last):
             self._rollouter_state = ray.get(self.rollouter.snapshot.remote())
         ray.get(self.rollouter.end_sync.remote(self.version, len(self.trained_uids)))
         pause_window_s = time.perf_counter() - start
@@ -204,7 +226,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             "prompts/admitted": float(progress.num_admitted),
             "prompts/readmitted": float(progress.num_readmitted),
         }
-        self.fault_counts["faults/rollout_restarts"] = progress.num_restarts
+        self._num_rollout_restarts = progress.num_restarts
         out |= {key: float(count) for key, count in self.fault_counts.items()}
         self._progress = progress
         for version in sorted(progress.val_results):
@@ -219,12 +241,10 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         """Train ``plan.total_steps`` steps; returns the summary (also in summary.json)."""
         import ray
 
+        run = self.run
         start = time.perf_counter()
-        if self.resume_from is None and self.cfg.trainer.val_before_train:
-            self.initial_val = ray.get(self.rollouter.validate.remote())
-            self.tracker.log({**self.initial_val, "trainer/param_version": self.version}, step=0)
-        initial = self.initial_val
-        if self.resume_from is not None:  # the sync the checkpoint was taken in ends here
+        initial = run.initial_validation(lambda: ray.get(self.rollouter.validate.remote()))
+        if run.resume_from is not None:  # the sync the checkpoint was taken in ends here
             ray.get(self.rollouter.end_sync.remote(self.version, len(self.trained_uids)))
         self._run_ref = self.rollouter.run.remote()
         bar = step_bar(self.plan.total_steps, self.cfg.mode, quiet=self.cfg.logger.quiet)
@@ -236,7 +256,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             wait_before = self._wait_s
             metrics = self._train_step(local_step)
             self.global_step = step
-            out_of_time = self._out_of_time(start)
+            out_of_time = run.out_of_time(start)
             last = step == self.plan.total_steps or out_of_time
             if local_step == self.plan.steps_per_sync or last:
                 metrics |= self._sync(last=last)
@@ -244,11 +264,9 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             metrics |= self._progress_metrics(now - last_end, self._wait_s - wait_before)
             metrics["timing/step_s"] = now - last_end
             metrics["throughput/samples_per_s"] = metrics["throughput/samples"] / (now - last_end)
-            metrics["trainer/param_version"] = self.version
             last_end = now
-            self._trace_step(metrics)
-            self.tracker.log(metrics, step=step)
-            self._record_trained(self.trained_uids[num_trained_before:])
+            run.trace_step(step, self.version, metrics, self._trace_sources())
+            run.log_step(step, self.version, metrics, self.trained_uids[num_trained_before:])
             if self._rollouter_state is not None:
                 self._checkpoint()
             update_bar(bar, metrics, self.version, self._last_val.get("val/accuracy"))
@@ -257,10 +275,6 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
                 break
         bar.close()
         return self._finish(start, initial)
-
-    def _out_of_time(self, start: float) -> bool:
-        budget = self.cfg.trainer.max_wall_s
-        return budget is not None and time.perf_counter() - start > budget
 
     # ---- checkpoints ----------------------------------------------------------------------
 
@@ -284,24 +298,31 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         state = {
             "plan": self._plan_key(),
             "trained_uids": self.trained_uids,
-            "totals": encode_totals(self.totals),
+            "totals": self.totals.state_dict(),
         }
-        self._save_checkpoint(state, extra=write_rollouter_state)
+        self.run.save(
+            self.trainer_group,
+            step=self.global_step,
+            version=self.version,
+            state=state,
+            extra=write_rollouter_state,
+        )
 
     def _check_resume_plan(self) -> None:
-        saved = self.resume_state.get("plan")
+        saved = self.run.resume_state.get("plan")
         if saved != self._plan_key():
             raise ValueError(
-                f"trainer.resume_mode={str(self.resume_from)!r}: the checkpoint's plan {saved} "
+                f"trainer.resume_mode={str(self.run.resume_from)!r}: the checkpoint's plan {saved} "
                 f"differs from this run's {self._plan_key()}; keep actor.ppo_mini_batch_size "
                 "and async_training.* as they were to resume"
             )
 
     def _resume_trainer(self) -> None:
         """Trainer side of a resume (the rollouter's follows in ``attach``)."""
-        state = self._load_checkpoint()
+        state = self.run.checkpointer.load(self.trainer_group)
+        self.global_step, self.version = state["global_step"], state["param_version"]
         self.trained_uids = list(state["trained_uids"])
-        self.totals = decode_totals(state["totals"])
+        self.totals = RunTotals.from_state(state["totals"])
 
     def _finish(self, start: float, initial: dict[str, float]) -> dict[str, Any]:
         """Stop the rollouter, validate the final version, account for every prompt."""
@@ -319,29 +340,29 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             "trained": list(self.trained_uids),
             "in_flight": ledger.unreleased_uids + [g.prompt_uid for g in leftover],
         }
-        summary = {
-            "mode": self.cfg.mode,
-            "steps": self.global_step,
-            "param_version": self.version,
+        summary = run_summary(
+            self.cfg.mode,
+            steps=self.global_step,
+            version=self.version,
+            totals=self.totals,
+            initial_val=initial,
+            final_val=final,
+            wall_s=wall_s,
+        ) | {
             "prompts/admitted": len(ledger.admitted_uids),
             "prompts/trained": len(self.trained_uids),
             "prompts/readmitted": ledger.num_readmitted,
             "prompts/in_flight": len(self.ledger["in_flight"]),
-            "initial/val_accuracy": initial.get("val/accuracy"),
-            "final/val_accuracy": final.get("val/accuracy"),
-            **self.totals.summary(),
             "staleness/bound": self.plan.staleness_bound,
             "trainer/idle_ratio": self._wait_s / wall_s,
             "rollouter/idle_ratio": self._progress.idle_s / max(self._progress.elapsed_s, 1e-9),
             "queue/capacity": queue_stats.capacity,
             "queue/max_size": queue_stats.max_size,
             "queue/blocked_puts": queue_stats.num_blocked_puts,
-            "throughput/samples_per_s": self.totals.num_samples / wall_s,
-            "wall_s": wall_s,
         }
-        self.fault_counts["faults/rollout_restarts"] = ledger.num_restarts
+        self._num_rollout_restarts = ledger.num_restarts
         summary |= self.fault_counts
-        self.tracker.log_summary(summary)
+        self.run.tracker.log_summary(summary)
         return summary
 
     # ---- dead rollout replicas (fully_async_policy/replicas.py) ---------------------------
@@ -357,59 +378,31 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
 
     def _heal(self) -> bool:
         """Have the rollouter restart dead replicas; load the served weights (``PUSHED_SLOT``)
-        into every restarted one. True when a replica was replaced since the last call."""
+        into every restarted one. True when a replica runs on a new worker since the call
+        (a push then reaches it over a rebuilt transport)."""
         import ray
 
-        from recipe.checkpoint_engine.host import shm_dir
-
+        before = ray.get(self.rollouter.engine_workers.remote())
         waiting = ray.get(self.rollouter.recover_replicas.remote())
-        replaced = self._refresh_engines()
         for replica in waiting:
             if self.version == 0:  # nothing pushed yet: the model on disk is what is served
                 ray.get(self.rollouter.install_weights.remote(replica, None, 0))
                 continue
             assert self._pushed_copy_version == self.version, "no copy of the served weights"
-            path = Path(shm_dir()) / f"restart-{os.getpid()}-v{self.version}.safetensors"
-            try:
-                self.trainer_group.export_weights(str(path), slot=PUSHED_SLOT)
-                ray.get(self.rollouter.install_weights.remote(replica, str(path), self.version))
-            finally:
-                path.unlink(missing_ok=True)
-        return replaced
-
-    def _refresh_engines(self) -> bool:
-        """Take the rollouter's current replica handles (a weight push reaches the new
-        workers); True if any changed, and then the push transport is rebuilt."""
-        import ray
-
-        current = ray.get(self.rollouter.rollout_group_handle.remote()).workers
-        ids = [w._actor_id for w in self.rollout_group.workers]
-        if ids == [w._actor_id for w in current]:
-            return False
-        self.rollout_group.workers[:] = current  # the synchronizer holds this same group
-        if self.param_sync is not None:
-            self.param_sync.reset_transport()
-        return True
+            tag = f"restart-v{self.version}"
+            with exported_weights(self.trainer_group, tag, slot=PUSHED_SLOT) as path:
+                ray.get(self.rollouter.install_weights.remote(replica, path, self.version))
+        return ray.get(self.rollouter.engine_workers.remote()) != before
 
     def _recover_from_sync_failure(self, exc: Exception) -> bool:
         """A push that failed because a rollout replica died goes again once it is back."""
         return self._heal()
 
-    def _trace_sources(self) -> list[Any]:
-        """The engines' and the rollouter's buffered trace events."""
+    def _trace_sources(self) -> list[TraceSource]:
+        """The rollouter's buffered trace events, its engines' among them."""
         import ray
 
-        def rollouter_events() -> list[dict[str, Any]]:
-            return ray.get(self.rollouter.drain_trace.remote(), timeout=30)
-
-        return super()._trace_sources() + ([rollouter_events] if self.rollouter else [])
-
-    def close(self) -> None:
-        """Close the trainer group and tracker; the engines are the rollouter's to close."""
-        if self.run_trace is not None:
-            try:  # while the engines and the rollouter are still up
-                self.run_trace.close(self._trace_sources())
-            except Exception:
-                logger.exception("closing trace.json failed")
-        self.rollout_group = None
-        super().close()
+        if self.rollouter is None:
+            return []
+        rollouter = self.rollouter
+        return [lambda: ray.get(rollouter.drain_trace.remote(), timeout=30)]

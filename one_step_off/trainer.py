@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from recipe.observability.trace import now_us, traced
 from recipe.observability.trace_file import busy_s, rollout_slices
 from recipe.observability.tracking import MetricsAccumulator
 from recipe.protocol import PromptRecord, Trajectory
-from recipe.run.metrics import sample_metrics
+from recipe.run.metrics import RunTotals, run_summary, sample_metrics, staleness_metrics
 from recipe.separate_trainer import SeparateRayPPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -63,29 +62,26 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
 
     def __init__(self, cfg: RecipeConfig, run_dir: Path) -> None:
         super().__init__(cfg, run_dir)
+        run = self._open_run()
         self.cursor = PromptCursor(self.train_records, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
-        self.total_steps = self._plan_steps()
-        self.num_samples = 0
-        """Responses trained so far."""
-        self.staleness_sum = 0
-        """Sum of per-response staleness over the run (versions), for the sample-weighted mean."""
-        self.staleness_max = 0
-        """Largest per-response staleness over the run (versions)."""
-        self.staleness_counts: Counter[int] = Counter()
-        """Responses trained per staleness (versions), over the run."""
+        self.total_steps = self._plan_batch_steps()
+        self.totals = RunTotals()
+        """Responses trained and their staleness, over the run."""
         mini_batches = cfg.prompts_per_step // cfg.actor.ppo_mini_batch_size
         self._build_trainer_group(
             total_optimizer_steps=self.total_steps * mini_batches * cfg.actor.ppo_epochs
         )
         self._build_rollout_group()
-        self._resumed_pending = self._resume() if self.resume_from is not None else None
+        self._resumed_pending = self._resume() if run.resume_from is not None else None
 
     # ---- the loop -----------------------------------------------------------------------
 
     @fails_cleanly
     def fit(self) -> dict[str, Any]:
+        run = self.run
+        assert run is not None
         start = time.perf_counter()
-        initial = self._initial_validation()
+        initial = run.initial_validation(self._validate)
         last_val = initial
         bar = step_bar(self.total_steps, self.cfg.mode, quiet=self.cfg.logger.quiet)
         pending = self._first_batch()
@@ -106,22 +102,24 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
             out["timing/step_s"] = time.perf_counter() - step_start
             out["throughput/samples_per_s"] = out["throughput/samples"] / out["timing/step_s"]
             out["throughput/tokens_per_s"] = out.pop("throughput/tokens") / out["timing/step_s"]
-            out |= self._idle_ratios(out, self._trace_step(out))
-            if self._should_validate():
+            events = run.trace_step(self.global_step, self.version, out, self._trace_sources())
+            out |= self._idle_ratios(out, events)
+            if run.should_validate(self.version):
                 last_val = self._validate()
                 out.update(last_val)
-            out["trainer/param_version"] = self.version
-            self.tracker.log(out, step=self.global_step)
-            self._record_trained([r.uid for r in current.records])
-            out_of_time = pending is not None and self._out_of_time(start)
-            if self._should_save(last=pending is None or out_of_time):
-                self._save_checkpoint(self._loop_state(pending))
+            run.log_step(self.global_step, self.version, out, [r.uid for r in current.records])
+            out_of_time = pending is not None and run.out_of_time(start)
+            if run.should_save(self.version, last=pending is None or out_of_time):
+                state = self._loop_state(pending)
+                run.save(
+                    self.trainer_group, step=self.global_step, version=self.version, state=state
+                )
             update_bar(bar, out, self.version, last_val.get("val/accuracy"))
             if out_of_time:
                 logger.info("trainer.max_wall_s reached after %d steps", self.global_step)
                 break
         bar.close()
-        final = last_val if self._validated_last() else self._validate()
+        final = last_val if run.validated_last(self.global_step, self.version) else self._validate()
         return self._summarize(initial, final, time.perf_counter() - start)
 
     # ---- steps of the loop --------------------------------------------------------------
@@ -134,6 +132,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
             self.rollout_group.submit(
                 r.uid,
                 self.prompt_ids[r.uid],
+                version=self.version,
                 n=cfg.n,
                 temperature=cfg.temperature,
                 top_p=cfg.top_p,
@@ -166,21 +165,16 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         return {
             "cursor": self.cursor.state_dict(),
             "pending": saved,
-            "num_samples": self.num_samples,
-            "staleness_sum": self.staleness_sum,
-            "staleness_max": self.staleness_max,
-            "staleness_counts": {str(k): v for k, v in self.staleness_counts.items()},
+            "totals": self.totals.state_dict(),
         }
 
     def _resume(self) -> PendingBatch | None:
         """Load the checkpoint, make the engines serve its version; the pending batch."""
-        state = self._load_checkpoint()
+        state = self.run.checkpointer.load(self.trainer_group)
+        self.global_step, self.version = state["global_step"], state["param_version"]
         self._restore_engines()
         self.cursor.load_state_dict(state["cursor"])
-        self.num_samples = state["num_samples"]
-        self.staleness_sum = state["staleness_sum"]
-        self.staleness_max = state["staleness_max"]
-        self.staleness_counts = Counter({int(k): v for k, v in state["staleness_counts"].items()})
+        self.totals = RunTotals.from_state(state["totals"])
         saved = state["pending"]
         if saved is None:
             return None
@@ -235,35 +229,23 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
 
     def _sample_metrics(self, trajs: list[Trajectory]) -> dict[str, float]:
         """Reward, length and staleness of one batch, trained on ``self.version``."""
-        num = len(trajs)
-        staleness = [self.version - t.min_version for t in trajs if t.token_versions]
-        self.num_samples += num
-        self.staleness_sum += sum(staleness)
-        self.staleness_max = max(self.staleness_max, *staleness, 0)
-        self.staleness_counts.update(staleness)
-        return {
-            **sample_metrics(trajs),
-            "staleness/mean": sum(staleness) / len(staleness) if staleness else 0.0,
-            "staleness/max": float(max(staleness, default=0)),
-        }
+        self.totals.add(trajs, self.version)
+        return {**sample_metrics(trajs), **staleness_metrics(trajs, self.version)}
 
     def _summarize(
         self, initial: dict[str, float], final: dict[str, float], wall_s: float
     ) -> dict[str, Any]:
-        summary = {
-            "mode": self.cfg.mode,
-            "steps": self.global_step,
-            "param_version": self.version,
+        summary = run_summary(
+            self.cfg.mode,
+            steps=self.global_step,
+            version=self.version,
+            totals=self.totals,
+            initial_val=initial,
+            final_val=final,
+            wall_s=wall_s,
+        ) | {
             "prompts/admitted": self.cursor.num_handed_out,
             "prompts/trained": self.global_step * self.cfg.prompts_per_step,
-            "samples/trained": self.num_samples,
-            "initial/val_accuracy": initial.get("val/accuracy"),
-            "final/val_accuracy": final.get("val/accuracy"),
-            "staleness/max": self.staleness_max,
-            "staleness/mean": self.staleness_sum / max(self.num_samples, 1),
-            "staleness/histogram": {str(k): n for k, n in sorted(self.staleness_counts.items())},
-            "throughput/samples_per_s": self.num_samples / wall_s,
-            "wall_s": wall_s,
         }
-        self.tracker.log_summary(summary)
+        self.run.tracker.log_summary(summary)
         return summary

@@ -180,6 +180,29 @@ class RecipeConfig:
             return self.actor.ppo_mini_batch_size * self.async_training.require_batches
         return self.data.train_batch_size
 
+    def num_trainer_steps(self, num_train_prompts: int) -> int:
+        """Trainer steps of a run on ``num_train_prompts`` train prompts: the prompts to train
+        on (``rollout.total_rollout_steps``, else ``trainer.total_epochs`` passes over the
+        train set) over ``prompts_per_step``, at most ``trainer.total_training_steps``."""
+        total_prompts = (
+            self.rollout.total_rollout_steps or self.trainer.total_epochs * num_train_prompts
+        )
+        steps = total_prompts // self.prompts_per_step
+        if self.trainer.total_training_steps is not None:
+            steps = min(steps, self.trainer.total_training_steps)
+        per_step = (
+            "actor.ppo_mini_batch_size * async_training.require_batches"
+            if self.mode == "fully_async"
+            else "data.train_batch_size"
+        )
+        require(
+            steps >= 1,
+            "rollout.total_rollout_steps",
+            total_prompts,
+            f">= one trainer step of {self.prompts_per_step} prompts ({per_step})",
+        )
+        return steps
+
 
 def register_configs() -> None:
     """Register the schema so YAML presets are type-checked against it."""

@@ -114,7 +114,8 @@ def fails_cleanly(fit: F) -> F:
     """Decorate a recipe's ``fit``: a worker death or failed weight push that ends the run
     becomes a ``RunFailure`` naming it and the resume point, recorded in summary.json.
 
-    ``self`` needs ``run_dir``, ``tracker``, ``global_step``, ``version`` and ``cfg.mode``.
+    ``self`` needs ``run_dir``, ``run`` (its TrainingRun), ``global_step``, ``version`` and
+    ``cfg.mode``.
     """
     from recipe.checkpoint_engine.base import WeightSyncError
     from recipe.reward import RewardError
@@ -150,8 +151,8 @@ def _actor_class(exc: BaseException) -> str:
 
 def _record_failure(trainer: Any, failure: RunFailure) -> None:
     logger.error("run stopped: %s", failure)
-    tracker = getattr(trainer, "tracker", None)
-    if tracker is None:
+    run = getattr(trainer, "run", None)
+    if run is None:
         return
     summary = {
         "mode": trainer.cfg.mode,
@@ -162,6 +163,6 @@ def _record_failure(trainer: Any, failure: RunFailure) -> None:
         **getattr(trainer, "fault_counts", {}),
     }
     try:
-        tracker.log_summary(summary)
+        run.tracker.log_summary(summary)
     except Exception:  # the failure is what the caller must see
         logger.exception("writing summary.json after the failure failed")

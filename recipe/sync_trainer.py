@@ -25,8 +25,7 @@ from recipe.data.cursor import PromptCursor
 from recipe.faults import fails_cleanly
 from recipe.observability.progress import step_bar, update_bar
 from recipe.observability.tracking import MetricsAccumulator
-from recipe.protocol import Trajectory
-from recipe.run.metrics import sample_metrics
+from recipe.run.metrics import RunTotals, run_summary, sample_metrics, staleness_metrics
 from recipe.separate_trainer import SeparateRayPPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -37,63 +36,70 @@ class SyncTrainer(SeparateRayPPOTrainer):
 
     def __init__(self, cfg: RecipeConfig, run_dir: Path) -> None:
         super().__init__(cfg, run_dir)
+        run = self._open_run()
         self.cursor = PromptCursor(self.train_records, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
-        self.total_steps = self._plan_steps()
+        self.total_steps = self._plan_batch_steps()
         mini_batches = cfg.prompts_per_step // cfg.actor.ppo_mini_batch_size
         self._build_trainer_group(
             total_optimizer_steps=self.total_steps * mini_batches * cfg.actor.ppo_epochs
         )
         self._build_rollout_group()
+        self.totals = RunTotals()
+        """Responses trained and their staleness (0: measured), over the run."""
         self._trained_now: list[str] = []
         """Prompt uids of the step being trained (for ledger.jsonl)."""
-        if self.resume_from is not None:
-            self.cursor.load_state_dict(self._load_checkpoint()["cursor"])
+        if run.resume_from is not None:
+            state = run.checkpointer.load(self.trainer_group)
+            self.global_step, self.version = state["global_step"], state["param_version"]
+            self.cursor.load_state_dict(state["cursor"])
+            self.totals = RunTotals.from_state(state["totals"])
             self._restore_engines()
 
     @fails_cleanly
     def fit(self) -> dict[str, Any]:
+        run = self.run
+        assert run is not None
         start = time.perf_counter()
-        initial = self._initial_validation()
+        initial = run.initial_validation(self._validate)
         last_val = initial
-        num_samples = int(self.resume_state.get("num_samples", 0))
         bar = step_bar(self.total_steps, self.cfg.mode, quiet=self.cfg.logger.quiet)
         for _ in range(self.global_step, self.total_steps):
             metrics = self._train_step()
             self.global_step += 1
-            num_samples += int(metrics["throughput/samples"])
-            self._trace_step(metrics)  # before validation: the slice is the training step
-            if self._should_validate():
+            # Before validation: the slice is the training step.
+            run.trace_step(self.global_step, self.version, metrics, self._trace_sources())
+            if run.should_validate(self.version):
                 last_val = self._validate()
                 metrics.update(last_val)
-            metrics["trainer/param_version"] = self.version
-            self.tracker.log(metrics, step=self.global_step)
-            self._record_trained(self._trained_now)
-            out_of_time = self._out_of_time(start)
-            if self._should_save(last=out_of_time or self.global_step == self.total_steps):
-                state = {"cursor": self.cursor.state_dict(), "num_samples": num_samples}
-                self._save_checkpoint(state)
+            run.log_step(self.global_step, self.version, metrics, self._trained_now)
+            out_of_time = run.out_of_time(start)
+            if run.should_save(
+                self.version, last=out_of_time or self.global_step == self.total_steps
+            ):
+                state = {"cursor": self.cursor.state_dict(), "totals": self.totals.state_dict()}
+                run.save(
+                    self.trainer_group, step=self.global_step, version=self.version, state=state
+                )
             update_bar(bar, metrics, self.version, last_val.get("val/accuracy"))
             if out_of_time:
                 logger.info("trainer.max_wall_s reached after %d steps", self.global_step)
                 break
         bar.close()
-        final = last_val if self._validated_last() else self._validate()
+        final = last_val if run.validated_last(self.global_step, self.version) else self._validate()
         wall_s = time.perf_counter() - start
-        summary = {
-            "mode": self.cfg.mode,
-            "steps": self.global_step,
-            "param_version": self.version,
+        summary = run_summary(
+            self.cfg.mode,
+            steps=self.global_step,
+            version=self.version,
+            totals=self.totals,
+            initial_val=initial,
+            final_val=final,
+            wall_s=wall_s,
+        ) | {
             "prompts/admitted": self.cursor.num_handed_out,
             "prompts/trained": self.global_step * self.cfg.prompts_per_step,
-            "samples/trained": num_samples,
-            "initial/val_accuracy": initial.get("val/accuracy"),
-            "final/val_accuracy": final.get("val/accuracy"),
-            "staleness/max": 0,
-            "staleness/histogram": {"0": num_samples},
-            "throughput/samples_per_s": num_samples / wall_s,
-            "wall_s": wall_s,
         }
-        self.tracker.log_summary(summary)
+        run.tracker.log_summary(summary)
         return summary
 
     def _train_step(self) -> dict[str, float]:
@@ -106,6 +112,7 @@ class SyncTrainer(SeparateRayPPOTrainer):
             groups = self.rollout_group.generate(
                 records,
                 [self.prompt_ids[r.uid] for r in records],
+                version=self.version,
                 n=cfg.rollout.n,
                 temperature=cfg.rollout.temperature,
                 top_p=cfg.rollout.top_p,
@@ -113,30 +120,20 @@ class SyncTrainer(SeparateRayPPOTrainer):
             )
         for record, trajs in zip(records, groups, strict=True):
             self._score(record, trajs)
+        trajs = [t for g in groups for t in g]
+        samples = sample_metrics(trajs) | staleness_metrics(trajs, self.version)
+        self.totals.add(trajs, self.version)  # before the push: the version that generated them
         batch = self._make_batch(groups)
         batch = self._compute_old_log_prob(batch, metrics)
         batch = self._compute_advantages(batch)
         self._update_actor(batch, metrics)
         self._fit_update_weights(metrics)
         step_s = time.perf_counter() - step_start
-        out = metrics.reduce()
-        out.update(_sample_metrics([t for g in groups for t in g], step_s))
+        out = metrics.reduce() | samples
+        out["throughput/tokens_per_s"] = out["throughput/tokens"] / step_s
+        out["throughput/samples_per_s"] = len(trajs) / step_s
         out["timing/step_s"] = step_s
         # Colocated: the trainer waits while the engines generate, and the reverse.
         out["trainer/idle_ratio"] = out["timing/gen_s"] / step_s
         out["rollouter/idle_ratio"] = 1.0 - out["timing/gen_s"] / step_s
         return out
-
-
-def _sample_metrics(trajs: list[Trajectory], step_s: float) -> dict[str, float]:
-    """Reward, length and throughput of one step's samples (staleness is 0 in sync mode)."""
-    out = sample_metrics(trajs)
-    out.update(
-        {
-            "staleness/mean": 0.0,
-            "staleness/max": 0.0,
-            "throughput/tokens_per_s": out["throughput/tokens"] / step_s,
-            "throughput/samples_per_s": len(trajs) / step_s,
-        }
-    )
-    return out

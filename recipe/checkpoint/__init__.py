@@ -3,7 +3,7 @@
 ``store`` writes ``checkpoints/step_N/`` atomically and finds the newest complete one;
 ``rng`` captures each process's RNG; ``ledger`` keeps the per-step prompt ledger; ``codec``
 turns in-flight trajectories into JSON. What goes into a checkpoint is decided by the
-recipes (``SeparateRayPPOTrainer._save_checkpoint`` and the loop state each recipe adds).
+recipes (recipe/run/checkpointing.py, and the loop state each recipe adds).
 """
 
 from recipe.checkpoint.ledger import LEDGER_FILE, StepLedger, read_ledger

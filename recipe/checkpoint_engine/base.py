@@ -124,6 +124,25 @@ class TransferReport:
     verify_s: float = 0.0
     """Time spent computing checksums."""
 
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "transfer_id": self.transfer_id,
+            "checksums": [list(c) for c in self.checksums],
+            "seconds": self.seconds,
+            "gather_s": self.gather_s,
+            "verify_s": self.verify_s,
+        }
+
+    @classmethod
+    def from_wire(cls, wire: dict[str, Any]) -> TransferReport:
+        return cls(
+            transfer_id=int(wire["transfer_id"]),
+            checksums=[list(c) for c in wire["checksums"]],
+            seconds=float(wire["seconds"]),
+            gather_s=float(wire["gather_s"]),
+            verify_s=float(wire["verify_s"]),
+        )
+
 
 class CheckpointEngine(ABC):
     """One end of one transport (see the module docstring). ``rank`` 0 is the sender."""

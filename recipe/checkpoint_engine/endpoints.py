@@ -17,7 +17,6 @@ Receiver state machine (invariant: ``load`` reads only a staging buffer that ver
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -34,24 +33,11 @@ from recipe.checkpoint_engine.base import (
     error_to_wire,
 )
 from recipe.checkpoint_engine.factory import make_checkpoint_engine
-from recipe.checkpoint_engine.host import free_memory_bytes, host_id, node_ip
+from recipe.checkpoint_engine.host import EndpointSite
 
 logger = logging.getLogger(__name__)
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
-
-
-def placement_info(device: torch.device) -> dict[str, Any]:
-    """Where an endpoint runs: what ``auto`` picks a backend from."""
-    uuid = str(torch.cuda.get_device_properties(device).uuid) if device.type == "cuda" else None
-    return {
-        "host": host_id(),
-        "ip": node_ip(),
-        "pid": os.getpid(),
-        "device": str(device),
-        "device_uuid": uuid,
-        "free_bytes": free_memory_bytes(device),
-    }
 
 
 class _Endpoint:
@@ -79,7 +65,7 @@ class WeightSender(_Endpoint):
         self._version = 0
 
     def info(self) -> dict[str, Any]:
-        return placement_info(self.device)
+        return EndpointSite.here(self.device).to_wire()
 
     def prepare(self, plan_wire: dict[str, Any]) -> dict[str, Any]:
         """Build (or, for an unchanged plan, re-arm keeping buffers) the engine; rank 0
@@ -107,7 +93,7 @@ class WeightSender(_Endpoint):
             start = time.perf_counter()
             for _ in tensors:
                 pass
-            return dataclasses.asdict(TransferReport(transfer_id, gather_s=_since(start)))
+            return TransferReport(transfer_id, gather_s=_since(start)).to_wire()
         try:
             if self._engine is None:
                 raise WeightSyncError("transfer", "trainer rank 0", "no transport: init first")
@@ -119,7 +105,7 @@ class WeightSender(_Endpoint):
         logger.info(
             "pushed version %d (transfer %d) in %.3f s", version, transfer_id, report.seconds
         )
-        return dataclasses.asdict(report)
+        return report.to_wire()
 
     def commit(self, version: int) -> None:
         """Record that every engine now serves ``version`` (the trainer's side of the
@@ -177,7 +163,7 @@ class WeightReceiver(_Endpoint):
         return f"receiver rank {rank} (pid {os.getpid()}, local rank {self.local_rank})"
 
     def info(self) -> dict[str, Any]:
-        return {"local_rank": self.local_rank, **placement_info(self.device)}
+        return EndpointSite.here(self.device, local_rank=self.local_rank).to_wire()
 
     def connect(
         self, plan_wire: dict[str, Any], ranks: list[list[int]], info: dict[str, Any]
@@ -204,7 +190,7 @@ class WeightReceiver(_Endpoint):
         self._verified = None
         report = self._engine.receive(transfer_id)
         self._verified = transfer_id
-        return dataclasses.asdict(report)
+        return report.to_wire()
 
     def load(self, transfer_id: int) -> dict[str, Any]:
         """Copy the verified staged tensors of push ``transfer_id`` into the engine."""

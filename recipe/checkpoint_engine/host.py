@@ -1,8 +1,9 @@
 """Facts about the process's host that the transports and the backend choice need.
 
 Where shared memory lives (``shm_dir``), how peers on other hosts reach this one (``node_ip``),
-which processes can share memory (``host_id``) and how much memory is free. No torch
-collectives and no engine state here: every transport and the synchronizer read these.
+which processes can share memory (``host_id``) and how much memory is free; ``EndpointSite``
+bundles them for one endpoint (what ``checkpoint_engine.backend=auto`` decides from). No
+torch collectives and no engine state here: every transport and the synchronizer read these.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -58,3 +61,52 @@ def host_id() -> str:
     except OSError:  # not Linux
         boot_id = ""
     return f"{socket.gethostname()}/{boot_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSite:
+    """Where one end of a weight push runs (travels as a plain dict: vLLM's
+    ``collective_rpc`` carries nothing else intact)."""
+
+    host: str
+    """``host_id()``: equal exactly for processes that can share memory."""
+    ip: str
+    """``node_ip()``: the address peers on other hosts reach."""
+    pid: int
+    device: str
+    """The torch device the weights live on (``cpu``, ``cuda:0``)."""
+    device_uuid: str | None
+    """The CUDA device's UUID (None on CPU): equal for endpoints on one GPU."""
+    free_bytes: int
+    """Free memory of ``device`` (host: MemAvailable), for auto-sized buckets."""
+    local_rank: int = 0
+    """The engine worker's rank within its replica (receivers; the sender's is 0)."""
+
+    @classmethod
+    def here(cls, device: torch.device, *, local_rank: int = 0) -> EndpointSite:
+        """This process, with its weights on ``device``."""
+        cuda = device.type == "cuda"
+        return cls(
+            host=host_id(),
+            ip=node_ip(),
+            pid=os.getpid(),
+            device=str(device),
+            device_uuid=str(torch.cuda.get_device_properties(device).uuid) if cuda else None,
+            free_bytes=free_memory_bytes(device),
+            local_rank=local_rank,
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, wire: dict[str, Any]) -> EndpointSite:
+        return cls(
+            host=str(wire["host"]),
+            ip=str(wire["ip"]),
+            pid=int(wire["pid"]),
+            device=str(wire["device"]),
+            device_uuid=wire["device_uuid"],
+            free_bytes=int(wire["free_bytes"]),
+            local_rank=int(wire.get("local_rank", 0)),
+        )

@@ -12,20 +12,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+
+from recipe.checkpoint_engine.host import EndpointSite
 
 MIB = 1 << 20
 MIN_AUTO_BUCKET_BYTES = 1 * MIB
 MAX_AUTO_BUCKET_BYTES = 1024 * MIB
 
 
-def order_receivers(groups: Sequence[Sequence[dict[str, Any]]]) -> list[list[list[int]]]:
+def order_receivers(groups: Sequence[Sequence[EndpointSite]]) -> list[list[list[int]]]:
     """Per group (in worker-group order), ``[[local_rank, global_rank], ...]`` sorted by
     local rank; global ranks run 1..N over the concatenation."""
     mapping: list[list[list[int]]] = []
     next_rank = 1
     for index, workers in enumerate(groups):
-        local = sorted(int(w["local_rank"]) for w in workers)
+        local = sorted(w.local_rank for w in workers)
         if len(set(local)) != len(local):
             raise ValueError(f"rollout replica {index} reports duplicate local ranks {local}")
         if not local:
@@ -35,13 +36,11 @@ def order_receivers(groups: Sequence[Sequence[dict[str, Any]]]) -> list[list[lis
     return mapping
 
 
-def resolve_backend(
-    requested: str, sender: dict[str, Any], receivers: Sequence[dict[str, Any]]
-) -> str:
+def resolve_backend(requested: str, sender: EndpointSite, receivers: Sequence[EndpointSite]) -> str:
     """The transport for this placement (see the module docstring)."""
-    one_host = all(r["host"] == sender["host"] for r in receivers)
-    cuda = sender["device_uuid"] is not None and all(r["device_uuid"] for r in receivers)
-    same_gpu = cuda and all(r["device_uuid"] == sender["device_uuid"] for r in receivers)
+    one_host = all(r.host == sender.host for r in receivers)
+    cuda = sender.device_uuid is not None and all(r.device_uuid for r in receivers)
+    same_gpu = cuda and all(r.device_uuid == sender.device_uuid for r in receivers)
     if requested == "auto":
         if same_gpu:
             return "cuda_ipc"

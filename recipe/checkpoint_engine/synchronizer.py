@@ -1,11 +1,11 @@
-"""``ParameterSynchronizer``: the driver-side owner of weight pushes and of the version.
+"""``ParameterSynchronizer``: the driver side of weight pushes and their failure policy.
 
     driver                     trainer ranks (WeightSender)        rollout replicas (WeightReceiver)
     init_communicator (once; again only after a failed transfer):
       metadata + placement --> rank 0                        <-- info of every engine worker
       prepare(plan) ---------> rank 0: region / store -> info
       connect ---------------> rank 0 init(info)       ||        connect(plan, ranks, info)
-    sync_weights (every phase has a deadline; a failure names the phase and the peer):
+    push(v) (every phase has a deadline; a failure names the phase and the peer):
       agree-before           rank 0 version == v       ==        every replica serves v
       pause                                                      abort in flight (partials kept)
       transfer  -----------> all ranks gather, rank 0 sends ||   stage + checksum every bucket
@@ -18,7 +18,8 @@
 Invariant: an engine changes weights only in ``load``, and ``load`` runs only after every
 replica verified the full push, so a failed or partial transfer leaves every engine paused on
 version v with its old weights. After a failure the synchronizer is ``is_stale`` and the
-engines stay paused; the next ``sync_weights`` rebuilds the transport and retries.
+engines stay paused; ``checkpoint_engine.on_failure`` says whether ``push`` rebuilds the
+transport and tries again.
 """
 
 from __future__ import annotations
@@ -27,14 +28,20 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from recipe.checkpoint_engine.base import ChecksumMismatchError, TransferPlan, WeightSyncError
+from recipe.checkpoint_engine.base import (
+    ChecksumMismatchError,
+    TransferPlan,
+    TransferReport,
+    WeightSyncError,
+)
 from recipe.checkpoint_engine.config import CheckpointEngineConfig
-from recipe.checkpoint_engine.host import shm_dir
+from recipe.checkpoint_engine.host import EndpointSite, shm_dir
 from recipe.checkpoint_engine.layout import BucketLayout
 from recipe.checkpoint_engine.phases import SENDER, replica_peer, wait_phase
 from recipe.checkpoint_engine.placement import (
@@ -44,6 +51,9 @@ from recipe.checkpoint_engine.placement import (
 )
 from recipe.observability.trace import SENDER_TID, Tracer
 
+if TYPE_CHECKING:
+    from recipe.workers.trainer_group import TrainerGroup
+
 logger = logging.getLogger(__name__)
 
 # A peer's own deadline error says what it waited for; the driver waits a little longer so
@@ -52,13 +62,34 @@ _DRIVER_GRACE_S = 2.0
 Timer = Callable[[str], AbstractContextManager[Any]]
 
 
+Receivers = Callable[[], Sequence[Any]]
+"""The rollout replicas' current worker handles, one per replica (asked at every push, so a
+replica restarted by a new worker is reached: the transport is then rebuilt)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PushResult:
+    """What one ``push`` did."""
+
+    version: int
+    """The version every engine serves now (the one pushed from, + 1)."""
+    metrics: dict[str, float]
+    """``sync/*``: seconds per phase, bytes per replica, GB/s end to end."""
+    num_retries: int
+    """Failed attempts retried under ``checkpoint_engine.on_failure=retry``."""
+
+
 class ParameterSynchronizer:
-    """Pushes the trainer group's weights into every rollout replica (module docstring)."""
+    """Pushes the trainer group's weights into every rollout replica (module docstring).
+
+    It holds no weights version of its own: ``push(version)`` is told the version the engines
+    serve and returns the next; the recipe that calls it keeps the version (and checkpoints
+    it)."""
 
     def __init__(
         self,
-        trainer_group: Any,
-        rollout_group: Any,
+        trainer_group: TrainerGroup,
+        receivers: Receivers,
         cfg: CheckpointEngineConfig,
         *,
         bucket_size_bytes: int | None = None,
@@ -66,9 +97,9 @@ class ParameterSynchronizer:
         """``bucket_size_bytes`` overrides ``cfg.bucket_size_mb`` (tests and benchmarks use
         sub-MiB buckets to chunk small models)."""
         self.cfg = cfg
-        self._trainer, self._rollout = trainer_group, rollout_group
+        self._trainer, self._receivers = trainer_group, receivers
+        self._workers: list[Any] = []  # the handles the transport was built for
         self._bucket_override = bucket_size_bytes
-        self._version = int(getattr(rollout_group, "version", 0))
         self._metadata: list[Any] | None = None
         self._layout: BucketLayout | None = None
         self._backend: str | None = None
@@ -76,16 +107,12 @@ class ParameterSynchronizer:
         self._stale = False
         self._next_transfer = 1
         self._file_dir: Path | None = None
-        self.last_metrics: dict[str, float] = {}
+        self.num_retries = 0
+        """Failed pushes retried over the run (``faults/sync_retries``)."""
         self.receiver_ranks: list[list[int]] = []
         """Global receiver ranks of each replica's engine workers (worker-group order)."""
         self.tracer = Tracer(0, None, enabled=False)
         """Each phase is a trace slice here (the owner sets its own tracer)."""
-
-    @property
-    def version(self) -> int:
-        """The version every engine serves (bumped by each successful sync)."""
-        return self._version
 
     @property
     def backend(self) -> str | None:
@@ -112,34 +139,40 @@ class ParameterSynchronizer:
         return {SENDER: self._trainer.workers[0].weight_sender_call.remote(method, *args)}
 
     def _on_replicas(self, method: str, *args: Any) -> dict[str, Any]:
-        workers = self._rollout.workers
+        workers = self._workers
         return {replica_peer(i): getattr(w, method).remote(*args) for i, w in enumerate(workers)}
 
-    def init_communicator(self) -> None:
-        """Resolve backend and bucket size, compute the layout (once), build the transport."""
+    def init_communicator(self, version: int) -> None:
+        """Resolve backend and bucket size, compute the layout (once), build the transport
+        to the replicas' current workers (the trainer side records ``version``)."""
+        self._workers = list(self._receivers())
         if self._metadata is None:
             metadata = {SENDER: self._trainer.workers[0].weight_metadata.remote()}
             self._metadata = self._phase("metadata", metadata)[SENDER]
         infos = self._phase(
             "placement", self._on_sender("info") | self._on_replicas("weight_receiver_call", "info")
         )
-        groups = [infos[replica_peer(i)] for i in range(len(self._rollout.workers))]
+        sender = EndpointSite.from_wire(infos[SENDER])
+        groups = [
+            [EndpointSite.from_wire(w) for w in infos[replica_peer(i)]]
+            for i in range(len(self._workers))
+        ]
         receivers = [worker for group in groups for worker in group]
-        self._backend = resolve_backend(self.cfg.backend, infos[SENDER], receivers)
-        self._phase("placement", self._on_sender("commit", self._version))
+        self._backend = resolve_backend(self.cfg.backend, sender, receivers)
+        self._phase("placement", self._on_sender("commit", version))
         if self._backend == "file":
             if self._file_dir is None:
                 self._file_dir = Path(tempfile.mkdtemp(prefix="weights-", dir=shm_dir()))
             self._connected = True
             return
-        layout = self._layout = self._layout or self._build_layout(infos[SENDER]["free_bytes"])
+        layout = self._layout = self._layout or self._build_layout(sender.free_bytes)
         ranks = order_receivers(groups)
         plan = TransferPlan(
             self._backend, layout, len(receivers), self.cfg.timeout_s, self.cfg.verify
         ).to_wire()
         info = self._phase("prepare", self._on_sender("prepare", plan))[SENDER]
         calls = self._on_sender("init", info)
-        for i, worker in enumerate(self._rollout.workers):
+        for i, worker in enumerate(self._workers):
             calls[replica_peer(i)] = worker.weight_receiver_call.remote(
                 "connect", plan, ranks[i], info
             )
@@ -165,35 +198,65 @@ class ParameterSynchronizer:
 
     # ---- one sync -----------------------------------------------------------------------
 
-    def sync_weights(self, *, timer: Timer | None = None) -> dict[str, float]:
-        """Push the trainer's weights; every engine serves ``version + 1`` afterwards.
+    def push(
+        self,
+        version: int,
+        *,
+        timer: Timer | None = None,
+        repair: Callable[[WeightSyncError], bool] | None = None,
+    ) -> PushResult:
+        """Push the trainer's weights into engines serving ``version``; they serve
+        ``version + 1`` afterwards.
 
-        Returns ``sync/*`` metrics (seconds, bytes per replica, GB/s end to end). Raises
-        ``WeightSyncError`` naming the phase and peer; the engines then stay paused on
-        their old version and ``is_stale`` is True. ``timer(key)`` (e.g.
-        ``MetricsAccumulator.timer``) wraps the whole sync as ``timing/sync_s``.
+        On failure the engines stay paused on ``version`` (never half-updated) and
+        ``checkpoint_engine.on_failure`` decides: ``stop`` raises the ``WeightSyncError`` (it
+        names the phase and the peer); ``retry`` rebuilds the transport and pushes again, at
+        most ``max_retries`` times. A dead trainer rank is never retried (its
+        ``TrainerWorkerError`` is raised); a push cut by a replica that ``repair(exc)`` put
+        right (True: a dead one replaced) is retried uncounted. ``timer(key)`` (e.g.
+        ``MetricsAccumulator.timer``) wraps each attempt as ``timing/sync_s``.
         """
-        with timer("timing/sync_s") if timer is not None else nullcontext():
+        retries_left = self.cfg.max_retries if self.cfg.on_failure == "retry" else 0
+        num_retries = 0
+        while True:
             try:
-                metrics = self._sync()
-            except WeightSyncError:
-                self._stale = True
-                raise
+                with timer("timing/sync_s") if timer is not None else nullcontext():
+                    metrics = self._attempt(version)
+                return PushResult(version + 1, metrics, num_retries)
+            except WeightSyncError as exc:
+                self._trainer.check_alive()
+                if repair is not None and repair(exc):
+                    logger.warning("weight push failed (%s); pushing again to the new worker", exc)
+                elif retries_left > 0:
+                    retries_left -= 1
+                    num_retries += 1
+                    self.num_retries += 1
+                    logger.warning("weight push failed (%s); retrying, %d left", exc, retries_left)
+                else:
+                    raise
+                self.reset_transport()
+
+    def _attempt(self, version: int) -> dict[str, float]:
+        try:
+            metrics = self._sync(version)
+        except WeightSyncError:
+            self._stale = True
+            raise
         self._stale = False
-        self.last_metrics = metrics
         return metrics
 
-    def _sync(self) -> dict[str, float]:
+    def _sync(self, version: int) -> dict[str, float]:
         start = time.perf_counter()
+        if self._connected and list(self._receivers()) != self._workers:
+            self.reset_transport()  # a replica runs on a new worker: it has never joined
         if not self._connected:
-            self.init_communicator()
-        target = self._version + 1
-        self._agree("agree-before", self._version, commit=False)
+            self.init_communicator(version)
+        target = version + 1
+        self._agree("agree-before", version, commit=False)
         pause_start = time.perf_counter()
         self._phase("pause", self._on_replicas("pause"))
         metrics = self._push_file(target) if self._backend == "file" else self._push(target)
         self._agree("agree-after", target, commit=True)
-        self._version = self._rollout.version = target
         self._phase("resume", self._on_replicas("resume"))
         metrics["sync/pause_s"] = time.perf_counter() - pause_start
         if self.cfg.release_buffers:
@@ -225,12 +288,17 @@ class ParameterSynchronizer:
         start = time.perf_counter()
         start_us = time.time() * 1e6
         try:
-            reports = self._phase("transfer", calls)
+            wire = self._phase("transfer", calls)
             transfer_s = time.perf_counter() - start
+            sent = TransferReport.from_wire(wire[SENDER])
+            received = [
+                [TransferReport.from_wire(w) for w in wire[replica_peer(i)]]
+                for i in range(len(self._workers))
+            ]
             # The sender (trainer rank 0) gathers shards before sending; it reports how long.
-            gather_us = start_us + reports[SENDER]["gather_s"] * 1e6
+            gather_us = start_us + sent.gather_s * 1e6
             self.tracer.complete("gather", start_us, gather_us, tid=SENDER_TID, cat="sync")
-            verify_s = self._verify(reports)
+            verify_s = self._verify(sent, received)
         except WeightSyncError:
             self._connected = False  # a broken group / half-written region: rebuild next time
             raise
@@ -238,28 +306,28 @@ class ParameterSynchronizer:
         self._phase("load", self._on_replicas("commit_weights", target, transfer_id))
         assert self._layout is not None
         return {
-            "sync/gather_s": reports[SENDER]["gather_s"],
+            "sync/gather_s": sent.gather_s,
             "sync/transfer_s": transfer_s,
             "sync/verify_s": verify_s,
             "sync/load_s": time.perf_counter() - start,
             "sync/bytes": float(self._layout.model_bytes),
         }
 
-    def _verify(self, reports: dict[str, Any]) -> float:
-        """Driver-side comparison of every receiver's checksums with the sender's; returns
-        the verification cost (sender's checksum time + the slowest receiver's)."""
-        sent = reports[SENDER]
+    def _verify(self, sent: TransferReport, received: list[list[TransferReport]]) -> float:
+        """Driver-side comparison of every receiver's checksums with the sender's (replica
+        i's engine workers in ``received[i]``); returns the verification cost (sender's
+        checksum time + the slowest receiver's)."""
         receiver_s = 0.0
-        for i in range(len(self._rollout.workers)):
-            for worker in reports[replica_peer(i)]:
-                receiver_s = max(receiver_s, worker["verify_s"])
-                if not self.cfg.verify or worker["checksums"] == sent["checksums"]:
+        for i, workers in enumerate(received):
+            for worker in workers:
+                receiver_s = max(receiver_s, worker.verify_s)
+                if not self.cfg.verify or worker.checksums == sent.checksums:
                     continue
-                pairs = zip(worker["checksums"], sent["checksums"], strict=False)
+                pairs = zip(worker.checksums, sent.checksums, strict=False)
                 bad = next((k for k, (a, b) in enumerate(pairs) if a != b), "count")
                 detail = f"bucket {bad} differs from the sender's checksum"
                 raise ChecksumMismatchError("verify", replica_peer(i), detail)
-        return sent["verify_s"] + receiver_s
+        return sent.verify_s + receiver_s
 
     def _push_file(self, target: int) -> dict[str, float]:
         """``backend=file``: one safetensors file in shared memory (no bucket checksums)."""

@@ -1,11 +1,18 @@
-"""Metrics of the responses a step trained (or a validation generated), shared by every mode.
+"""Metrics of the responses a step trained (or a validation generated), and the run's totals,
+shared by every mode. Each recipe adds what is its own (timing, queues, idle ratios)::
 
-Each recipe adds what is its own (staleness, partial rollout, timing) to these::
+    sample_metrics      reward/mean, reward/accuracy, reward/<key> (the extra numbers of a
+                        dict result), response_length/mean, response_length/clip_ratio,
+                        throughput/samples, throughput/tokens
+    staleness_metrics   staleness/mean|max (per response), staleness/token_mean|token_max,
+                        partial/ratio, partial/max_span
+    RunTotals           the same over the run, for summary.json (run_summary)
 
-    reward/mean, reward/accuracy, reward/<key>    what the reward function returned
-                                                  (<key>: the extra numbers of a dict result)
-    response_length/mean, response_length/clip_ratio
-    throughput/samples, throughput/tokens
+Staleness of a response = the trainer's weights version when it is trained minus the oldest
+version that produced one of its tokens (``Trajectory.min_version``); the token variants count
+each response token with its own version. A response is *partial* when its tokens come from
+more than one version (a sync paused it and it went on). The sync baseline trains what the
+current version generated: staleness 0, measured, not assumed.
 
 ``response_length/clip_ratio`` is the share of responses cut at ``rollout.response_length``;
 validation also reports it (``response/clip_ratio``) and warns above ``CLIP_WARN_RATIO``.
@@ -13,7 +20,10 @@ validation also reports it (``response/clip_ratio``) and warns above ``CLIP_WARN
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from recipe.protocol import Trajectory
 
@@ -74,3 +84,104 @@ def clip_warning(ratio: float, response_length: int) -> str | None:
 def _is_metric_name(key: str) -> bool:
     # A metric key part: no whitespace or slashes (tracking.validate_metric_key).
     return bool(key) and not any(c.isspace() or c == "/" for c in key)
+
+
+def staleness_metrics(trajs: Sequence[Trajectory], trainer_version: int) -> dict[str, float]:
+    """staleness/* and partial/* of responses trained at ``trainer_version``."""
+    staleness = [trainer_version - t.min_version for t in trajs if t.token_versions]
+    token_staleness = [trainer_version - v for t in trajs for v in t.token_versions]
+    spans = [t.max_version - t.min_version for t in trajs if t.token_versions]
+    return {
+        "staleness/mean": _mean(staleness),
+        "staleness/max": float(max(staleness, default=0)),
+        "staleness/token_mean": _mean(token_staleness),
+        "staleness/token_max": float(max(token_staleness, default=0)),
+        "partial/ratio": sum(s > 0 for s in spans) / max(len(trajs), 1),
+        "partial/max_span": float(max(spans, default=0)),
+    }
+
+
+def _mean(values: Sequence[int]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+@dataclass(slots=True)
+class RunTotals:
+    """Response-weighted totals over the whole run (for ``summary.json``; checkpointed)."""
+
+    num_samples: int = 0
+    """Responses trained."""
+    num_partial: int = 0
+    """Responses whose tokens came from more than one version."""
+    staleness_sum: float = 0.0
+    """Sum of per-response staleness (versions)."""
+    staleness_max: int = 0
+    """Largest per-response staleness (versions)."""
+    staleness_counts: Counter[int] = field(default_factory=Counter)
+    """Responses trained per staleness (versions)."""
+
+    def add(self, trajs: Sequence[Trajectory], trainer_version: int) -> None:
+        for traj in trajs:
+            self.num_samples += 1
+            if not traj.token_versions:
+                continue
+            staleness = trainer_version - traj.min_version
+            self.staleness_sum += staleness
+            self.staleness_max = max(self.staleness_max, staleness)
+            self.staleness_counts[staleness] += 1
+            self.num_partial += traj.max_version > traj.min_version
+
+    def summary(self) -> dict[str, Any]:
+        num = max(self.num_samples, 1)
+        return {
+            "samples/trained": self.num_samples,
+            "staleness/max": self.staleness_max,
+            "staleness/mean": self.staleness_sum / num,
+            "staleness/histogram": {str(k): n for k, n in sorted(self.staleness_counts.items())},
+            "partial/ratio": self.num_partial / num,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON values (the per-staleness counts get string keys)."""
+        return {
+            "num_samples": self.num_samples,
+            "num_partial": self.num_partial,
+            "staleness_sum": self.staleness_sum,
+            "staleness_max": self.staleness_max,
+            "staleness_counts": {str(k): v for k, v in self.staleness_counts.items()},
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> RunTotals:
+        counts = Counter({int(k): int(v) for k, v in state["staleness_counts"].items()})
+        return cls(
+            num_samples=int(state["num_samples"]),
+            num_partial=int(state["num_partial"]),
+            staleness_sum=float(state["staleness_sum"]),
+            staleness_max=int(state["staleness_max"]),
+            staleness_counts=counts,
+        )
+
+
+def run_summary(
+    mode: str,
+    *,
+    steps: int,
+    version: int,
+    totals: RunTotals,
+    initial_val: Mapping[str, float],
+    final_val: Mapping[str, float],
+    wall_s: float,
+) -> dict[str, Any]:
+    """The ``summary.json`` fields every mode writes; a recipe adds its own (prompts,
+    queues, idle ratios, faults)."""
+    return {
+        "mode": mode,
+        "steps": steps,
+        "param_version": version,
+        "initial/val_accuracy": initial_val.get("val/accuracy"),
+        "final/val_accuracy": final_val.get("val/accuracy"),
+        **totals.summary(),
+        "throughput/samples_per_s": totals.num_samples / wall_s,
+        "wall_s": wall_s,
+    }

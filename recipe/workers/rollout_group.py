@@ -259,6 +259,7 @@ class RolloutGroup:
         prompt_uid: str,
         prompt_ids: list[int],
         *,
+        version: int,
         n: int,
         temperature: float,
         top_p: float = 1.0,
@@ -268,8 +269,8 @@ class RolloutGroup:
         replica: int | None = None,
     ) -> Any:
         """Start one group on ``replica`` (None: the next in service); returns its Ray
-        ObjectRef. Training groups follow ``rollout.length_profile``; validation
-        (``training=False``) always ends at EOS."""
+        ObjectRef; ``version`` (served now) seeds its sampling. Training groups follow
+        ``rollout.length_profile``; validation (``training=False``) always ends at EOS."""
         longtail = training and self.cfg.length_profile == "longtail"
         request = GenerationRequest(
             prompt_uid=prompt_uid,
@@ -279,7 +280,7 @@ class RolloutGroup:
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,
-            seed=request_seed(self.cfg.seed, prompt_uid, self.version),
+            seed=request_seed(self.cfg.seed, prompt_uid, version),
             resume=resume,
             # Budgets depend on the prompt only, so a resumed partial keeps its own.
             sample_max_tokens=longtail_lengths(

@@ -267,11 +267,11 @@ def test_a_dead_replica_is_named_by_the_batch_recipes_and_a_restart_serves_again
         pid = ray.get(group.workers[0].process_ids.remote())["worker"]
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(RolloutWorkerError, match=f"rollout replica 0 died: pid {pid}, "):
-            group.generate([record], [[5, 6, 7]], n=2, temperature=1.0)
+            group.generate([record], [[5, 6, 7]], version=0, n=2, temperature=1.0)
         group.restart(0)
         assert group.in_service == [False]  # until the caller brought it to the served weights
         group.in_service[0] = True
-        (trajs,) = group.generate([record], [[5, 6, 7]], n=2, temperature=1.0)
+        (trajs,) = group.generate([record], [[5, 6, 7]], version=0, n=2, temperature=1.0)
         assert len(trajs) == 2 and ray.get(group.workers[0].process_ids.remote())["worker"] != pid
     finally:
         group.shutdown()

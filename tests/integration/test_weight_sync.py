@@ -144,18 +144,21 @@ def test_sync_makes_every_engine_weight_bitwise_equal_to_the_trainers(
     groups, ray_cluster, rollout_model_path, tmp_path, backend
 ):
     ray, (trainer, rollout) = ray_cluster, groups
-    version = rollout.version
+    version = _versions(ray, rollout)[0]
     trainer.load_hf(_perturbed_dir(rollout_model_path, tmp_path / "model", seed=len(backend)))
     cfg = CheckpointEngineConfig(backend=backend, timeout_s=60)
-    sync = ParameterSynchronizer(trainer, rollout, cfg, bucket_size_bytes=BUCKET_BYTES)
+    sync = ParameterSynchronizer(
+        trainer, lambda: rollout.workers, cfg, bucket_size_bytes=BUCKET_BYTES
+    )
     try:
-        metrics = sync.sync_weights()
+        result = sync.push(version)
+        metrics = result.metrics
         assert sync.backend == backend and sync.layout.num_buckets > 20
         assert sync.receiver_ranks == [[1], [2]]
         assert {k.removeprefix("sync/") for k in metrics} >= SYNC_KEYS
         assert all(isinstance(v, float) for v in metrics.values())
         assert metrics["sync/bytes"] == sync.layout.model_bytes and metrics["sync/gbps"] > 0
-        assert sync.version == rollout.version == version + 1 and not sync.is_stale
+        assert result.version == version + 1 and not sync.is_stale
         assert _versions(ray, rollout) == [version + 1] * 2
         _assert_engines_hold(ray, rollout, trainer.full_state_dict(), tmp_path)
         assert _generate_versions(ray, rollout) == {version + 1}
@@ -168,24 +171,26 @@ def test_corrupted_bucket_is_caught_and_every_engine_keeps_its_old_weights(
     groups, ray_cluster, rollout_model_path, tmp_path
 ):
     ray, (trainer, rollout) = ray_cluster, groups
-    version = rollout.version
+    version = _versions(ray, rollout)[0]
     cfg = CheckpointEngineConfig(backend="gloo", timeout_s=30)
-    sync = ParameterSynchronizer(trainer, rollout, cfg, bucket_size_bytes=BUCKET_BYTES)
+    sync = ParameterSynchronizer(
+        trainer, lambda: rollout.workers, cfg, bucket_size_bytes=BUCKET_BYTES
+    )
     try:
-        sync.init_communicator()
+        sync.init_communicator(version)
         before = trainer.full_state_dict()
         trainer.load_hf(_perturbed_dir(rollout_model_path, tmp_path / "model", seed=7))
         ray.get(trainer.workers[0].weight_sender_call.remote("corrupt_next", 3))
         with pytest.raises(ChecksumMismatchError, match="bucket 3 of") as caught:
-            sync.sync_weights()
+            sync.push(version)
         assert caught.value.phase == "transfer" and "rollout replica" in str(caught.value)
-        assert sync.is_stale and sync.version == version
+        assert sync.is_stale
         assert _versions(ray, rollout) == [version] * 2
         assert all(ray.get([w.is_paused.remote() for w in rollout.workers]))
         _assert_engines_hold(ray, rollout, before, tmp_path)  # the old weights, all of them
         ray.get([w.resume.remote() for w in rollout.workers])
         assert _generate_versions(ray, rollout) == {version}
-        sync.sync_weights()  # the retry rebuilds the group and goes through
+        sync.push(version)  # the retry rebuilds the group and goes through
         assert _versions(ray, rollout) == [version + 1] * 2 and not sync.is_stale
         _assert_engines_hold(ray, rollout, trainer.full_state_dict(), tmp_path)
     finally:
@@ -194,12 +199,14 @@ def test_corrupted_bucket_is_caught_and_every_engine_keeps_its_old_weights(
 
 def test_a_peer_that_never_answers_fails_the_sync_within_the_deadline(groups, ray_cluster):
     ray, (trainer, rollout) = ray_cluster, groups
-    version = rollout.version
+    version = _versions(ray, rollout)[0]
     timeout_s = 3.0
     cfg = CheckpointEngineConfig(backend="shm", timeout_s=timeout_s)
-    sync = ParameterSynchronizer(trainer, rollout, cfg, bucket_size_bytes=BUCKET_BYTES)
+    sync = ParameterSynchronizer(
+        trainer, lambda: rollout.workers, cfg, bucket_size_bytes=BUCKET_BYTES
+    )
     try:
-        sync.init_communicator()
+        sync.init_communicator(version)
         # Trainer rank 1 stops answering: rank 0 waits for it in the FSDP gather and never
         # sends a bucket, so the engines wait in the transfer phase.
         pid = ray.get(trainer.workers[1].weight_sender_call.remote("info"))["pid"]
@@ -207,7 +214,7 @@ def test_a_peer_that_never_answers_fails_the_sync_within_the_deadline(groups, ra
         try:
             start = time.monotonic()
             with pytest.raises(WeightSyncError) as caught:
-                sync.sync_weights()
+                sync.push(version)
             elapsed = time.monotonic() - start
         finally:
             os.kill(pid, signal.SIGCONT)
@@ -218,7 +225,7 @@ def test_a_peer_that_never_answers_fails_the_sync_within_the_deadline(groups, ra
         assert sync.is_stale and _versions(ray, rollout) == [version] * 2
         ray.get([w.resume.remote() for w in rollout.workers])
         assert _generate_versions(ray, rollout) == {version}
-        sync.sync_weights()
+        sync.push(version)
         assert _versions(ray, rollout) == [version + 1] * 2 and not sync.is_stale
     finally:
         sync.shutdown()
@@ -229,12 +236,14 @@ def test_file_backend_and_released_buffers_keep_syncing_correctly(
 ):
     ray, (trainer, rollout) = ray_cluster, groups
     for backend, release, seed in (("file", False, 11), ("shm", True, 12), ("shm", True, 13)):
-        version = rollout.version
+        version = _versions(ray, rollout)[0]
         trainer.load_hf(_perturbed_dir(rollout_model_path, tmp_path / f"m{seed}", seed=seed))
         cfg = CheckpointEngineConfig(backend=backend, timeout_s=60, release_buffers=release)
-        sync = ParameterSynchronizer(trainer, rollout, cfg, bucket_size_bytes=BUCKET_BYTES)
+        sync = ParameterSynchronizer(
+            trainer, lambda: rollout.workers, cfg, bucket_size_bytes=BUCKET_BYTES
+        )
         try:
-            metrics = sync.sync_weights()
+            metrics = sync.push(version).metrics
             assert {k.removeprefix("sync/") for k in metrics} >= SYNC_KEYS
             assert _versions(ray, rollout) == [version + 1] * 2
             _assert_engines_hold(ray, rollout, trainer.full_state_dict(), tmp_path)

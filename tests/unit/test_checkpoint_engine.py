@@ -4,6 +4,8 @@ process group), including corruption and a sender that never sends."""
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +21,7 @@ from recipe.checkpoint_engine.base import (
 )
 from recipe.checkpoint_engine.endpoints import WeightReceiver
 from recipe.checkpoint_engine.factory import make_checkpoint_engine
+from recipe.checkpoint_engine.host import EndpointSite
 from recipe.checkpoint_engine.layout import (
     ALIGN_BYTES,
     PAGE_BYTES,
@@ -143,9 +146,9 @@ def test_checksum_changes_with_any_flipped_byte_and_with_swapped_pages():
 
 def test_receivers_are_sorted_within_each_group_then_concatenated_in_group_order():
     groups = [
-        [{"local_rank": 1}, {"local_rank": 0}],
-        [{"local_rank": 0}],
-        [{"local_rank": 3}, {"local_rank": 2}, {"local_rank": 0}],
+        [_where("a", local_rank=1), _where("a", local_rank=0)],
+        [_where("a", local_rank=0)],
+        [_where("a", local_rank=r) for r in (3, 2, 0)],
     ]
     assert order_receivers(groups) == [
         [[0, 1], [1, 2]],
@@ -153,11 +156,18 @@ def test_receivers_are_sorted_within_each_group_then_concatenated_in_group_order
         [[0, 4], [2, 5], [3, 6]],
     ]
     with pytest.raises(ValueError, match="replica 0 reports duplicate local ranks"):
-        order_receivers([[{"local_rank": 0}, {"local_rank": 0}]])
+        order_receivers([[_where("a"), _where("a")]])
 
 
-def _where(host: str, uuid: str | None = None) -> dict[str, Any]:
-    return {"host": host, "device_uuid": uuid}
+def _where(host: str, uuid: str | None = None, *, local_rank: int = 0) -> EndpointSite:
+    device = "cuda:0" if uuid else "cpu"
+    return EndpointSite(host, "10.0.0.1", 1, device, uuid, 1 << 30, local_rank=local_rank)
+
+
+def test_an_endpoint_site_crosses_the_wire_intact():
+    site = EndpointSite.here(torch.device("cpu"), local_rank=2)
+    assert site.device_uuid is None and site.pid == os.getpid() and site.free_bytes > 0
+    assert EndpointSite.from_wire(json.loads(json.dumps(site.to_wire()))) == site
 
 
 def test_auto_backend_follows_the_placement():

@@ -205,15 +205,12 @@ def test_a_restored_cursor_continues_the_same_order_across_epochs():
     assert [r.uid for r in resumed.take(6)] == expected
 
 
-def _recipe_base(run_dir: Path, resume_mode: str, mode: str = "fully_async"):
-    """The base recipe's resume preparation alone (no Ray, no workers)."""
-    from recipe.separate_trainer import SeparateRayPPOTrainer
+def _checkpointer(run_dir: Path, resume_mode: str, mode: str = "fully_async"):
+    """The run's checkpointer alone (no Ray, no workers): constructing it rewinds."""
+    from recipe.run.checkpointing import RunCheckpointer
 
-    base = SeparateRayPPOTrainer.__new__(SeparateRayPPOTrainer)
-    base.cfg = load_config({"mode": mode, "trainer": {"resume_mode": resume_mode}})
-    base.run_dir, base.train_records = run_dir, [None] * 10
-    base.resume_from, base.resume_state = None, {}
-    return base
+    cfg = load_config({"mode": mode, "trainer": {"resume_mode": resume_mode}})
+    return RunCheckpointer(cfg, run_dir, num_train_prompts=10)
 
 
 def _write_state(run_dir: Path, step: int, mode: str = "fully_async") -> Path:
@@ -233,8 +230,7 @@ def test_resuming_rewinds_metrics_and_ledger_to_the_checkpoint_step(tmp_path):
         ledger.append(step, step, [f"p{step}"])
     _write_state(tmp_path, 4)
     _write_state(tmp_path, 8)
-    base = _recipe_base(tmp_path, str(checkpoint_dir(tmp_path, 4)))
-    base._prepare_resume()
+    base = _checkpointer(tmp_path, str(checkpoint_dir(tmp_path, 4)))
     assert base.resume_from == checkpoint_dir(tmp_path, 4).resolve()
     metrics = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").open()]
     assert metrics == [0, 1, 2, 3, 4]
@@ -245,8 +241,7 @@ def test_resuming_rewinds_metrics_and_ledger_to_the_checkpoint_step(tmp_path):
 def test_a_fresh_start_moves_the_logs_of_an_earlier_attempt_aside(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     (tmp_path / "checkpoints" / ".step_4.partial").mkdir(parents=True)
-    base = _recipe_base(tmp_path, "auto")
-    base._prepare_resume()
+    base = _checkpointer(tmp_path, "auto")
     assert base.resume_from is None
     assert not (tmp_path / "metrics.jsonl").exists()
     assert (tmp_path / "metrics.jsonl.prev").read_text() == '{"step": 1}\n'
@@ -254,7 +249,6 @@ def test_a_fresh_start_moves_the_logs_of_an_earlier_attempt_aside(tmp_path):
 
 def test_a_checkpoint_of_another_mode_is_refused(tmp_path):
     path = _write_state(tmp_path, 4, mode="sync")
-    base = _recipe_base(tmp_path, "auto", mode="fully_async")
     with pytest.raises(ValueError, match="the checkpoint has mode='sync', this run 'fully_async'"):
-        base._prepare_resume()
+        _checkpointer(tmp_path, "auto", mode="fully_async")
     assert latest_checkpoint(tmp_path) == path

@@ -20,7 +20,6 @@ from fully_async_policy import replicas as replicas_module
 from fully_async_policy.replicas import ReplicaSupervisor
 from recipe.checkpoint.store import write_checkpoint
 from recipe.checkpoint_engine.base import WeightSyncError
-from recipe.checkpoint_engine.config import CheckpointEngineConfig
 from recipe.faults import (
     RolloutWorkerError,
     RunFailure,
@@ -30,8 +29,7 @@ from recipe.faults import (
     resume_hint,
 )
 from recipe.observability.config import LoggerConfig
-from recipe.observability.tracking import MetricsAccumulator, Tracker
-from recipe.separate_trainer import SeparateRayPPOTrainer
+from recipe.observability.tracking import Tracker
 from recipe.utils.output_dir import OutputDirError, check_writable_dir
 from recipe.workers.rollout_group import RolloutGroup, failed_health_check
 
@@ -332,87 +330,6 @@ def test_a_pickled_rollout_group_places_round_robin_without_the_supervisor():
     assert [copy.next_replica() for _ in range(3)] == [0, 1, 0]
 
 
-# ---- the weight-push failure policy ------------------------------------------------------------
-
-
-class FakeSynchronizer:
-    def __init__(self, failures: int) -> None:
-        self.failures, self.attempts, self.resets, self.version = failures, 0, 0, 4
-
-    def sync_weights(self, *, timer: Any = None) -> dict[str, float]:
-        self.attempts += 1
-        if self.attempts <= self.failures:
-            raise WeightSyncError("transfer", "rollout replica 0", "no answer within 5.0 s")
-        self.version += 1
-        return {"sync/total_s": 0.5}
-
-    def reset_transport(self) -> None:
-        self.resets += 1
-
-
-def _pusher(failures: int, *, recovers: int = 0, dead_rank: bool = False, **policy: Any) -> Any:
-    def check_alive() -> None:
-        if dead_rank:
-            raise TrainerWorkerError(1, "pid 9, The actor is dead")
-
-    recovered = iter([True] * recovers)
-    return SimpleNamespace(
-        param_sync=FakeSynchronizer(failures),
-        cfg=SimpleNamespace(checkpoint_engine=CheckpointEngineConfig(**policy)),
-        trainer_group=SimpleNamespace(check_alive=check_alive),
-        tracer=SimpleNamespace(span=lambda *a, **k: _Nothing()),
-        fault_counts={"faults/sync_retries": 0},
-        _recover_from_sync_failure=lambda exc: next(recovered, False),
-        version=4,
-    )
-
-
-class _Nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-def _push(trainer: Any) -> None:
-    SeparateRayPPOTrainer._fit_update_weights(trainer, MetricsAccumulator())
-
-
-def test_on_failure_stop_raises_the_first_failure_naming_the_phase():
-    trainer = _pusher(1, on_failure="stop")
-    with pytest.raises(WeightSyncError, match="phase 'transfer' failed at rollout replica 0"):
-        _push(trainer)
-    assert trainer.param_sync.attempts == 1 and trainer.version == 4
-
-
-def test_on_failure_retry_rebuilds_the_transport_and_counts_each_retry():
-    trainer = _pusher(2, on_failure="retry", max_retries=2)
-    _push(trainer)
-    assert trainer.param_sync.attempts == 3 and trainer.param_sync.resets == 2
-    assert trainer.fault_counts["faults/sync_retries"] == 2 and trainer.version == 5
-
-
-def test_on_failure_retry_stops_once_the_retries_are_used_up():
-    trainer = _pusher(5, on_failure="retry", max_retries=2)
-    with pytest.raises(WeightSyncError):
-        _push(trainer)
-    assert trainer.param_sync.attempts == 3 and trainer.version == 4
-
-
-def test_a_push_cut_by_a_replaced_rollout_worker_is_retried_uncounted_even_with_stop():
-    trainer = _pusher(1, recovers=1, on_failure="stop")
-    _push(trainer)
-    assert trainer.param_sync.attempts == 2 and trainer.fault_counts["faults/sync_retries"] == 0
-
-
-def test_a_dead_trainer_rank_is_never_retried():
-    trainer = _pusher(1, dead_rank=True, on_failure="retry", max_retries=3)
-    with pytest.raises(TrainerWorkerError, match="trainer rank 1 died"):
-        _push(trainer)
-    assert trainer.param_sync.attempts == 1
-
-
 # ---- reporting a failure ---------------------------------------------------------------------
 
 
@@ -438,7 +355,8 @@ def test_fails_cleanly_reports_a_worker_death_with_the_resume_point_in_summary_j
 
         def __init__(self) -> None:
             self.run_dir, self.global_step, self.version = tmp_path, 3, 2
-            self.tracker = Tracker(LoggerConfig(backends=["jsonl"], quiet=True), tmp_path)
+            tracker = Tracker(LoggerConfig(backends=["jsonl"], quiet=True), tmp_path)
+            self.run = SimpleNamespace(tracker=tracker)
             self.fault_counts = {"faults/rollout_restarts": 1}
 
         @fails_cleanly
@@ -448,7 +366,7 @@ def test_fails_cleanly_reports_a_worker_death_with_the_resume_point_in_summary_j
     recipe = Recipe()
     with pytest.raises(RunFailure) as caught:
         recipe.fit()
-    recipe.tracker.close()
+    recipe.run.tracker.close()
     message = str(caught.value)
     assert message.startswith("trainer rank 0 died: pid 12, The actor is dead; no checkpoint")
     summary = json.loads((tmp_path / "summary.json").read_text())

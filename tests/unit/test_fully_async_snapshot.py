@@ -13,17 +13,15 @@ import pytest
 from fully_async_policy.admission import AdmissionController
 from fully_async_policy.message_queue import MessageQueue
 from fully_async_policy.messages import PromptGroup
-from fully_async_policy.metrics import RunTotals
 from fully_async_policy.snapshot import (
     decode_group,
     decode_partials,
-    decode_totals,
     encode_group,
     encode_partials,
-    encode_totals,
     merge_releases,
 )
 from recipe.protocol import Trajectory
+from recipe.run.metrics import RunTotals
 
 
 def _group(ticket: int, uid: str, window: int, versions=(0, 0)) -> PromptGroup:
@@ -128,5 +126,5 @@ def test_groups_partials_and_totals_round_trip_through_json():
     partials[0][1].extend(group.trajectories)
     assert decode_partials(json.loads(json.dumps(encode_partials(partials)))) == partials
     totals = RunTotals()
-    totals.add([group], trainer_version=3)
-    assert decode_totals(json.loads(json.dumps(encode_totals(totals)))) == totals
+    totals.add(group.trajectories, trainer_version=3)
+    assert RunTotals.from_state(json.loads(json.dumps(totals.state_dict()))) == totals

@@ -86,31 +86,32 @@ def test_separate_modes_share_gpus_only_when_too_few(
     import ray
 
     from recipe.config import RecipeConfig
-    from recipe.separate_trainer import SeparateRayPPOTrainer
+    from recipe.run import placement
     from recipe.workers.config import ActorConfig
 
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"GPU": float(gpus)})
-    fake = SeparateRayPPOTrainer.__new__(SeparateRayPPOTrainer)
-    fake.cfg = RecipeConfig(
+    monkeypatch.setattr(placement, "init_ray", lambda ray_cfg: None)
+    monkeypatch.setattr(placement, "resolve_device", lambda device: "cuda" if gpus else "cpu")
+    cfg = RecipeConfig(
         mode=mode,
         actor=ActorConfig(n_gpus_per_node=trainer_gpus),
         rollout=RolloutConfig(n_gpus_per_node=engines),
     )
-    fake.device = "cuda" if gpus else "cpu"
-    assert fake.shares_gpus is shared
-    fraction = fake._trainer_gpu_fraction()
-    assert fraction == (0.5 if shared else 1.0)
+    where = placement.Placement(cfg)
+    assert where.shares_gpus is shared
+    assert where.trainer_gpu_fraction == (0.5 if shared else 1.0)
+    assert where.engine_gpu_fraction == (0.5 if shared else 1.0)
 
 
 def test_too_few_gpus_even_to_share_names_the_keys(monkeypatch):
     import ray
 
     from recipe.config import RecipeConfig
-    from recipe.separate_trainer import SeparateRayPPOTrainer
+    from recipe.run import placement
 
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"GPU": 2.0})
-    fake = SeparateRayPPOTrainer.__new__(SeparateRayPPOTrainer)
-    fake.cfg = RecipeConfig(rollout=RolloutConfig(num_replicas=4))
-    fake.device = "cuda"
+    monkeypatch.setattr(placement, "init_ray", lambda ray_cfg: None)
+    monkeypatch.setattr(placement, "resolve_device", lambda device: "cuda")
+    where = placement.Placement(RecipeConfig(rollout=RolloutConfig(num_replicas=4)))
     with pytest.raises(ValueError, match="tensor_parallel_size=4 engine GPUs"):
-        _ = fake.shares_gpus
+        _ = where.shares_gpus

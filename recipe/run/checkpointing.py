@@ -1,0 +1,175 @@
+"""``RunCheckpointer``: a run's checkpoints, its resume, and the prompt ledger they rewind.
+
+    startup   resolve trainer.resume_mode --> check the checkpoint fits this run (mode, train
+              set) --> rewind the run directory to it: metrics.jsonl and ledger.jsonl lose the
+              steps after it, newer checkpoints are set aside (a fresh start keeps an earlier
+              attempt's logs as <name>.prev)
+    each step ledger.jsonl += the prompts trained (record_trained)
+    a push    every trainer.save_freq versions and after the last step: save() writes
+              checkpoints/step_N/ atomically (recipe/checkpoint/store.py)
+    resume    load() puts the weights, optimizer, schedule and RNG back into the trainer group
+              and returns trainer_state.json; the recipe takes its step and version from it
+
+The rewind runs in ``__init__``, before the Tracker opens metrics.jsonl for appending.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from recipe.checkpoint.ledger import LEDGER_FILE, StepLedger
+from recipe.checkpoint.rng import capture_rng, restore_rng
+from recipe.checkpoint.store import (
+    RUN_STATE_DIR,
+    STATE_FILE,
+    read_state,
+    resolve_resume,
+    set_aside_newer,
+    truncate_jsonl,
+    write_checkpoint,
+    write_json,
+)
+from recipe.checkpoint_engine.host import shm_dir
+from recipe.observability.backends import METRICS_FILE
+
+if TYPE_CHECKING:
+    from recipe.config import RecipeConfig
+    from recipe.workers.trainer_group import TrainerGroup
+
+logger = logging.getLogger(__name__)
+
+
+class RunCheckpointer:
+    """Checkpoints and resume of one run directory (see the module docstring)."""
+
+    def __init__(self, cfg: RecipeConfig, run_dir: Path, *, num_train_prompts: int) -> None:
+        self.mode, self.trainer_cfg = cfg.mode, cfg.trainer
+        self.run_dir = Path(run_dir)
+        self.num_train_prompts = num_train_prompts
+        self.resume_from: Path | None = None
+        """The checkpoint this run resumes from (``trainer.resume_mode``), or None."""
+        self.resume_state: dict[str, Any] = {}
+        """Its ``trainer_state.json`` (empty when not resuming)."""
+        self._rewind()
+        self.ledger = StepLedger(self.run_dir)
+        """``ledger.jsonl``: the prompts each trainer step trained."""
+
+    @property
+    def resumed_step(self) -> int:
+        """The trainer step the run resumed at (0: a fresh start)."""
+        return int(self.resume_state.get("global_step", 0))
+
+    def should_save(self, version: int, *, last: bool = False) -> bool:
+        """Every ``trainer.save_freq`` weight versions (= trainer steps in the batch recipes,
+        which push once per step), and after the last step; asked right after a push."""
+        freq = self.trainer_cfg.save_freq
+        return freq > 0 and (version % freq == 0 or last)
+
+    def record_trained(self, step: int, version: int, prompt_uids: list[str]) -> None:
+        """One ``ledger.jsonl`` line: the prompts trained at ``step``."""
+        self.ledger.append(step, version, prompt_uids)
+
+    def save(
+        self,
+        trainer_group: TrainerGroup,
+        *,
+        step: int,
+        version: int,
+        state: dict[str, Any],
+        extra: Callable[[Path], None] | None = None,
+    ) -> Path:
+        """``checkpoints/step_N/``, written atomically: the HF-format policy, optimizer + LR
+        schedule + RNG of every trainer rank, and ``trainer_state.json`` (step, version,
+        driver RNG and the recipe's ``state``). ``extra(run_state_dir)`` adds a recipe's
+        own files."""
+        start = time.perf_counter()
+
+        def fill(partial: Path) -> None:
+            trainer_group.save_hf(partial)
+            trainer_group.save_train_state(partial / RUN_STATE_DIR)
+            if extra is not None:
+                extra(partial / RUN_STATE_DIR)
+            meta = {
+                "format": 1,
+                "mode": self.mode,
+                "global_step": step,
+                "param_version": version,
+                "num_train_prompts": self.num_train_prompts,
+                "rng": capture_rng(),
+                **state,
+            }
+            write_json(partial / STATE_FILE, meta)
+
+        final = write_checkpoint(
+            self.run_dir, step, version, fill, keep=self.trainer_cfg.max_ckpt_to_keep
+        )
+        logger.info("checkpoint of step %d took %.2f s", step, time.perf_counter() - start)
+        return final
+
+    def load(self, trainer_group: TrainerGroup) -> dict[str, Any]:
+        """Load ``resume_from`` into ``trainer_group`` (weights, optimizer, schedule, RNG) and
+        this process's RNG; returns ``trainer_state.json`` (``global_step``,
+        ``param_version`` and the recipe's loop state)."""
+        assert self.resume_from is not None, "load() only when resuming"
+        start = time.perf_counter()
+        trainer_group.load_hf(self.resume_from)
+        trainer_group.load_train_state(self.resume_from / RUN_STATE_DIR)
+        restore_rng(self.resume_state["rng"])
+        logger.info("trainer state loaded in %.2f s", time.perf_counter() - start)
+        return self.resume_state
+
+    def _rewind(self) -> None:
+        """Resolve ``trainer.resume_mode`` and rewind the run directory (module docstring).
+        Raises ValueError (startup) when the checkpoint does not fit this run."""
+        path = resolve_resume(self.trainer_cfg.resume_mode, self.run_dir)
+        if path is None:
+            if self.trainer_cfg.resume_mode == "auto":
+                logger.info(
+                    "trainer.resume_mode=auto: no checkpoint in %s, starting fresh", self.run_dir
+                )
+            self._keep_earlier_logs()
+            return
+        state = read_state(path)
+        expected = {"mode": self.mode, "num_train_prompts": self.num_train_prompts}
+        for key, value in expected.items():
+            if state.get(key) != value:
+                raise ValueError(
+                    f"trainer.resume_mode={str(path)!r}: the checkpoint has {key}="
+                    f"{state.get(key)!r}, this run {value!r}"
+                )
+        step = state["global_step"]
+        truncate_jsonl(self.run_dir / METRICS_FILE, step)
+        truncate_jsonl(self.run_dir / LEDGER_FILE, step)
+        set_aside_newer(self.run_dir, step)
+        self.resume_from, self.resume_state = path, state
+        logger.info("resuming from %s (step %d, version %d)", path, step, state["param_version"])
+
+    def _keep_earlier_logs(self) -> None:
+        # A fresh start never appends to the logs of an earlier attempt in this directory
+        # (e.g. one killed before its first checkpoint): they are kept as <name>.prev.
+        for name in (METRICS_FILE, LEDGER_FILE):
+            log = self.run_dir / name
+            if log.is_file() and log.stat().st_size > 0:
+                log.replace(log.with_name(f"{name}.prev"))
+                logger.warning("starting fresh: the earlier %s is now %s.prev", name, name)
+
+
+@contextlib.contextmanager
+def exported_weights(
+    trainer_group: TrainerGroup, tag: str, *, slot: str | None = None
+) -> Iterator[str]:
+    """The trainer's weights (or those saved in CPU ``slot``) as one safetensors file in
+    shared memory, for engines that load a file (a resume, a restarted replica); removed
+    on exit."""
+    path = Path(shm_dir()) / f"{tag}-{os.getpid()}.safetensors"
+    try:
+        trainer_group.export_weights(str(path), slot=slot)
+        yield str(path)
+    finally:
+        path.unlink(missing_ok=True)

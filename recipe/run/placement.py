@@ -1,0 +1,124 @@
+"""Where a run's workers go: the device, the Ray cluster, and whether trainer and engines
+share GPUs.
+
+    Placement(cfg)
+      device            trainer.device resolved ("auto": cuda when visible)
+      colocated         the sync baseline: trainer ranks and engines on the same GPUs
+      shares_gpus       colocated, or too few GPUs for trainer ranks + engine GPUs
+      trainer_gpu_fraction / engine_gpu_fraction   Ray's share of a GPU for each side
+
+Ray starts on first use (``init_ray``), when a recipe builds its first worker group, so a bad
+config or data file fails before any process is spawned. Every Ray worker inherits
+``worker_env()``: the tiny-model cache, quiet vLLM and offline hubs.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+import torch
+
+from recipe.config import RayConfig, RecipeConfig
+
+logger = logging.getLogger(__name__)
+
+_INHERITED_ENV = (
+    "RECIPE_CACHE_DIR",
+    "VLLM_CPU_KVCACHE_SPACE",
+    "HF_HUB_OFFLINE",
+    "VLLM_LOGGING_LEVEL",
+)
+
+
+def resolve_device(device: str) -> str:
+    """``trainer.device`` as the device to use; "cuda" without one visible is an error."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("trainer.device='cuda' but no CUDA device is visible")
+    return device
+
+
+def worker_env() -> dict[str, str]:
+    """Environment every Ray worker inherits (the tiny-model cache, quiet vLLM/W&B)."""
+    env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    # vLLM logs every pause/reload at INFO; a sync per step would drown the run's own output.
+    env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def init_ray(ray_cfg: RayConfig) -> None:
+    """Start or join the Ray cluster of ``ray.*`` (no-op when this process is connected)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    ray.init(
+        address=ray_cfg.address,
+        num_cpus=ray_cfg.num_cpus if ray_cfg.address is None else None,
+        include_dashboard=ray_cfg.include_dashboard,
+        log_to_driver=True,
+        runtime_env={"env_vars": worker_env()},
+    )
+
+
+class Placement:
+    """The run's device and GPU sharing (see the module docstring)."""
+
+    def __init__(self, cfg: RecipeConfig) -> None:
+        self.cfg = cfg
+        self.device = resolve_device(cfg.trainer.device)
+
+    @property
+    def colocated(self) -> bool:
+        """Trainer ranks and engines share GPUs (the sync baseline); else separate GPUs."""
+        return self.cfg.mode == "sync"
+
+    @functools.cached_property
+    def shares_gpus(self) -> bool:
+        """Trainer ranks and engines are placed on the same GPUs: the colocated baseline, or a
+        separate-resource mode on a cluster with fewer GPUs than trainer ranks + engine GPUs
+        (e.g. one GPU: both run on it, split by ``rollout.gpu_memory_utilization``)."""
+        if self.colocated:
+            return True
+        if self.device != "cuda":
+            return False
+        import ray
+
+        init_ray(self.cfg.ray)
+        cfg = self.cfg
+        engine_gpus = cfg.rollout.replicas * cfg.rollout.tensor_parallel_size
+        have = int(ray.cluster_resources().get("GPU", 0))
+        if have >= cfg.actor.world_size + engine_gpus:
+            return False
+        if engine_gpus > have or cfg.actor.world_size > have:
+            raise ValueError(
+                f"mode={cfg.mode} needs actor.world_size={cfg.actor.world_size} trainer GPUs and "
+                f"rollout replicas x tensor_parallel_size={engine_gpus} engine GPUs; the Ray "
+                f"cluster has {have} GPUs: too few even to share them"
+            )
+        logger.warning(
+            "mode=%s: %d GPUs for %d trainer ranks + %d engine GPUs: trainer and engines share "
+            "GPUs (engines take rollout.gpu_memory_utilization=%.2f of each)",
+            cfg.mode,
+            have,
+            cfg.actor.world_size,
+            engine_gpus,
+            cfg.rollout.gpu_memory_utilization,
+        )
+        return True
+
+    @property
+    def trainer_gpu_fraction(self) -> float:
+        """Ray's GPU share of one trainer rank. Fractions only schedule; the engine's real
+        memory cap is ``rollout.gpu_memory_utilization``."""
+        return 1.0 - self.cfg.rollout.gpu_memory_utilization if self.shares_gpus else 1.0
+
+    @property
+    def engine_gpu_fraction(self) -> float:
+        """Ray's GPU share of one engine worker."""
+        return self.cfg.rollout.gpu_memory_utilization if self.shares_gpus else 1.0

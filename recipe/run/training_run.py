@@ -1,0 +1,132 @@
+"""``TrainingRun``: what the trainer side of a run writes, composed in one object.
+
+    TrainingRun(cfg, run_dir, num_train_prompts)
+      checkpointer   RunCheckpointer: resume (rewinds the run directory first), step_N/, ledger
+      tracker        Tracker: metrics.jsonl, console, wandb, tensorboard, summary.json
+      trace          RunTrace: trace.json, every process's timeline
+      initial_val    validation of the initial weights (kept across resumes)
+
+One per run, opened by the recipe whose driver owns the trainer (sync, one_step_off, the fully
+async trainer); the fully async rollouter runs beside it and writes none of these. The recipe
+keeps the step and the weights version and passes them in; the run object keeps no copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from recipe.observability.trace import RunTrace, Tracer
+from recipe.observability.tracking import Tracker
+from recipe.run.checkpointing import RunCheckpointer
+
+if TYPE_CHECKING:
+    from recipe.config import RecipeConfig
+    from recipe.workers.trainer_group import TrainerGroup
+
+logger = logging.getLogger(__name__)
+
+TraceSource = Callable[[], list[dict[str, Any]]]
+"""Returns the trace events another process buffered since the last call."""
+
+
+class TrainingRun:
+    """The run's records (see the module docstring)."""
+
+    def __init__(self, cfg: RecipeConfig, run_dir: Path, *, num_train_prompts: int) -> None:
+        self.cfg = cfg
+        # Before the Tracker opens metrics.jsonl: a resume first drops what came after it.
+        self.checkpointer = RunCheckpointer(cfg, run_dir, num_train_prompts=num_train_prompts)
+        self.tracker = Tracker(cfg.logger, Path(run_dir), run_config=asdict(cfg))
+        self.trace = RunTrace(Path(run_dir), mode=cfg.mode)
+        self.initial_val: dict[str, float] = dict(
+            self.checkpointer.resume_state.get("initial_val") or {}
+        )
+        """Validation of the initial weights (a resumed run keeps its checkpoint's)."""
+
+    @property
+    def tracer(self) -> Tracer:
+        """The driver's own trace events (trainer phases)."""
+        return self.trace.tracer
+
+    @property
+    def resume_from(self) -> Path | None:
+        return self.checkpointer.resume_from
+
+    @property
+    def resume_state(self) -> dict[str, Any]:
+        return self.checkpointer.resume_state
+
+    # ---- per step -----------------------------------------------------------------------
+
+    def initial_validation(self, validate: Callable[[], dict[str, float]]) -> dict[str, float]:
+        """``validate()`` the initial weights (``trainer.val_before_train``), logged as step
+        0; a resumed run keeps the result its checkpoint holds."""
+        if self.resume_from is None and self.cfg.trainer.val_before_train:
+            self.initial_val = validate()
+            self.tracker.log({**self.initial_val, "trainer/param_version": 0}, step=0)
+        return self.initial_val
+
+    def should_validate(self, version: int) -> bool:
+        """Validate after the push that made ``version`` (every ``trainer.test_freq``)."""
+        freq = self.cfg.trainer.test_freq
+        return freq > 0 and version % freq == 0
+
+    def validated_last(self, step: int, version: int) -> bool:
+        """This process's last step (``step``, which pushed ``version``) validated, so the
+        final validation is done."""
+        return self.should_validate(version) and step > self.checkpointer.resumed_step
+
+    def out_of_time(self, start: float) -> bool:
+        """``trainer.max_wall_s`` has passed since ``start`` (``time.perf_counter()``)."""
+        budget = self.cfg.trainer.max_wall_s
+        return budget is not None and time.perf_counter() - start > budget
+
+    def trace_step(
+        self, step: int, version: int, metrics: dict[str, float], sources: list[TraceSource]
+    ) -> list[dict[str, Any]]:
+        """The step's slice into the trace, then everything buffered into ``trace.json``;
+        returns the events moved (the engines' generation slices among them)."""
+        self.trace.step(step, version, metrics)
+        return self.trace.pull(sources)
+
+    def log_step(
+        self, step: int, version: int, metrics: dict[str, float], trained_uids: list[str]
+    ) -> None:
+        """The step's metrics record, then its ``ledger.jsonl`` line."""
+        self.tracker.log({**metrics, "trainer/param_version": version}, step=step)
+        self.checkpointer.record_trained(step, version, trained_uids)
+
+    # ---- checkpoints --------------------------------------------------------------------
+
+    def should_save(self, version: int, *, last: bool = False) -> bool:
+        return self.checkpointer.should_save(version, last=last)
+
+    def save(
+        self,
+        trainer_group: TrainerGroup,
+        *,
+        step: int,
+        version: int,
+        state: dict[str, Any],
+        extra: Callable[[Path], None] | None = None,
+    ) -> Path:
+        """A checkpoint of ``step`` (RunCheckpointer.save) holding the initial validation
+        and the recipe's loop ``state``."""
+        state = {"initial_val": self.initial_val, **state}
+        return self.checkpointer.save(
+            trainer_group, step=step, version=version, state=state, extra=extra
+        )
+
+    def close(self, sources: list[TraceSource]) -> None:
+        """Pull the last events of ``sources`` into trace.json, then close the tracker; safe
+        to call twice. Call it while the processes behind ``sources`` are still up."""
+        try:
+            self.trace.close(sources)
+        except Exception:  # closing must go on: the tracker still holds the summary
+            logger.exception("closing trace.json failed")
+        self.tracker.close()
