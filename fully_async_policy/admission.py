@@ -34,9 +34,12 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from recipe.utils.config_check import require_positive
+
+Item = TypeVar("Item")
+"""What a finished ticket hands back in release order (the rollouter's ``PromptGroup``)."""
 
 
 def _same(item: Any) -> Any:
@@ -64,7 +67,7 @@ def window_budget(prompts_per_step: int, sync_every_steps: int, staleness_thresh
     return max(demand, math.floor((1.0 + staleness_threshold) * demand + 1e-9))
 
 
-class AdmissionController:
+class AdmissionController(Generic[Item]):
     """Window budget, tickets and release order (see the module docstring for the rules)."""
 
     def __init__(self, *, budget: int, window_demand: int, max_fresh: int | None) -> None:
@@ -83,7 +86,7 @@ class AdmissionController:
         self._next_ticket = 0
         self._tickets: dict[int, Ticket] = {}  # admitted, not released, not retired
         self._unreleased: dict[int, int] = defaultdict(int)  # window -> tickets in _tickets
-        self._held: dict[int, list[tuple[int, Any]]] = defaultdict(list)  # finished, waiting
+        self._held: dict[int, list[tuple[int, Item]]] = defaultdict(list)  # finished, waiting
 
     @property
     def staleness_bound(self) -> int:
@@ -137,15 +140,15 @@ class AdmissionController:
         self._unreleased[new.window] += 1
         return new
 
-    def complete(self, ticket: int, item: Any) -> list[Any]:
+    def complete(self, ticket: int, item: Item) -> list[Item]:
         """``ticket``'s group is finished; returns every group releasable now, in order."""
         if ticket not in self._tickets:
             raise ValueError(f"ticket {ticket} is not admitted or already released")
         self._held[self._tickets[ticket].window].append((ticket, item))
         return self._releasable()
 
-    def _releasable(self) -> list[Any]:
-        out: list[Any] = []
+    def _releasable(self) -> list[Item]:
+        out: list[Item] = []
         for window in sorted(w for w, n in self._unreleased.items() if n > 0):
             for ticket, item in self._held.pop(window, []):
                 del self._tickets[ticket]
@@ -162,7 +165,7 @@ class AdmissionController:
 
     # ---- checkpoints ------------------------------------------------------------------------
 
-    def state_dict(self, encode_item: Callable[[Any], Any] = _same) -> dict[str, Any]:
+    def state_dict(self, encode_item: Callable[[Item], Any] = _same) -> dict[str, Any]:
         """Every counter, live ticket and held group, as JSON-able values (held groups through
         ``encode_item``). ``budget`` and ``window_demand`` are recorded to check a resume."""
         return {
@@ -183,7 +186,7 @@ class AdmissionController:
         }
 
     def load_state_dict(
-        self, state: dict[str, Any], decode_item: Callable[[Any], Any] = _same
+        self, state: dict[str, Any], decode_item: Callable[[Any], Item] = _same
     ) -> None:
         """Continue from ``state_dict()``'s values; ValueError when budget or window demand
         differ (the run's batch or staleness settings changed since)."""
