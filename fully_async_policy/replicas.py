@@ -31,6 +31,7 @@ from recipe.faults import RolloutWorkerError, is_actor_death
 from recipe.workers.rollout_group import (
     HEALTH_TIMEOUT_S,
     ReplicaDeath,
+    RolloutGroup,
     actor_death,
     failed_health_check,
 )
@@ -43,7 +44,7 @@ class ReplicaSupervisor:
 
     def __init__(
         self,
-        group: Any,
+        group: RolloutGroup,
         *,
         max_restarts: int,
         on_fatal: Callable[[BaseException], None],
