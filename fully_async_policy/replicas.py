@@ -46,15 +46,18 @@ class ReplicaSupervisor:
         self,
         group: RolloutGroup,
         *,
+        served_version: Callable[[], int],
         max_restarts: int,
         on_fatal: Callable[[BaseException], None],
         timeout_s: float = 120.0,
     ) -> None:
         """``group``: the rollouter's ``RolloutGroup`` (its groups are placed here from now
-        on); ``on_fatal(error)`` is called when a replica dies with no restart left (or fails
-        to come back up); ``timeout_s`` bounds a pause or resume of one replica
+        on); ``served_version()``: the weights version the replicas serve (the rollouter's);
+        ``on_fatal(error)`` is called when a replica dies with no restart left (or fails to
+        come back up); ``timeout_s`` bounds a pause or resume of one replica
         (``checkpoint_engine.timeout_s``)."""
         self.group = group
+        self._served_version = served_version
         self.in_service = [True] * len(group.workers)
         """Replicas that take new groups: a restarted one joins once it serves the current
         weights."""
@@ -186,7 +189,7 @@ class ReplicaSupervisor:
             await worker.get_version.remote()  # the constructor (engine start) has run
             # The model on disk is version 0. While paused, a push may be changing the
             # version: the trainer, which knows, decides.
-            if self.group.version == 0 and not self.paused:
+            if self._served_version() == 0 and not self.paused:
                 await self._serve(index)
             else:
                 self._needs_weights.add(index)
@@ -202,7 +205,7 @@ class ReplicaSupervisor:
             await self.group.workers[index].pause.remote()
         self.in_service[index] = True
         self._changed.set()
-        logger.info("rollout replica %d serves version %d again", index, self.group.version)
+        logger.info("rollout replica %d serves version %d again", index, self._served_version())
 
     def _fail(self, error: BaseException) -> None:
         logger.error("%s", error)

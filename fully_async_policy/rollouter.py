@@ -106,6 +106,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         self._build_rollout_group()
         self.replicas = ReplicaSupervisor(
             self.rollout_group,
+            served_version=lambda: self.version,
             max_restarts=cfg.rollout.max_restarts,
             on_fatal=self._fail,
             timeout_s=cfg.checkpoint_engine.timeout_s,

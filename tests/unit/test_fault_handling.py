@@ -119,7 +119,13 @@ class FakeGroup:
 
 def _supervisor(group: FakeGroup, max_restarts: int = 3) -> tuple[ReplicaSupervisor, list]:
     fatal: list[BaseException] = []
-    return ReplicaSupervisor(group, max_restarts=max_restarts, on_fatal=fatal.append), fatal
+    sup = ReplicaSupervisor(
+        group,
+        served_version=lambda: group.version,
+        max_restarts=max_restarts,
+        on_fatal=fatal.append,
+    )
+    return sup, fatal
 
 
 async def _settle() -> None:
@@ -181,6 +187,21 @@ def test_a_replica_restarted_after_a_push_waits_for_the_served_weights():
     asyncio.run(scenario())
 
 
+def test_a_replica_restarted_between_syncs_serves_only_after_loading_the_served_version():
+    async def scenario() -> None:
+        group = FakeGroup(2)  # the group's own version stays 0: the rollouter owns it
+        fatal: list[BaseException] = []
+        sup = ReplicaSupervisor(
+            group, served_version=lambda: 2, max_restarts=3, on_fatal=fatal.append
+        )
+        assert await sup.on_failure(1, group.workers[1], _actor_died())
+        assert await sup.recover() == [1] and sup.in_service == [True, False]
+        await sup.install_weights(1, "/dev/shm/w.safetensors", 2)
+        assert sup.in_service == [True, True] and group.workers[1].version == 2
+
+    asyncio.run(scenario())
+
+
 def test_a_replica_that_comes_up_during_a_sync_waits_for_the_trainer_even_at_version_zero():
     async def scenario() -> None:
         group = FakeGroup(1, version=0)
@@ -212,7 +233,9 @@ def test_a_hung_replica_is_not_restarted(monkeypatch):
 def test_pausing_a_hung_replica_fails_within_the_deadline_naming_it():
     async def scenario() -> None:
         group = FakeGroup(2)
-        sup = ReplicaSupervisor(group, max_restarts=3, on_fatal=print, timeout_s=0.05)
+        sup = ReplicaSupervisor(
+            group, served_version=lambda: 0, max_restarts=3, on_fatal=print, timeout_s=0.05
+        )
         group.workers[1].state = "hung"
         with pytest.raises(WeightSyncError, match="phase 'pause' failed at rollout replica 1"):
             await asyncio.wait_for(sup.pause_all(), 5)
