@@ -110,7 +110,7 @@ class RolloutGroup:
         resources: dict[str, Any] = {"num_cpus": 1}
         if device == "cuda":
             resources["num_gpus"] = gpu_fraction
-        # What restart() needs to start a replica again (plain values: the group is pickled).
+        # What restart() needs to start a replica again.
         self._worker_cls, self._resources = worker_cls, resources
         # The worker gets the resolved path: no replica builds or resolves the default itself.
         self._model_cfg = ModelConfig(
@@ -122,10 +122,6 @@ class RolloutGroup:
         ray.get([w.get_version.remote() for w in self.workers])
         self._next_replica = 0
         self._placement: Callable[[], int] | None = None  # see place_with()
-
-    def __getstate__(self) -> dict[str, Any]:
-        # The group travels to the trainer (its weight push); placement stays here.
-        return {**self.__dict__, "_placement": None}
 
     def _start_worker(self, index: int) -> Any:
         import ray
@@ -163,7 +159,7 @@ class RolloutGroup:
     def place_with(self, next_replica: Callable[[], int] | None) -> None:
         """Let ``next_replica()`` name the replica of each group submitted without one (fully
         async: ``ReplicaSupervisor.next_replica``, replicas in service only); None: round
-        robin over every replica. A pickled copy of the group places round robin."""
+        robin over every replica."""
         self._placement = next_replica
 
     def next_replica(self) -> int:
