@@ -25,7 +25,6 @@ rollouter failure at once (it waits on the batch and on the rollouter's ``run`` 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from fully_async_policy.messages import EndOfStream, PromptGroup, RolloutProgress
 from fully_async_policy.metrics import group_metrics
 from fully_async_policy.run_plan import plan_run
+from fully_async_policy.served_weights import PUSHED_SLOT, ServedWeights
 from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE
 from recipe.checkpoint.store import write_json
 from recipe.config import RecipeConfig
@@ -41,7 +41,6 @@ from recipe.faults import fails_cleanly
 from recipe.observability.progress import step_bar, update_bar
 from recipe.observability.trace import traced
 from recipe.observability.tracking import MetricsAccumulator
-from recipe.run.checkpointing import exported_weights
 from recipe.run.metrics import RunTotals, run_summary
 from recipe.run.training_run import TraceSource
 from recipe.separate_trainer import SeparateRayPPOTrainer
@@ -52,10 +51,6 @@ if TYPE_CHECKING:
     from recipe.checkpoint_engine.synchronizer import Receivers
 
 logger = logging.getLogger(__name__)
-
-PUSHED_SLOT = "pushed"
-"""CPU slot holding the weights version last pushed to the engines: decoupled old log-probs
-read it, and a restarted rollout worker is loaded from it (``rollout.max_restarts > 0``)."""
 
 
 class FullyAsyncTrainer(SeparateRayPPOTrainer):
@@ -86,8 +81,8 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         self._last_val: dict[str, float] = {}
         self._rollouter_state: dict[str, Any] | None = None
         """The rollouter's snapshot taken in the last sync, waiting to be checkpointed."""
-        self._pushed_copy_version: int | None = None
-        """The version held in ``PUSHED_SLOT`` (None: nothing saved yet)."""
+        self.served: ServedWeights | None = None
+        """The served version's weights kept in the trainer ranks (built in ``attach``)."""
         self._replica_request: Any = None
         """Pending ``rollouter.wait_replica_request`` (a restarted replica wants weights)."""
         self._num_rollout_restarts = 0
@@ -100,10 +95,9 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         import ray
 
         self.rollouter, self.queue = rollouter, queue
+        self.served = ServedWeights(self.trainer_group, rollouter)
         if self.run.resume_from is not None:
-            with exported_weights(self.trainer_group, f"resume-v{self.version}") as path:
-                ray.get(self.rollouter.load_weights.remote(path, self.version))
-            self._save_pushed_copy()  # the trainer's weights are the served ones right now
+            self.served.serve_resumed(self.version)
             ray.get(self.rollouter.restore.remote(str(self.run.resume_from)))
 
     def _engine_workers(self) -> Receivers:
@@ -153,7 +147,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             if ref in ready or self._run_ref in ready:
                 break
             self._replica_request = None
-            self._heal()
+            self.served.heal(self.version)
         self._wait_s += time.perf_counter() - start
         if ref not in ready:
             ray.get(self._run_ref)  # raises the rollouter's error
@@ -171,7 +165,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         batch = self._make_batch([g.trajectories for g in groups])
         decoupled = not self.cfg.algorithm.rollout_correction.bypass_mode
         if decoupled and local_step == 1 and self.plan.steps_per_sync > 1:
-            self._save_pushed_copy(metrics)
+            self.served.keep(self.version, metrics)
         slot = PUSHED_SLOT if decoupled and local_step > 1 else None
         batch = self._compute_old_log_prob(batch, metrics, slot=slot)
         batch = self._compute_advantages(batch)
@@ -192,7 +186,9 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         metrics = MetricsAccumulator()
         start = time.perf_counter()
         pause = ray.get(self.rollouter.begin_sync.remote())
-        self._heal()  # replicas that died since the last sync receive this push too
+        self.served.heal(
+            self.version
+        )  # replicas that died since the last sync receive this push too
         self._fit_update_weights(metrics)
         if self.run.should_save(self.version, last=last):
             self._rollouter_state = ray.get(self.rollouter.snapshot.remote())
@@ -201,7 +197,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         if self.cfg.rollout.max_restarts > 0:
             # After the engines resumed: the trainer's weights stay the served ones until the
             # next update, so the copy need not hold generation up.
-            self._save_pushed_copy(metrics)
+            self.served.keep(self.version, metrics)
         return metrics.reduce() | {
             "sync/pause_window_s": pause_window_s,
             "sync/quiesce_s": pause.pause_s,
@@ -367,36 +363,9 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
 
     # ---- dead rollout replicas (fully_async_policy/replicas.py) ---------------------------
 
-    def _save_pushed_copy(self, metrics: MetricsAccumulator | None = None) -> None:
-        """Keep the served weights (right after a push: the trainer's own) in ``PUSHED_SLOT``
-        of every trainer rank, once per version."""
-        if self._pushed_copy_version == self.version:
-            return
-        with metrics.timer("timing/save_to_cpu_s") if metrics else contextlib.nullcontext():
-            self.trainer_group.save_model_to_cpu(PUSHED_SLOT)
-        self._pushed_copy_version = self.version
-
-    def _heal(self) -> bool:
-        """Have the rollouter restart dead replicas; load the served weights (``PUSHED_SLOT``)
-        into every restarted one. True when a replica runs on a new worker since the call
-        (a push then reaches it over a rebuilt transport)."""
-        import ray
-
-        before = ray.get(self.rollouter.engine_workers.remote())
-        waiting = ray.get(self.rollouter.recover_replicas.remote())
-        for replica in waiting:
-            if self.version == 0:  # nothing pushed yet: the model on disk is what is served
-                ray.get(self.rollouter.install_weights.remote(replica, None, 0))
-                continue
-            assert self._pushed_copy_version == self.version, "no copy of the served weights"
-            tag = f"restart-v{self.version}"
-            with exported_weights(self.trainer_group, tag, slot=PUSHED_SLOT) as path:
-                ray.get(self.rollouter.install_weights.remote(replica, path, self.version))
-        return ray.get(self.rollouter.engine_workers.remote()) != before
-
     def _recover_from_sync_failure(self, exc: Exception) -> bool:
         """A push that failed because a rollout replica died goes again once it is back."""
-        return self._heal()
+        return self.served.heal(self.version)
 
     def _trace_sources(self) -> list[TraceSource]:
         """The rollouter's buffered trace events, its engines' among them."""

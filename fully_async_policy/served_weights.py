@@ -1,0 +1,75 @@
+"""``ServedWeights``: the trainer's copy of the weights the engines serve, and what needs it.
+
+    push v  --> keep(v): every trainer rank saves its weights to the CPU slot "pushed"
+                (once per version; right after a push they are the served ones)
+    local steps 2..T of a window, bypass_mode=false: old log-probs forward with that slot
+    a replica died --> heal(v): the rollouter restarts it; the slot is exported to a file in
+                       shared memory and the new replica loads it, serving v again
+    resume  --> serve_resumed(v): the trainer's (loaded) weights become every engine's
+
+The slot is needed only while the trainer's own weights differ from the served ones (between
+the first update of a window and the next push), which is when a restarted replica must
+still be given version v.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+from recipe.observability.tracking import MetricsAccumulator
+from recipe.run.checkpointing import exported_weights
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+    from recipe.workers.trainer_group import TrainerGroup
+
+PUSHED_SLOT = "pushed"
+"""CPU slot holding the weights version last pushed to the engines: decoupled old log-probs
+read it, and a restarted rollout worker is loaded from it (``rollout.max_restarts > 0``)."""
+
+
+class ServedWeights:
+    """The served version's weights, kept in every trainer rank (module docstring)."""
+
+    def __init__(self, trainer_group: TrainerGroup, rollouter: ActorHandle) -> None:
+        self.trainer_group, self.rollouter = trainer_group, rollouter
+        self.kept_version: int | None = None
+        """The version held in ``PUSHED_SLOT`` (None: nothing kept yet)."""
+
+    def keep(self, version: int, metrics: MetricsAccumulator | None = None) -> None:
+        """Save the trainer's weights (those of ``version``, just pushed) to ``PUSHED_SLOT``
+        of every trainer rank, once per version (``timing/save_to_cpu_s``)."""
+        if self.kept_version == version:
+            return
+        with metrics.timer("timing/save_to_cpu_s") if metrics else contextlib.nullcontext():
+            self.trainer_group.save_model_to_cpu(PUSHED_SLOT)
+        self.kept_version = version
+
+    def serve_resumed(self, version: int) -> None:
+        """A resumed run: every engine loads the trainer's weights as ``version`` (they
+        start from ``model.path`` at version 0); they are then also the kept copy."""
+        import ray
+
+        with exported_weights(self.trainer_group, f"resume-v{version}") as path:
+            ray.get(self.rollouter.load_weights.remote(path, version))
+        self.keep(version)
+
+    def heal(self, version: int) -> bool:
+        """Have the rollouter restart dead replicas and load the served weights (``version``)
+        into every restarted one. True when a replica runs on a new worker since the call
+        (a push then reaches it over a rebuilt transport)."""
+        import ray
+
+        before = ray.get(self.rollouter.engine_workers.remote())
+        waiting = ray.get(self.rollouter.recover_replicas.remote())
+        for replica in waiting:
+            if version == 0:  # nothing pushed yet: the model on disk is what is served
+                ray.get(self.rollouter.install_weights.remote(replica, None, 0))
+                continue
+            assert self.kept_version == version, "no copy of the served weights"
+            tag = f"restart-v{version}"
+            with exported_weights(self.trainer_group, tag, slot=PUSHED_SLOT) as path:
+                ray.get(self.rollouter.install_weights.remote(replica, path, version))
+        return ray.get(self.rollouter.engine_workers.remote()) != before
