@@ -105,7 +105,6 @@ class RolloutGroup:
         self.cfg = cfg
         self._log_dir = str(log_dir) if log_dir is not None else None
         self._starts: list[int] = []  # workers started per replica
-        self.version = 0
         worker_cls = make_rollout_worker_cls(cfg.backend)
         resources: dict[str, Any] = {"num_cpus": 1}
         if device == "cuda":
@@ -294,7 +293,6 @@ class RolloutGroup:
         import ray
 
         ray.get([w.update_weights_from_file.remote(path, version) for w in self.workers])
-        self.version = version
 
     def drain_trace(self, timeout_s: float = 30.0) -> list[dict[str, Any]]:
         """Every replica's trace slices since the last call (``observability.trace``), replica
