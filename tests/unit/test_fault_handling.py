@@ -101,9 +101,8 @@ class FakeWorker:
 
 
 class FakeGroup:
-    def __init__(self, num: int, version: int = 0) -> None:
+    def __init__(self, num: int) -> None:
         self.workers = [FakeWorker() for _ in range(num)]
-        self.version = version
         self.restarted: list[int] = []
         self.placement: Any = None
 
@@ -116,13 +115,13 @@ class FakeGroup:
         self.placement = next_replica
 
 
-def _supervisor(group: FakeGroup, max_restarts: int = 3) -> tuple[ReplicaSupervisor, list]:
+def _supervisor(
+    group: FakeGroup, max_restarts: int = 3, *, version: int = 0
+) -> tuple[ReplicaSupervisor, list]:
+    """A supervisor of ``group`` whose rollouter serves ``version``."""
     fatal: list[BaseException] = []
     sup = ReplicaSupervisor(
-        group,
-        served_version=lambda: group.version,
-        max_restarts=max_restarts,
-        on_fatal=fatal.append,
+        group, served_version=lambda: version, max_restarts=max_restarts, on_fatal=fatal.append
     )
     return sup, fatal
 
@@ -168,8 +167,8 @@ def test_failures_seen_concurrently_for_one_death_restart_the_replica_once():
 
 def test_a_replica_restarted_after_a_push_waits_for_the_served_weights():
     async def scenario() -> None:
-        group = FakeGroup(1, version=3)
-        sup, _ = _supervisor(group)
+        group = FakeGroup(1)
+        sup, _ = _supervisor(group, version=3)
         sup.paused = True  # a sync is in progress
         assert await sup.on_failure(0, group.workers[0], _actor_died())
         assert await sup.recover() == [0]
@@ -188,11 +187,8 @@ def test_a_replica_restarted_after_a_push_waits_for_the_served_weights():
 
 def test_a_replica_restarted_between_syncs_serves_only_after_loading_the_served_version():
     async def scenario() -> None:
-        group = FakeGroup(2)  # the group's own version stays 0: the rollouter owns it
-        fatal: list[BaseException] = []
-        sup = ReplicaSupervisor(
-            group, served_version=lambda: 2, max_restarts=3, on_fatal=fatal.append
-        )
+        group = FakeGroup(2)
+        sup, _ = _supervisor(group, version=2)
         assert await sup.on_failure(1, group.workers[1], _actor_died())
         assert await sup.recover() == [1] and sup.in_service == [True, False]
         await sup.install_weights(1, "/dev/shm/w.safetensors", 2)
@@ -203,7 +199,7 @@ def test_a_replica_restarted_between_syncs_serves_only_after_loading_the_served_
 
 def test_a_replica_that_comes_up_during_a_sync_waits_for_the_trainer_even_at_version_zero():
     async def scenario() -> None:
-        group = FakeGroup(1, version=0)
+        group = FakeGroup(1)
         sup, _ = _supervisor(group)
         await sup.pause_all()  # the first push may be under way: version 0 or 1 is served
         assert await sup.on_failure(0, group.workers[0], _actor_died())
