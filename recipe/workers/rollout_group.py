@@ -263,7 +263,7 @@ class RolloutGroup:
         training: bool = True,
         replica: int | None = None,
     ) -> Any:
-        """Start one group on ``replica`` (None: the next in service); returns its Ray
+        """Start one group on ``replica`` (None: ``next_replica()``); returns its Ray
         ObjectRef; ``version`` (served now) seeds its sampling. Training groups follow
         ``rollout.length_profile``; validation (``training=False``) always ends at EOS."""
         longtail = training and self.cfg.length_profile == "longtail"
