@@ -1,19 +1,22 @@
 """``python -m fully_async_policy [key=value ...]``: ``python -m recipe mode=fully_async``.
 
-The same Hydra entry, config tree and run directory as ``python -m recipe``; only the mode
-preset is fixed (a ``mode=`` given on the command line is refused, not silently overridden).
+The same entry, config tree and run directory as ``python -m recipe`` (recipe/launch.py); only
+the mode preset is fixed (a ``mode=`` given on the command line is refused, not silently
+overridden).
 """
 
-import sys
+from typing import Any
 
-from recipe.main import cli
+from recipe.launch import launch
+
+
+def _recipe(mode: str) -> Any:
+    from fully_async_policy.main import (
+        FullyAsyncRecipe,  # lazily: a bad command line fails before Ray and torch load
+    )
+
+    return FullyAsyncRecipe
+
 
 if __name__ == "__main__":
-    if any(arg.startswith("mode=") for arg in sys.argv[1:]):
-        print(
-            "error: python -m fully_async_policy runs mode=fully_async; drop the mode= key",
-            file=sys.stderr,
-        )
-        sys.exit(2)
-    sys.argv.insert(1, "mode=fully_async")
-    cli()
+    launch(_recipe, mode="fully_async", program="python -m fully_async_policy")

@@ -41,7 +41,6 @@ from recipe.faults import fails_cleanly
 from recipe.observability.progress import step_bar, update_bar
 from recipe.observability.trace import traced
 from recipe.observability.tracking import MetricsAccumulator
-from recipe.run.metrics import RunTotals, run_summary
 from recipe.run.training_run import TraceSource
 from recipe.separate_trainer import SeparateRayPPOTrainer
 
@@ -75,7 +74,6 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         """Prompt uid of every trained group, in training order."""
         self.ledger: dict[str, list[str]] = {}
         """After ``fit``: prompt uids ``admitted``, ``trained`` and ``in_flight`` at the end."""
-        self.totals = RunTotals()
         self._wait_s = 0.0
         self._progress = RolloutProgress(0.0, 0.0, 0, 0, 0)
         self._last_val: dict[str, float] = {}
@@ -171,7 +169,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         batch = self._compute_advantages(batch)
         self._update_actor(batch, metrics)
         self.trained_uids += [g.prompt_uid for g in groups]
-        self.totals.add([t for g in groups for t in g.trajectories], self.version)
+        self.run.totals.add([t for g in groups for t in g.trajectories], self.version)
         return {**metrics.reduce(), **group_metrics(groups, self.version)}
 
     # ---- weight sync --------------------------------------------------------------------------
@@ -239,7 +237,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
 
         run = self.run
         start = time.perf_counter()
-        initial = run.initial_validation(lambda: ray.get(self.rollouter.validate.remote()))
+        run.initial_validation(lambda: ray.get(self.rollouter.validate.remote()))
         if run.resume_from is not None:  # the sync the checkpoint was taken in ends here
             ray.get(self.rollouter.end_sync.remote(self.version, len(self.trained_uids)))
         self._run_ref = self.rollouter.run.remote()
@@ -270,7 +268,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
                 logger.info("trainer.max_wall_s reached after %d steps", step)
                 break
         bar.close()
-        return self._finish(start, initial)
+        return self._finish(start)
 
     # ---- checkpoints ----------------------------------------------------------------------
 
@@ -294,7 +292,6 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         state = {
             "plan": self._plan_key(),
             "trained_uids": self.trained_uids,
-            "totals": self.totals.state_dict(),
         }
         self.run.save(
             self.trainer_group,
@@ -318,9 +315,8 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         state = self.run.checkpointer.load(self.trainer_group)
         self.global_step, self.version = state["global_step"], state["param_version"]
         self.trained_uids = list(state["trained_uids"])
-        self.totals = RunTotals.from_state(state["totals"])
 
-    def _finish(self, start: float, initial: dict[str, float]) -> dict[str, Any]:
+    def _finish(self, start: float) -> dict[str, Any]:
         """Stop the rollouter, validate the final version, account for every prompt."""
         import ray
 
@@ -336,15 +332,8 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             "trained": list(self.trained_uids),
             "in_flight": ledger.unreleased_uids + [g.prompt_uid for g in leftover],
         }
-        summary = run_summary(
-            self.cfg.mode,
-            steps=self.global_step,
-            version=self.version,
-            totals=self.totals,
-            initial_val=initial,
-            final_val=final,
-            wall_s=wall_s,
-        ) | {
+        self._num_rollout_restarts = ledger.num_restarts
+        extra = {
             "prompts/admitted": len(ledger.admitted_uids),
             "prompts/trained": len(self.trained_uids),
             "prompts/readmitted": ledger.num_readmitted,
@@ -355,11 +344,11 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             "queue/capacity": queue_stats.capacity,
             "queue/max_size": queue_stats.max_size,
             "queue/blocked_puts": queue_stats.num_blocked_puts,
+            **self.fault_counts,
         }
-        self._num_rollout_restarts = ledger.num_restarts
-        summary |= self.fault_counts
-        self.run.tracker.log_summary(summary)
-        return summary
+        return self.run.finish(
+            step=self.global_step, version=self.version, final_val=final, wall_s=wall_s, extra=extra
+        )
 
     # ---- dead rollout replicas (fully_async_policy/replicas.py) ---------------------------
 

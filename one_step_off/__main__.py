@@ -1,19 +1,22 @@
 """``python -m one_step_off [key=value ...]``: ``python -m recipe mode=one_step_off``.
 
-The same Hydra entry, config tree and run directory as ``python -m recipe``; only the mode
-preset is fixed (a ``mode=`` given on the command line is refused, not silently overridden).
+The same entry, config tree and run directory as ``python -m recipe`` (recipe/launch.py); only
+the mode preset is fixed (a ``mode=`` given on the command line is refused, not silently
+overridden).
 """
 
-import sys
+from typing import Any
 
-from recipe.main import cli
+from recipe.launch import launch
+
+
+def _recipe(mode: str) -> Any:
+    from one_step_off.trainer import (
+        OneStepOffTrainer,  # lazily: a bad command line fails before Ray and torch load
+    )
+
+    return OneStepOffTrainer
+
 
 if __name__ == "__main__":
-    if any(arg.startswith("mode=") for arg in sys.argv[1:]):
-        print(
-            "error: python -m one_step_off runs mode=one_step_off; drop the mode= key",
-            file=sys.stderr,
-        )
-        sys.exit(2)
-    sys.argv.insert(1, "mode=one_step_off")
-    cli()
+    launch(_recipe, mode="one_step_off", program="python -m one_step_off")

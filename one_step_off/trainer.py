@@ -37,7 +37,7 @@ from recipe.observability.trace import now_us, traced
 from recipe.observability.trace_file import busy_s, rollout_slices
 from recipe.observability.tracking import MetricsAccumulator
 from recipe.protocol import PromptRecord, Trajectory
-from recipe.run.metrics import RunTotals, run_summary, sample_metrics, staleness_metrics
+from recipe.run.metrics import sample_metrics, staleness_metrics
 from recipe.separate_trainer import SeparateRayPPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -65,8 +65,6 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         run = self._open_run()
         self.cursor = PromptCursor(self.train_records, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
         self.total_steps = self._plan_batch_steps()
-        self.totals = RunTotals()
-        """Responses trained and their staleness, over the run."""
         mini_batches = cfg.prompts_per_step // cfg.actor.ppo_mini_batch_size
         self._build_trainer_group(
             total_optimizer_steps=self.total_steps * mini_batches * cfg.actor.ppo_epochs
@@ -81,8 +79,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         run = self.run
         assert run is not None
         start = time.perf_counter()
-        initial = run.initial_validation(self._validate)
-        last_val = initial
+        last_val = run.initial_validation(self._validate)
         bar = step_bar(self.total_steps, self.cfg.mode, quiet=self.cfg.logger.quiet)
         pending = self._first_batch()
         while pending is not None:
@@ -120,7 +117,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
                 break
         bar.close()
         final = last_val if run.validated_last(self.global_step, self.version) else self._validate()
-        return self._summarize(initial, final, time.perf_counter() - start)
+        return self._summarize(final, time.perf_counter() - start)
 
     # ---- steps of the loop --------------------------------------------------------------
 
@@ -153,7 +150,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
 
     def _loop_state(self, pending: PendingBatch | None) -> dict[str, Any]:
         """What a checkpoint after a push needs: the cursor (past the pending batch), the
-        pending batch itself (finished: it was waited for before the push) and the totals."""
+        pending batch itself (finished: it was waited for before the push)."""
         saved = None
         if pending is not None:
             assert pending.groups is not None, "the push waits for the pending batch"
@@ -165,7 +162,6 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         return {
             "cursor": self.cursor.state_dict(),
             "pending": saved,
-            "totals": self.totals.state_dict(),
         }
 
     def _resume(self) -> PendingBatch | None:
@@ -174,7 +170,6 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         self.global_step, self.version = state["global_step"], state["param_version"]
         self._restore_engines()
         self.cursor.load_state_dict(state["cursor"])
-        self.totals = RunTotals.from_state(state["totals"])
         saved = state["pending"]
         if saved is None:
             return None
@@ -229,23 +224,18 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
 
     def _sample_metrics(self, trajs: list[Trajectory]) -> dict[str, float]:
         """Reward, length and staleness of one batch, trained on ``self.version``."""
-        self.totals.add(trajs, self.version)
+        self.run.totals.add(trajs, self.version)
         return {**sample_metrics(trajs), **staleness_metrics(trajs, self.version)}
 
-    def _summarize(
-        self, initial: dict[str, float], final: dict[str, float], wall_s: float
-    ) -> dict[str, Any]:
-        summary = run_summary(
-            self.cfg.mode,
-            steps=self.global_step,
+    def _summarize(self, final: dict[str, float], wall_s: float) -> dict[str, Any]:
+        return self.run.finish(
+            step=self.global_step,
             version=self.version,
-            totals=self.totals,
-            initial_val=initial,
             final_val=final,
             wall_s=wall_s,
-        ) | {
-            "prompts/admitted": self.cursor.num_handed_out,
-            "prompts/trained": self.global_step * self.cfg.prompts_per_step,
-        }
-        self.run.tracker.log_summary(summary)
-        return summary
+            extra={
+                "prompts/admitted": self.cursor.num_handed_out,
+                "prompts/trained": self.global_step * self.cfg.prompts_per_step,
+                **self.fault_counts,
+            },
+        )

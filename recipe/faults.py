@@ -24,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from recipe.utils.ray_errors import remote_cause
+
 logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -77,13 +79,6 @@ def describe_death(exc: BaseException) -> str:
     reason = details[0] if details else lines[0] if lines else type(exc).__name__
     reason = reason.split(". ")[0].rstrip(".")
     return f"pid {pid.group(1)}, {reason}" if pid else reason
-
-
-def remote_cause(exc: BaseException) -> BaseException:
-    """The error an actor raised, unwrapped from the ``RayTaskError`` that carries it as
-    ``cause`` (whose own text is the remote traceback); ``exc`` itself otherwise."""
-    cause = getattr(exc, "cause", None)
-    return cause if isinstance(cause, BaseException) else exc
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

@@ -25,7 +25,7 @@ from recipe.data.cursor import PromptCursor
 from recipe.faults import fails_cleanly
 from recipe.observability.progress import step_bar, update_bar
 from recipe.observability.tracking import MetricsAccumulator
-from recipe.run.metrics import RunTotals, run_summary, sample_metrics, staleness_metrics
+from recipe.run.metrics import sample_metrics, staleness_metrics
 from recipe.separate_trainer import SeparateRayPPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -44,15 +44,12 @@ class SyncTrainer(SeparateRayPPOTrainer):
             total_optimizer_steps=self.total_steps * mini_batches * cfg.actor.ppo_epochs
         )
         self._build_rollout_group()
-        self.totals = RunTotals()
-        """Responses trained and their staleness (0: measured), over the run."""
         self._trained_now: list[str] = []
         """Prompt uids of the step being trained (for ledger.jsonl)."""
         if run.resume_from is not None:
             state = run.checkpointer.load(self.trainer_group)
             self.global_step, self.version = state["global_step"], state["param_version"]
             self.cursor.load_state_dict(state["cursor"])
-            self.totals = RunTotals.from_state(state["totals"])
             self._restore_engines()
 
     @fails_cleanly
@@ -60,8 +57,7 @@ class SyncTrainer(SeparateRayPPOTrainer):
         run = self.run
         assert run is not None
         start = time.perf_counter()
-        initial = run.initial_validation(self._validate)
-        last_val = initial
+        last_val = run.initial_validation(self._validate)
         bar = step_bar(self.total_steps, self.cfg.mode, quiet=self.cfg.logger.quiet)
         for _ in range(self.global_step, self.total_steps):
             metrics = self._train_step()
@@ -76,7 +72,7 @@ class SyncTrainer(SeparateRayPPOTrainer):
             if run.should_save(
                 self.version, last=out_of_time or self.global_step == self.total_steps
             ):
-                state = {"cursor": self.cursor.state_dict(), "totals": self.totals.state_dict()}
+                state = {"cursor": self.cursor.state_dict()}
                 run.save(
                     self.trainer_group, step=self.global_step, version=self.version, state=state
                 )
@@ -86,21 +82,17 @@ class SyncTrainer(SeparateRayPPOTrainer):
                 break
         bar.close()
         final = last_val if run.validated_last(self.global_step, self.version) else self._validate()
-        wall_s = time.perf_counter() - start
-        summary = run_summary(
-            self.cfg.mode,
-            steps=self.global_step,
+        return run.finish(
+            step=self.global_step,
             version=self.version,
-            totals=self.totals,
-            initial_val=initial,
             final_val=final,
-            wall_s=wall_s,
-        ) | {
-            "prompts/admitted": self.cursor.num_handed_out,
-            "prompts/trained": self.global_step * self.cfg.prompts_per_step,
-        }
-        run.tracker.log_summary(summary)
-        return summary
+            wall_s=time.perf_counter() - start,
+            extra={
+                "prompts/admitted": self.cursor.num_handed_out,
+                "prompts/trained": self.global_step * self.cfg.prompts_per_step,
+                **self.fault_counts,
+            },
+        )
 
     def _train_step(self) -> dict[str, float]:
         cfg = self.cfg
@@ -122,7 +114,7 @@ class SyncTrainer(SeparateRayPPOTrainer):
             self._score(record, trajs)
         trajs = [t for g in groups for t in g]
         samples = sample_metrics(trajs) | staleness_metrics(trajs, self.version)
-        self.totals.add(trajs, self.version)  # before the push: the version that generated them
+        self.run.totals.add(trajs, self.version)  # before the push: the version that generated them
         batch = self._make_batch(groups)
         batch = self._compute_old_log_prob(batch, metrics)
         batch = self._compute_advantages(batch)

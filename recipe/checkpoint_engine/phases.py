@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from recipe.checkpoint_engine.base import WeightSyncError
+from recipe.utils.ray_errors import remote_cause
 
 SENDER = "trainer rank 0"
 
@@ -46,7 +47,7 @@ def wait_phase(phase: str, calls: dict[str, Any], timeout_s: float) -> dict[str,
 
 
 def _phase_error(phase: str, peer: str, exc: BaseException, busy: list[str]) -> WeightSyncError:
-    cause = getattr(exc, "cause", None) or exc  # a RayTaskError wraps the peer's exception
+    cause = remote_cause(exc)
     still = f" (still busy: {', '.join(busy)})" if busy else ""
     if isinstance(cause, WeightSyncError):
         error_cls = type(cause)

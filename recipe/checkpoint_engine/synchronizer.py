@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from recipe.checkpoint_engine.base import (
     ChecksumMismatchError,
@@ -51,15 +51,27 @@ from recipe.checkpoint_engine.placement import (
 )
 from recipe.observability.trace import SENDER_TID, Tracer
 
-if TYPE_CHECKING:
-    from recipe.workers.trainer_group import TrainerGroup
-
 logger = logging.getLogger(__name__)
 
 # A peer's own deadline error says what it waited for; the driver waits a little longer so
 # that error, not the driver's generic one, is what the caller sees.
 _DRIVER_GRACE_S = 2.0
 Timer = Callable[[str], AbstractContextManager[Any]]
+
+
+class TrainerRanks(Protocol):
+    """What a push needs of the trainer's group (recipe/workers/trainer_group.py)."""
+
+    workers: list[Any]
+    """Trainer rank actors; rank 0 sends."""
+
+    def submit_all(self, method: str, *args: Any) -> list[Any]:
+        """Call ``method`` on every rank; their ObjectRefs."""
+        ...
+
+    def check_alive(self) -> None:
+        """Raise ``TrainerWorkerError`` naming a dead rank."""
+        ...
 
 
 Receivers = Callable[[], Sequence[Any]]
@@ -88,7 +100,7 @@ class ParameterSynchronizer:
 
     def __init__(
         self,
-        trainer_group: TrainerGroup,
+        trainer_group: TrainerRanks,
         receivers: Receivers,
         cfg: CheckpointEngineConfig,
         *,

@@ -5,6 +5,7 @@
       tracker        Tracker: metrics.jsonl, console, wandb, tensorboard, summary.json
       trace          RunTrace: trace.json, every process's timeline
       initial_val    validation of the initial weights (kept across resumes)
+      totals         RunTotals: responses trained and their staleness (kept across resumes)
 
 One per run, opened by the recipe whose driver owns the trainer (sync, one_step_off, the fully
 async trainer); the fully async rollouter runs beside it and writes none of these. The recipe
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from recipe.observability.trace import RunTrace, Tracer
 from recipe.observability.tracking import Tracker
 from recipe.run.checkpointing import RunCheckpointer
+from recipe.run.metrics import RunTotals, run_summary
 
 if TYPE_CHECKING:
     from recipe.config import RecipeConfig
@@ -47,6 +49,9 @@ class TrainingRun:
             self.checkpointer.resume_state.get("initial_val") or {}
         )
         """Validation of the initial weights (a resumed run keeps its checkpoint's)."""
+        saved = self.checkpointer.resume_state.get("totals")
+        self.totals = RunTotals.from_state(saved) if saved is not None else RunTotals()
+        """Responses trained and their staleness over the run (``add`` them each step)."""
 
     @property
     def tracer(self) -> Tracer:
@@ -115,12 +120,36 @@ class TrainingRun:
         state: dict[str, Any],
         extra: Callable[[Path], None] | None = None,
     ) -> Path:
-        """A checkpoint of ``step`` (RunCheckpointer.save) holding the initial validation
-        and the recipe's loop ``state``."""
-        state = {"initial_val": self.initial_val, **state}
+        """A checkpoint of ``step`` (RunCheckpointer.save) holding the initial validation,
+        the run totals and the recipe's loop ``state``."""
+        state = {"initial_val": self.initial_val, "totals": self.totals.state_dict(), **state}
         return self.checkpointer.save(
             trainer_group, step=step, version=version, state=state, extra=extra
         )
+
+    def finish(
+        self,
+        *,
+        step: int,
+        version: int,
+        final_val: dict[str, float],
+        wall_s: float,
+        extra: dict[str, Any],
+    ) -> dict[str, Any]:
+        """Write ``summary.json``: what every mode reports (run_summary), then the recipe's
+        ``extra`` (prompts, queues, idle ratios, faults); returns it."""
+        summary = run_summary(
+            self.cfg.mode,
+            steps=step,
+            version=version,
+            totals=self.totals,
+            initial_val=self.initial_val,
+            final_val=final_val,
+            wall_s=wall_s,
+        )
+        summary |= extra
+        self.tracker.log_summary(summary)
+        return summary
 
     def close(self, sources: list[TraceSource]) -> None:
         """Pull the last events of ``sources`` into trace.json, then close the tracker; safe

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recipe.faults import RolloutWorkerError, describe_death, is_actor_death, remote_cause
+from recipe.faults import RolloutWorkerError, describe_death, is_actor_death
 from recipe.model import HFModelConfig, ModelConfig
 from recipe.protocol import PromptRecord, Trajectory
+from recipe.utils.ray_errors import remote_cause
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout import make_rollout_worker_cls
 from recipe.workers.rollout.base import GenerationRequest, longtail_lengths

@@ -29,14 +29,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import task_shapes as shapes
 from hydra import compose, initialize_config_dir
 
 from recipe.config import load_config
 from recipe.faults import RunFailure
-from recipe.main import CONFIG_DIR
+from recipe.launch import CONFIG_DIR
+from recipe.main import recipe_class
+from tests.helpers import task_shapes as shapes
+from tests.helpers.runs import read_metrics
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_for_module")]
 
 REPO = Path(__file__).resolve().parents[2]
 BUDGET_TOKENS = 1024
@@ -52,44 +54,16 @@ COMMON = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_for_module():
-    """One local Ray for the module (the first recipe starts it), shut down after."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    yield
-    import ray
-
-    ray.shutdown()
-
-
-def _recipe_cls(mode: str) -> Any:
-    if mode == "sync":
-        from recipe.sync_trainer import SyncTrainer
-
-        return SyncTrainer
-    if mode == "one_step_off":
-        from one_step_off.trainer import OneStepOffTrainer
-
-        return OneStepOffTrainer
-    from fully_async_policy.main import FullyAsyncRecipe
-
-    return FullyAsyncRecipe
-
-
 def run(run_dir: Path, overrides: list[str]) -> tuple[dict[str, Any], Any]:
     """Compose ``overrides`` like the CLI, run the recipe to the end; (summary, recipe)."""
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         cfg = load_config(compose(config_name="config", overrides=COMMON + overrides))
-    recipe = _recipe_cls(cfg.mode)(cfg, run_dir)
+    recipe = recipe_class(cfg.mode)(cfg, run_dir)
     try:
         summary = recipe.fit()
     finally:
         recipe.close()
     return summary, recipe
-
-
-def metrics_of(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def check_complete(run_dir: Path, summary: dict[str, Any], steps: int) -> list[dict[str, Any]]:
@@ -100,7 +74,7 @@ def check_complete(run_dir: Path, summary: dict[str, Any], steps: int) -> list[d
     assert [r["step"] for r in ledger] == list(range(1, steps + 1))
     trained = [uid for r in ledger for uid in r["trained"]]
     assert len(trained) == summary["prompts/trained"] and len(set(trained)) == len(trained)
-    assert [r["step"] for r in metrics_of(run_dir) if r["step"] > 0] == list(range(1, steps + 1))
+    assert [r["step"] for r in read_metrics(run_dir) if r["step"] > 0] == list(range(1, steps + 1))
     return ledger
 
 
@@ -142,7 +116,7 @@ def test_sync_chat_template_gsm8k_long_prompts_over_the_token_budget_dict_reward
     assert recipe.model.tokenizer.decode(recipe.prompt_ids[chat_uid]).startswith("<|user|>\n")
     plain_uid = "train:gsm8k_train.jsonl:1"  # a plain string: the template wraps it too
     assert recipe.model.tokenizer.decode(recipe.prompt_ids[plain_uid]).startswith("<|user|>\n")
-    steps = [r for r in metrics_of(run_dir) if r["step"] > 0]
+    steps = [r for r in read_metrics(run_dir) if r["step"] > 0]
     for record in steps:  # the dict's extra numbers, the string "pred" is not one
         assert {"reward/acc", "reward/has_number"} <= record.keys()
         assert "reward/pred" not in record
@@ -173,7 +147,7 @@ def test_fully_async_parquet_plain_strings_math_and_gsm8k_scorers_responses_cut_
         ],
     )
     check_complete(run_dir, summary, steps=6)
-    steps = [r for r in metrics_of(run_dir) if r["step"] > 0]
+    steps = [r for r in read_metrics(run_dir) if r["step"] > 0]
     assert max(r["partial/ratio"] for r in steps) > 0, "no response was cut by a sync"
     assert max(r["partial/max_span"] for r in steps) >= 1
     assert summary["staleness/max"] <= summary["staleness/bound"]
@@ -205,7 +179,7 @@ def test_one_step_off_chat_messages_without_template_and_an_async_float_reward(
         ],
     )
     check_complete(run_dir, summary, steps=3)
-    steps = [r for r in metrics_of(run_dir) if r["step"] > 0]
+    steps = [r for r in read_metrics(run_dir) if r["step"] > 0]
     for record in steps:  # a plain float per response: the reward, and no extras
         assert 0.0 <= record["reward/mean"] <= 1.0
         assert not {k for k in record if k.startswith("reward/")} - {

@@ -14,7 +14,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from recipe.config import RecipeConfig
-from recipe.main import CONFIG_DIR
+from recipe.launch import CONFIG_DIR
 from recipe.utils.overrides import (
     OverrideError,
     _OverrideChecker,
