@@ -53,11 +53,11 @@ from fully_async_policy.snapshot import (
     encode_ticket,
     merge_releases,
 )
+from fully_async_policy.validation import VersionValidation
 from recipe.checkpoint.rng import capture_rng, restore_rng
 from recipe.checkpoint.store import RUN_STATE_DIR
 from recipe.config import RecipeConfig
 from recipe.data.cursor import PromptCursor
-from recipe.faults import RolloutWorkerError
 from recipe.observability.trace import ROLLOUTER_PID, ROLLOUTER_TIDS, Tracer, now_us, traced
 from recipe.protocol import Trajectory
 from recipe.reward import RewardError
@@ -126,9 +126,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         self._loop_done = asyncio.Event()
         self._loop_done.set()
         self._clock = _IdleClock()
-        self._val_task: asyncio.Task | None = None
-        self._val_results: dict[int, dict[str, float]] = {}
-        self._val_unreported: dict[int, dict[str, float]] = {}
+        self.validation = VersionValidation(self._validate, self.replicas, cfg.trainer.test_freq)
         for track, tid in ROLLOUTER_TIDS.items():
             self.tracer.name_thread(tid, track)
 
@@ -259,7 +257,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         start = time.perf_counter()
         self._admitting = False
         self.replicas.hold(True)
-        await self._finish_validation()
+        await self.validation.finish()
         num_drained = 0
         if self.cfg.async_training.partial_rollout:
             await self.replicas.pause_all()
@@ -284,9 +282,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
             self._start(ticket, resume=None)
         self._deferred = []
         self._admitting = True
-        test_freq = self.cfg.trainer.test_freq
-        if test_freq > 0 and version % test_freq == 0:
-            self._val_task = asyncio.create_task(self._validate_version(version))
+        self.validation.start(version)
         self._wake.set()
 
     def _resume_partial(self, ticket: Ticket, trajs: list[Trajectory]) -> None:
@@ -317,30 +313,11 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         else:
             self._deferred.append(new)
 
-    # ---- validation -------------------------------------------------------------------------
-
-    async def _validate_version(self, version: int) -> None:
-        results: dict[str, float] = {}
-        try:
-            if any(self.replicas.in_service):
-                results = await asyncio.to_thread(self._validate)
-        except RolloutWorkerError as exc:  # skipped; a dead replica is restarted
-            logger.warning("validation of version %d skipped: %s", version, exc)
-            await self.replicas.check_all()
-        self._val_results[version] = self._val_unreported[version] = results
-
-    async def _finish_validation(self) -> None:
-        if self._val_task is not None:
-            await self._val_task
-            self._val_task = None
+    # ---- validation (fully_async_policy/validation.py) -------------------------------------
 
     async def validate(self) -> dict[str, float]:
         """Validation metrics of the version the engines serve now (once per version)."""
-        await self._finish_validation()
-        if self.version not in self._val_results:
-            await self._validate_version(self.version)
-        self._val_unreported.pop(self.version, None)
-        return self._val_results[self.version]
+        return await self.validation.result(self.version)
 
     # ---- checkpoints ------------------------------------------------------------------------
 
@@ -391,14 +368,13 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
 
     def poll(self) -> RolloutProgress:
         """Cumulative counters, and validation results not reported before."""
-        results, self._val_unreported = self._val_unreported, {}
         return RolloutProgress(
             elapsed_s=time.perf_counter() - self._clock.start,
             idle_s=self._clock.idle_s(),
             num_admitted=self.admission.num_admitted,
             num_readmitted=self.admission.num_readmitted,
             num_in_flight=len(self._in_flight),
-            val_results=results,
+            val_results=self.validation.take_unreported(),
             num_restarts=self.replicas.num_restarts,
         )
 
@@ -407,7 +383,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         self._stopped, self._admitting = True, False
         self.replicas.hold(True)
         self._wake.set()
-        await self._finish_validation()
+        await self.validation.finish()
         await self.replicas.pause_all()
         await self._loop_done.wait()
         await self.replicas.resume_all()

@@ -1,0 +1,73 @@
+"""``VersionValidation``: each weights version validated on the engines, beside training.
+
+    end_sync(v), v % trainer.test_freq == 0  -->  start(v): a task validates v on the serving
+                                                  replicas while training generation goes on
+    begin_sync / stop                        -->  finish(): wait for it, so every val answer
+                                                  comes from one version
+    the trainer's poll                       -->  take_unreported(): results not sent yet
+    validate(v) (initial and final weights)  -->  once per version: a result already there
+                                                  is reused
+
+A replica that dies during validation skips that version's result (logged, an empty dict) and
+is restarted by the supervisor; training is not held up by it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from fully_async_policy.replicas import ReplicaSupervisor
+from recipe.faults import RolloutWorkerError
+
+logger = logging.getLogger(__name__)
+
+
+class VersionValidation:
+    """Validation results by version (see the module docstring)."""
+
+    def __init__(
+        self, validate: Callable[[], dict[str, float]], replicas: ReplicaSupervisor, test_freq: int
+    ) -> None:
+        """``validate()``: generate and score the val set on the engines (blocking; it runs
+        in a thread)."""
+        self._validate, self.replicas, self.test_freq = validate, replicas, test_freq
+        self._task: asyncio.Task | None = None
+        self._results: dict[int, dict[str, float]] = {}
+        self._unreported: dict[int, dict[str, float]] = {}
+
+    def start(self, version: int) -> None:
+        """Begin validating ``version`` if ``trainer.test_freq`` says so."""
+        if self.test_freq > 0 and version % self.test_freq == 0:
+            self._task = asyncio.create_task(self._run(version))
+
+    async def finish(self) -> None:
+        """Wait for the running validation, if any."""
+        if self._task is not None:
+            await self._task
+            self._task = None
+
+    async def result(self, version: int) -> dict[str, float]:
+        """Validation metrics of ``version`` (the one served now), validating it if no
+        result exists yet; it is then reported here, not by ``take_unreported``."""
+        await self.finish()
+        if version not in self._results:
+            await self._run(version)
+        self._unreported.pop(version, None)
+        return self._results[version]
+
+    def take_unreported(self) -> dict[int, dict[str, float]]:
+        """Results not reported before, by version."""
+        results, self._unreported = self._unreported, {}
+        return results
+
+    async def _run(self, version: int) -> None:
+        results: dict[str, float] = {}
+        try:
+            if any(self.replicas.in_service):
+                results = await asyncio.to_thread(self._validate)
+        except RolloutWorkerError as exc:  # skipped; a dead replica is restarted
+            logger.warning("validation of version %d skipped: %s", version, exc)
+            await self.replicas.check_all()
+        self._results[version] = self._unreported[version] = results
