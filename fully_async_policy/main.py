@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fully_async_policy.message_queue import make_message_queue
 from fully_async_policy.rollouter import FullyAsyncRollouter
 from fully_async_policy.trainer import FullyAsyncTrainer
 from recipe.config import RecipeConfig
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +43,8 @@ class FullyAsyncRecipe:
 
         # Input checks (model, data, reward functions, config arithmetic) run first, here.
         self.trainer = FullyAsyncTrainer(cfg, run_dir)
-        self.queue: Any = None
-        self.rollouter: Any = None
+        self.queue: ActorHandle | None = None
+        self.rollouter: ActorHandle | None = None
         try:
             plan = self.trainer.plan
             self.queue = make_message_queue(plan.budget)

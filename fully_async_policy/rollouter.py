@@ -37,7 +37,7 @@ import logging
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fully_async_policy.admission import AdmissionController, Ticket
 from fully_async_policy.messages import PromptGroup, RolloutLedger, RolloutProgress, SyncPause
@@ -62,6 +62,9 @@ from recipe.observability.trace import ROLLOUTER_PID, ROLLOUTER_TIDS, Tracer, no
 from recipe.protocol import Trajectory
 from recipe.reward import RewardError
 from recipe.separate_trainer import SeparateRayPPOTrainer
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +96,8 @@ class _IdleClock:
 class FullyAsyncRollouter(SeparateRayPPOTrainer):
     """The rollout side of the fully async recipe (see the module docstring)."""
 
-    def __init__(self, cfg: RecipeConfig, run_dir: Path, queue: Any, plan: RunPlan) -> None:
+    def __init__(self, cfg: RecipeConfig, run_dir: Path, queue: ActorHandle, plan: RunPlan) -> None:
+        """``queue``: the MessageQueue actor released groups go into."""
         super().__init__(cfg, run_dir)
         self.tracer = Tracer(ROLLOUTER_PID, "rollouter", sort_index=ROLLOUTER_PID)
         """This actor's trace events; the trainer pulls them (``drain_trace``)."""
