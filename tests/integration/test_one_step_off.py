@@ -9,18 +9,15 @@ cursor, the run directory and that the run learns.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
-from omegaconf import OmegaConf
 
-from one_step_off.trainer import OneStepOffTrainer
-from recipe.config import load_config
 from recipe.data.cursor import PromptCursor
+from tests.helpers.runs import build_recipe
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_for_module")]
 
 # configs/mode/one_step_off.yaml, spelled out: load_config does not compose presets.
 PRESET = {
@@ -34,18 +31,15 @@ LEARNING_STEPS = 40
 
 
 @pytest.fixture(scope="module")
-def run(tiny_model_path, tmp_path_factory) -> dict[str, Any]:
+def run(ray_for_module, tiny_model_path, tmp_path_factory) -> dict[str, Any]:
     """``NUM_STEPS`` steps of the default task; every trained batch recorded as
     (trainer version, prompt uids, trajectories)."""
     return _recorded_run(tmp_path_factory.mktemp("one_step_off"), NUM_STEPS)
 
 
 def _recorded_run(run_dir: Path, num_steps: int) -> dict[str, Any]:
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    cfg = OmegaConf.create(PRESET)
-    for key, value in {"trainer.total_training_steps": num_steps, "trainer.test_freq": 0}.items():
-        OmegaConf.update(cfg, key, value, force_add=True)
-    trainer = OneStepOffTrainer(load_config(cfg), run_dir)
+    overrides = {"trainer.total_training_steps": num_steps, "trainer.test_freq": 0}
+    trainer = build_recipe(run_dir, PRESET, overrides)
     seen: list[tuple[int, list[str], list]] = []
     train_batch = trainer._train_batch
 
@@ -59,9 +53,6 @@ def _recorded_run(run_dir: Path, num_steps: int) -> dict[str, Any]:
         train_records, seed = trainer.train_records, trainer.cfg.data.seed
     finally:
         trainer.close()
-        import ray
-
-        ray.shutdown()
     return {
         "summary": summary,
         "seen": seen,

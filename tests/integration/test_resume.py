@@ -31,6 +31,8 @@ from recipe.checkpoint.store import RUN_STATE_DIR
 from recipe.data.config import DataConfig
 from recipe.data.cursor import PromptCursor
 from recipe.data.dataset import build_datasets
+from tests.helpers.batches import random_train_batch
+from tests.helpers.runs import build_recipe, read_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -55,16 +57,6 @@ FULLY_ASYNC_RUN = [
     f"data.num_train_prompts={NUM_TRAIN_PROMPTS}",
     "data.num_val_prompts=16",
 ]
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    """The in-process tests' Ray (started by the first recipe or test), shut down after."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    yield
-    import ray
-
-    ray.shutdown()
 
 
 def _env() -> dict[str, str]:
@@ -241,12 +233,8 @@ EXACT_KEYS = ("reward/mean", "actor/pg_loss", "actor/grad_norm", "actor/lr", "st
 
 
 def _one_step_off(run_dir: Path, **trainer_overrides: Any) -> None:
-    from one_step_off.trainer import OneStepOffTrainer
-    from recipe.config import load_config
-
-    cfg = json.loads(json.dumps(ONE_STEP_OFF_RUN))
-    cfg["trainer"].update(trainer_overrides)
-    trainer = OneStepOffTrainer(load_config(cfg), run_dir)
+    overrides = {f"trainer.{key}": value for key, value in trainer_overrides.items()}
+    trainer = build_recipe(run_dir, ONE_STEP_OFF_RUN, overrides)
     try:
         trainer.fit()
     finally:
@@ -254,8 +242,7 @@ def _one_step_off(run_dir: Path, **trainer_overrides: Any) -> None:
 
 
 def _by_step(run_dir: Path) -> dict[int, dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return {r["step"]: r for r in map(json.loads, lines)}
+    return {r["step"]: r for r in read_metrics(run_dir)}
 
 
 def _weights(checkpoint: Path) -> dict:
@@ -265,7 +252,7 @@ def _weights(checkpoint: Path) -> dict:
 
 
 def test_one_step_off_resumed_from_step_2_trains_steps_3_and_4_exactly_as_before(
-    tiny_model_path, tmp_path, local_ray
+    tiny_model_path, tmp_path, ray_for_module
 ):
     # Step 3 trains the batch the checkpoint holds (generated before it); step 4 the batch
     # generated after the resume by engines that must serve the checkpoint's weights.
@@ -288,44 +275,14 @@ def test_one_step_off_resumed_from_step_2_trains_steps_3_and_4_exactly_as_before
 # ---- FSDP2 world size 2: optimizer and LR schedule come back exactly ------------------------
 
 
-def _batch(model_dir: Path, *, seed: int):
-    """4 random prompts x 2 responses of varied lengths, with GRPO advantages."""
-    import torch
-
-    from recipe.algo.advantages import grpo_advantages
-    from recipe.protocol import Trajectory
-    from recipe.workers.batch import TrainBatch
-
-    vocab_size = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
-    gen = torch.Generator().manual_seed(seed)
-    trajs = []
-    for p in range(4):
-        prompt = torch.randint(0, vocab_size, (3 + p,), generator=gen).tolist()
-        for i in range(2):
-            resp = torch.randint(0, vocab_size, (2 + 2 * i + p,), generator=gen).tolist()
-            trajs.append(
-                Trajectory(
-                    f"p{p}", i, prompt, resp, [0.0] * len(resp), [0] * len(resp), "stop",
-                    reward=float(i == 0),
-                )
-            )  # fmt: skip
-    batch = TrainBatch.from_trajectories(trajs, pad_token_id=0)
-    return batch.with_advantages(grpo_advantages(batch.rewards_b, batch.group_index_b))
-
-
 def test_two_rank_trainer_group_restores_optimizer_and_schedule_exactly(
-    tiny_model_path, tmp_path, local_ray
+    tiny_model_path, tmp_path, ray_for_module
 ):
     import dataclasses
-
-    import ray
 
     from recipe.workers.config import ActorConfig
     from recipe.workers.trainer import TrainerSpec
     from recipe.workers.trainer_group import TrainerGroup
-
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False)
 
     actor = ActorConfig(
         lr=1e-4, lr_schedule="cosine", lr_warmup_steps=2, ppo_mini_batch_size=2,
@@ -339,7 +296,8 @@ def test_two_rank_trainer_group_restores_optimizer_and_schedule_exactly(
         return group.update_actor(dataclasses.replace(batch, rollout_logprobs_bt=logprob_bt))
 
     try:
-        first, second = _batch(tiny_model_path, seed=1), _batch(tiny_model_path, seed=2)
+        first = random_train_batch(tiny_model_path, num_prompts=4, seed=1)
+        second = random_train_batch(tiny_model_path, num_prompts=4, seed=2)
         update(first)
         ckpt = tmp_path / "step_1"
         group.save_hf(ckpt)

@@ -23,10 +23,8 @@ PROMPT_TOKENS = 200
 
 
 @pytest.fixture(scope="module")
-def gpu_worker(rollout_model_path):
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False)
+def gpu_worker(ray_for_module, rollout_model_path):
+    ray = ray_for_module
     actor_cls = ray.remote(num_cpus=1, num_gpus=1)(make_rollout_worker_cls("vllm"))
     config = RolloutConfig(
         gpu_memory_utilization=0.3,
@@ -40,7 +38,6 @@ def gpu_worker(rollout_model_path):
         yield ray, actor
     finally:
         ray.get(actor.shutdown.remote(), timeout=120)
-        ray.shutdown()
 
 
 def _request(index: int) -> GenerationRequest:

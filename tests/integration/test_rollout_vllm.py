@@ -32,9 +32,9 @@ MAX_ABS_LOGPROB_TOL = 1e-3
 
 
 @pytest.fixture(scope="module")
-def worker(ray_local, rollout_model_path):
+def worker(ray_for_module, rollout_model_path):
     """The rollout actor: ``ray.remote(num_cpus=1)(VLLMRolloutWorker)``, engine started."""
-    ray = ray_local
+    ray = ray_for_module
     actor_cls = ray.remote(num_cpus=1)(make_rollout_worker_cls("vllm"))
     started = time.perf_counter()
     actor = actor_cls.remote(
@@ -130,9 +130,9 @@ def _check_checksums(ray, worker, path: Path) -> None:
 
 
 def test_groups_generate_concurrently_and_logprobs_match_transformers(
-    ray_local, worker, hf_model, rollout_model_path
+    ray_for_module, worker, hf_model, rollout_model_path
 ):
-    ray = ray_local
+    ray = ray_for_module
     eos_ids = HFModelConfig(rollout_model_path).eos_token_ids
     version = ray.get(worker.get_version.remote())
     long_ref = worker.generate.remote(GenerationRequest("long", PROMPTS["a"], n=2, max_tokens=400))
@@ -169,9 +169,9 @@ def test_groups_generate_concurrently_and_logprobs_match_transformers(
 
 
 def test_weight_update_changes_greedy_outputs_and_reloading_restores_them(
-    ray_local, worker, hf_model, rollout_model_path, tmp_path
+    ray_for_module, worker, hf_model, rollout_model_path, tmp_path
 ):
-    ray = ray_local
+    ray = ray_for_module
     version = ray.get(worker.get_version.remote())
     original = rollout_model_path / "model.safetensors"
     baseline = _greedy(ray, worker)
@@ -199,9 +199,9 @@ def test_weight_update_changes_greedy_outputs_and_reloading_restores_them(
 
 
 def test_pause_returns_aborted_partials_that_resume_to_completion_with_both_versions(
-    ray_local, worker, hf_model, tmp_path
+    ray_for_module, worker, hf_model, tmp_path
 ):
-    ray = ray_local
+    ray = ray_for_module
     version = ray.get(worker.get_version.remote())
     budget = 800
     request = GenerationRequest("p", PROMPTS["a"], n=2, max_tokens=budget, temperature=0)
@@ -239,9 +239,9 @@ def test_pause_returns_aborted_partials_that_resume_to_completion_with_both_vers
         assert (done.min_version, done.max_version) == (version, version + 1)
 
 
-def test_per_response_budgets_with_eos_ignored_give_exact_lengths(ray_local, worker):
+def test_per_response_budgets_with_eos_ignored_give_exact_lengths(ray_for_module, worker):
     """The long-tail benchmark workload: every response is exactly its own budget long."""
-    ray = ray_local
+    ray = ray_for_module
     budgets = [1, 7, 30, 3]
     group = ray.get(
         worker.generate.remote(

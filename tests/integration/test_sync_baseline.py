@@ -11,7 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from trace_checks import load_checked, requests, slices
+
+from tests.helpers.runs import read_metrics
+from tests.helpers.trace_checks import load_checked, requests, slices
 
 pytestmark = pytest.mark.integration
 
@@ -50,10 +52,6 @@ def _run_recipe(run_dir: Path, *overrides: str, timeout_s: int) -> subprocess.Co
     return proc
 
 
-def _metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_sync_run_writes_the_run_directory_contract(tiny_model_path, tmp_path):
     run_dir = tmp_path / "run"
     _run_recipe(
@@ -66,7 +64,7 @@ def test_sync_run_writes_the_run_directory_contract(tiny_model_path, tmp_path):
         "rollout.n=4",
         timeout_s=600,
     )
-    records = _metrics(run_dir)
+    records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
     assert [r["param_version"] for r in records] == [0, 1, 2, 3, 4]
     for record in records[1:]:
@@ -126,7 +124,7 @@ def test_sync_baseline_raises_val_accuracy_over_the_warm_start(tiny_model_path, 
     (std ~0.03)."""
     run_dir = tmp_path / "learn"
     _run_recipe(run_dir, "trainer.total_training_steps=100", "trainer.test_freq=25", timeout_s=1200)
-    curve = [(r["step"], r["val/accuracy"]) for r in _metrics(run_dir) if "val/accuracy" in r]
+    curve = [(r["step"], r["val/accuracy"]) for r in read_metrics(run_dir) if "val/accuracy" in r]
     summary = json.loads((run_dir / "summary.json").read_text())
     gain = summary["final/val_accuracy"] - summary["initial/val_accuracy"]
     print(f"val accuracy curve (step, acc): {curve}; wall {summary['wall_s']:.0f} s")

@@ -43,20 +43,12 @@ SYNC_KEYS = {"gather_s", "transfer_s", "load_s", "pause_s", "total_s", "bytes", 
 PROMPT = [5, 17, 42, 9, 64]
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """2 trainer ranks + 2 engine replicas: 4 logical CPUs (oversubscribed on purpose)."""
-    import ray
-
-    ray.init(num_cpus=4, include_dashboard=False)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+RAY_NUM_CPUS = 4
+"""2 trainer ranks + 2 engine replicas: 4 logical CPUs (oversubscribed on purpose)."""
 
 
 @pytest.fixture(scope="module")
-def groups(ray_cluster, rollout_model_path):
+def groups(ray_for_module, rollout_model_path):
     from recipe.workers.rollout_group import RolloutGroup
     from recipe.workers.trainer import TrainerSpec
     from recipe.workers.trainer_group import TrainerGroup
@@ -141,9 +133,9 @@ def _generate_versions(ray, rollout) -> set[int]:
 
 @pytest.mark.parametrize("backend", ["shm", "gloo"])
 def test_sync_makes_every_engine_weight_bitwise_equal_to_the_trainers(
-    groups, ray_cluster, rollout_model_path, tmp_path, backend
+    groups, ray_for_module, rollout_model_path, tmp_path, backend
 ):
-    ray, (trainer, rollout) = ray_cluster, groups
+    ray, (trainer, rollout) = ray_for_module, groups
     version = _versions(ray, rollout)[0]
     trainer.load_hf(_perturbed_dir(rollout_model_path, tmp_path / "model", seed=len(backend)))
     cfg = CheckpointEngineConfig(backend=backend, timeout_s=60)
@@ -168,9 +160,9 @@ def test_sync_makes_every_engine_weight_bitwise_equal_to_the_trainers(
 
 
 def test_corrupted_bucket_is_caught_and_every_engine_keeps_its_old_weights(
-    groups, ray_cluster, rollout_model_path, tmp_path
+    groups, ray_for_module, rollout_model_path, tmp_path
 ):
-    ray, (trainer, rollout) = ray_cluster, groups
+    ray, (trainer, rollout) = ray_for_module, groups
     version = _versions(ray, rollout)[0]
     cfg = CheckpointEngineConfig(backend="gloo", timeout_s=30)
     sync = ParameterSynchronizer(
@@ -197,8 +189,8 @@ def test_corrupted_bucket_is_caught_and_every_engine_keeps_its_old_weights(
         sync.shutdown()
 
 
-def test_a_peer_that_never_answers_fails_the_sync_within_the_deadline(groups, ray_cluster):
-    ray, (trainer, rollout) = ray_cluster, groups
+def test_a_peer_that_never_answers_fails_the_sync_within_the_deadline(groups, ray_for_module):
+    ray, (trainer, rollout) = ray_for_module, groups
     version = _versions(ray, rollout)[0]
     timeout_s = 3.0
     cfg = CheckpointEngineConfig(backend="shm", timeout_s=timeout_s)
@@ -232,9 +224,9 @@ def test_a_peer_that_never_answers_fails_the_sync_within_the_deadline(groups, ra
 
 
 def test_file_backend_and_released_buffers_keep_syncing_correctly(
-    groups, ray_cluster, rollout_model_path, tmp_path
+    groups, ray_for_module, rollout_model_path, tmp_path
 ):
-    ray, (trainer, rollout) = ray_cluster, groups
+    ray, (trainer, rollout) = ray_for_module, groups
     for backend, release, seed in (("file", False, 11), ("shm", True, 12), ("shm", True, 13)):
         version = _versions(ray, rollout)[0]
         trainer.load_hf(_perturbed_dir(rollout_model_path, tmp_path / f"m{seed}", seed=seed))

@@ -1,4 +1,4 @@
-"""HFRolloutWorker on a random tiny Qwen2 (float32, CPU), driven in-process.
+"""HFRolloutWorker on a random tiny Qwen2 (tests/helpers/models.py), driven in-process.
 
 Logprobs are checked against a teacher-forced forward of the same weights: both sides are
 float32 on CPU, so they differ only by KV-cache vs full-sequence summation order (~1e-6).
@@ -21,53 +21,12 @@ from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout import GenerationRequest, make_rollout_worker_cls
 from recipe.workers.rollout.hf_worker import HFRolloutWorker
 
-EOS = "<|endoftext|>"
 PROMPT = [5, 17, 42, 9, 64]
 
 
-def _build_model(out_dir: Path) -> Path:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import (
-        GenerationConfig,
-        PreTrainedTokenizerFast,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog 12+34=46"] * 20, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
-    fast.save_pretrained(out_dir)
-    config = Qwen2Config(
-        vocab_size=len(fast),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        eos_token_id=fast.eos_token_id,
-        pad_token_id=fast.eos_token_id,
-        bos_token_id=None,
-    )
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(config).float().save_pretrained(out_dir)
-    GenerationConfig(
-        eos_token_id=fast.eos_token_id, pad_token_id=fast.eos_token_id
-    ).save_pretrained(out_dir)
-    return out_dir
-
-
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _build_model(tmp_path_factory.mktemp("hf_rollout_model"))
+def model_dir(rollout_model_path: Path) -> Path:
+    return rollout_model_path
 
 
 def _worker(path: Path) -> HFRolloutWorker:

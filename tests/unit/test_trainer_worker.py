@@ -1,20 +1,18 @@
 """TrainBatch packing / sharding and a world-size-1 TrainerWorker driven in-process (gloo)."""
 
 import dataclasses
-import json
 import socket
 from pathlib import Path
 
 import pytest
 import torch
 
-from recipe.algo.advantages import grpo_advantages
 from recipe.algo.losses import ppo_clip_loss
-from recipe.protocol import Trajectory
 from recipe.workers.batch import TrainBatch
 from recipe.workers.config import ActorConfig
 from recipe.workers.fsdp_utils import lr_factor
 from recipe.workers.trainer import TrainerSpec, TrainerWorker
+from tests.helpers.batches import random_train_batch, random_trajectories
 
 METRIC_KEYS = {
     "actor/pg_loss",
@@ -29,34 +27,6 @@ METRIC_KEYS = {
 @pytest.fixture(scope="module")
 def model_dir(tiny_model_path):
     return Path(tiny_model_path)
-
-
-def make_trajectories(vocab_size, *, num_prompts=3, n=2, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    trajs = []
-    for p in range(num_prompts):
-        prompt = torch.randint(0, vocab_size, (3 + p,), generator=gen).tolist()
-        for i in range(n):
-            resp = torch.randint(0, vocab_size, (2 + 2 * i + p,), generator=gen).tolist()
-            trajs.append(
-                Trajectory(
-                    prompt_uid=f"p{p}",
-                    sample_index=i,
-                    prompt_ids=prompt,
-                    response_ids=resp,
-                    rollout_logprobs=[-0.1 * (k + 1) for k in range(len(resp))],
-                    token_versions=[0] * len(resp),
-                    finish_reason="stop",
-                    reward=float(i == 0),
-                )
-            )
-    return trajs
-
-
-def make_batch(model_dir, **kwargs):
-    vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    batch = TrainBatch.from_trajectories(make_trajectories(vocab_size, **kwargs), pad_token_id=0)
-    return batch.with_advantages(grpo_advantages(batch.rewards_b, batch.group_index_b))
 
 
 def free_port():
@@ -81,7 +51,7 @@ def worker(model_dir):
 
 
 def test_train_batch_aligns_values_with_the_token_they_score():
-    trajs = make_trajectories(50, num_prompts=1, n=2)
+    trajs = random_trajectories(50, num_prompts=1, n=2)
     batch = TrainBatch.from_trajectories(trajs, pad_token_id=7)
     row1 = trajs[1]
     prompt_len, resp_len = len(row1.prompt_ids), len(row1.response_ids)
@@ -100,7 +70,7 @@ def test_train_batch_aligns_values_with_the_token_they_score():
 
 
 def test_shard_interleaves_mini_batches_so_every_rank_gets_its_slice_of_each():
-    trajs = make_trajectories(50, num_prompts=4, n=2)
+    trajs = random_trajectories(50, num_prompts=4, n=2)
     batch = TrainBatch.from_trajectories(trajs, pad_token_id=0)
     # mini-batches {g0, g1}, {g2, g3}: rank 0 gets g0 and g2, rank 1 gets g1 and g3
     assert batch.shard_rows(0, 2, groups_per_mini_batch=2) == [0, 1, 4, 5]
@@ -118,7 +88,7 @@ def test_shard_interleaves_mini_batches_so_every_rank_gets_its_slice_of_each():
 def test_log_probs_match_a_plain_hf_forward(worker, model_dir):
     from transformers import AutoModelForCausalLM
 
-    batch = make_batch(model_dir)
+    batch = random_train_batch(model_dir)
     logprob_bt, entropy_bt = worker.compute_log_prob(batch)
     lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     with torch.no_grad():
@@ -139,7 +109,7 @@ def test_log_probs_match_a_plain_hf_forward(worker, model_dir):
 
 
 def test_chunked_and_unchunked_log_probs_are_equal(worker, model_dir):
-    batch = make_batch(model_dir)
+    batch = random_train_batch(model_dir)
     chunked = worker.compute_log_prob(batch)
     worker.actor.logprob_chunk_size = 1_000_000
     try:
@@ -153,7 +123,7 @@ def test_chunked_and_unchunked_log_probs_are_equal(worker, model_dir):
 
 
 def test_cpu_copy_restores_bitwise_and_does_not_move_with_training(worker, model_dir):
-    batch = make_batch(model_dir)
+    batch = random_train_batch(model_dir)
     before = worker.full_state_dict()
     worker.save_model_to_cpu("pushed")
     worker.update_actor(batch)
@@ -171,7 +141,7 @@ def test_cpu_copy_restores_bitwise_and_does_not_move_with_training(worker, model
 
 
 def test_one_update_lowers_the_surrogate_loss_and_reports_metrics(worker, model_dir):
-    batch = make_batch(model_dir, seed=1)
+    batch = random_train_batch(model_dir, seed=1)
     old_bt = worker.compute_log_prob(batch)[0]
     batch = dataclasses.replace(batch, rollout_logprobs_bt=old_bt)
 
@@ -191,7 +161,7 @@ def test_one_update_lowers_the_surrogate_loss_and_reports_metrics(worker, model_
 
 
 def test_decoupled_batch_reports_truncated_is_weights(worker, model_dir):
-    batch = make_batch(model_dir)
+    batch = random_train_batch(model_dir)
     old_bt = worker.compute_log_prob(batch)[0]
     batch = dataclasses.replace(batch, old_logprobs_bt=old_bt)
     metrics = worker.update_actor(batch)
@@ -201,7 +171,7 @@ def test_decoupled_batch_reports_truncated_is_weights(worker, model_dir):
 def test_kl_loss_is_zero_while_the_policy_equals_the_reference(worker, model_dir):
     actor = ActorConfig(use_kl_loss=True, ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=4)
     kl_worker = TrainerWorker(actor, TrainerSpec(str(model_dir)))  # joins the existing group
-    batch = make_batch(model_dir)
+    batch = random_train_batch(model_dir)
     metrics = kl_worker.update_actor(batch)
     assert metrics["actor/kl_loss"] == 0.0
     assert kl_worker.update_actor(batch)["actor/kl_loss"] > 0

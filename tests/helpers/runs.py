@@ -1,0 +1,57 @@
+"""Build a recipe in-process from a preset, and read what its run directory holds.
+
+The in-process integration tests build a recipe object (not ``python -m recipe``) so they can
+wrap its steps and look at its state; these are the pieces every such module repeated.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from recipe.config import load_config
+from recipe.main import recipe_class
+
+
+def build_recipe(run_dir: Path, preset: dict[str, Any], overrides: dict[str, Any]) -> Any:
+    """The recipe of ``preset["mode"]`` writing to ``run_dir``: ``preset`` is a nested dict,
+    ``overrides`` dotted keys on top of it (new keys allowed, as Hydra's ``+key=``).
+
+    ``load_config`` does not compose the presets in ``configs/``: ``preset`` spells out the
+    mode preset a test relies on."""
+    cfg = OmegaConf.create(preset)
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value, force_add=True)
+    recipe_cfg = load_config(cfg)
+    return recipe_class(recipe_cfg.mode)(recipe_cfg, run_dir)
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl of a run: one record per step (step 0: the initial validation)."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def spy_on_groups(recipe: Any) -> list[tuple[int, list]]:
+    """(trainer version, groups) of every step of a fully async recipe, recorded as its
+    trainer takes them; the list fills while ``recipe.fit()`` runs."""
+    seen: list[tuple[int, list]] = []
+    trainer = recipe.trainer
+    take = trainer._take_groups
+
+    def recording():
+        groups = take()
+        seen.append((trainer.version, groups))
+        return groups
+
+    trainer._take_groups = recording
+    return seen
+
+
+def assert_ledger_balances(ledger: dict[str, list[str]]) -> None:
+    """Every admitted prompt was trained exactly once or is still in flight."""
+    assert len(set(ledger["trained"])) == len(ledger["trained"])
+    assert Counter(ledger["admitted"]) == Counter(ledger["trained"]) + Counter(ledger["in_flight"])
