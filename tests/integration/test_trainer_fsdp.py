@@ -12,18 +12,15 @@ loss and grad norm by a factor of ~2 and breaks every check here.
 """
 
 import dataclasses
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from recipe.algo.advantages import grpo_advantages
-from recipe.protocol import Trajectory
-from recipe.workers.batch import TrainBatch
 from recipe.workers.config import ActorConfig
 from recipe.workers.trainer import TrainerSpec
 from recipe.workers.trainer_group import TrainerGroup
+from tests.helpers.batches import random_train_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_for_module")]
 
@@ -33,27 +30,6 @@ LR = 1e-3
 @pytest.fixture(scope="module")
 def model_dir(tiny_model_path):
     return Path(tiny_model_path)
-
-
-def make_batch(model_dir) -> TrainBatch:
-    """4 prompts x 2 responses of different lengths, random rewards; rollout log-probs are set
-    later. Not tests/helpers/batches.py's batch: on that one a weight ends 1.9e-5 apart between
-    the world sizes, over the lr / 100 bound (a gradient zero up to rounding, see above)."""
-    vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    gen = torch.Generator().manual_seed(0)
-    trajs = []
-    for p in range(4):
-        prompt = torch.randint(0, vocab_size, (2 + p,), generator=gen).tolist()
-        for i in range(2):
-            resp = torch.randint(0, vocab_size, (3 + 3 * i + p,), generator=gen).tolist()
-            trajs.append(
-                Trajectory(
-                    f"p{p}", i, prompt, resp, [0.0] * len(resp), [0] * len(resp), "stop",
-                    reward=float(torch.rand(1, generator=gen)),
-                )
-            )  # fmt: skip
-    batch = TrainBatch.from_trajectories(trajs, pad_token_id=0)
-    return batch.with_advantages(grpo_advantages(batch.rewards_b, batch.group_index_b))
 
 
 def run_one_update(model_dir, world_size, batch, hf_dir):
@@ -90,7 +66,7 @@ def initial_weights(model_dir):
 
 
 def test_world_size_two_matches_world_size_one(model_dir, tmp_path):
-    batch = make_batch(model_dir)
+    batch = random_train_batch(model_dir, num_prompts=4)  # 4 prompts x 2 responses
     logprob_1, metrics_1, weights_1 = run_one_update(model_dir, 1, batch, tmp_path / "ws1")
     logprob_2, metrics_2, weights_2 = run_one_update(model_dir, 2, batch, tmp_path / "ws2")
 
