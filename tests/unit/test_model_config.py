@@ -10,6 +10,8 @@ import pytest
 
 from recipe.model import HFModelConfig, ModelPathError
 
+pytestmark = pytest.mark.model  # builds tokenizers, loads transformers configs
+
 
 def _write_tiny_causal_lm(path: Path, *, generation_config: dict | None) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers

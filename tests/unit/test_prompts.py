@@ -16,6 +16,8 @@ from recipe.data.loaders import DataError
 from recipe.data.prompts import encode_prompts, render_prompt
 from recipe.protocol import PromptRecord
 
+pytestmark = pytest.mark.model  # builds a transformers tokenizer per test
+
 WORDS = ["[UNK]", "<s>", "What", "is", "1", "+", "2", "?", "Be", "brief", "."]
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = (

@@ -61,6 +61,7 @@ def test_failed_build_child_raises_with_the_command(
         tiny.build_in_child(tmp_path)
 
 
+@pytest.mark.model  # a child process that imports torch
 @pytest.mark.skipif(not _has_avx2(), reason="BUILD_ENV pins AVX2 kernels: needs an x86-64 AVX2 CPU")
 def test_torch_in_a_build_env_child_runs_avx2_kernels() -> None:
     """ATen reads ATEN_CPU_CAPABILITY once, at start-up: this is why the build is a child."""
@@ -72,6 +73,7 @@ def test_torch_in_a_build_env_child_runs_avx2_kernels() -> None:
     assert out.stdout.strip() == "AVX2"
 
 
+@pytest.mark.model  # builds and trains the tiny model twice
 def test_seeded_init_and_sft_give_the_same_weights_twice(tmp_path: Path) -> None:
     import torch
 
