@@ -123,9 +123,10 @@ class TrainingRun:
         """A checkpoint of ``step`` (RunCheckpointer.save) holding the initial validation,
         the run totals and the recipe's loop ``state``."""
         state = {"initial_val": self.initial_val, "totals": self.totals.state_dict(), **state}
-        return self.checkpointer.save(
-            trainer_group, step=step, version=version, state=state, extra=extra
-        )
+        with self.tracer.span("checkpoint"):
+            return self.checkpointer.save(
+                trainer_group, step=step, version=version, state=state, extra=extra
+            )
 
     def finish(
         self,
