@@ -77,8 +77,13 @@ def test_world_size_two_matches_world_size_one(model_dir, tmp_path):
     # a mean of small log-ratio differences: compare absolutely
     assert metrics_2["actor/ppo_kl"] == pytest.approx(metrics_1["actor/ppo_kl"], abs=1e-6)
     assert set(weights_2) == set(weights_1)
-    max_diff = max((weights_2[k] - weights_1[k]).abs().max().item() for k in weights_1)
-    assert max_diff < LR / 100
+    diffs = torch.cat([(weights_2[k] - weights_1[k]).abs().flatten() for k in weights_1])
+    # Adam's early steps move a weight by ~lr * g / (|g| + eps): where a gradient is as small
+    # as eps (1e-8), reassociation changes that weight's step by a visible share of lr (seen:
+    # 2e-5 on some CPUs). Such weights are few; a real bug moves most of them by ~lr.
+    num_off = int((diffs > LR / 100).sum())
+    assert num_off <= max(10, diffs.numel() // 10_000), (num_off, diffs.numel())
+    assert float(diffs.max()) < LR / 10
     initial = initial_weights(model_dir)
     assert max((weights_1[k] - w).abs().max().item() for k, w in initial.items()) > LR / 2
     # the rank-0 HF export of the sharded model holds the trained weights
