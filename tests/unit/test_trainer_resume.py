@@ -5,7 +5,6 @@ all come back. World size 2 is covered by tests/integration/test_resume.py."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import socket
 from pathlib import Path
@@ -13,30 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from recipe.algo.advantages import grpo_advantages
-from recipe.protocol import Trajectory
-from recipe.workers.batch import TrainBatch
 from recipe.workers.config import ActorConfig
 from recipe.workers.trainer import TrainerSpec, TrainerWorker
-
-
-def make_batch(model_dir: Path, *, seed: int, num_prompts: int = 3, n: int = 2) -> TrainBatch:
-    """Random prompts and responses of varied lengths, rewards 1 for sample 0 else 0."""
-    vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    gen = torch.Generator().manual_seed(seed)
-    trajs = []
-    for p in range(num_prompts):
-        prompt = torch.randint(0, vocab_size, (3 + p,), generator=gen).tolist()
-        for i in range(n):
-            resp = torch.randint(0, vocab_size, (2 + 2 * i + p,), generator=gen).tolist()
-            trajs.append(
-                Trajectory(
-                    f"p{p}", i, prompt, resp, [0.0] * len(resp), [0] * len(resp), "stop",
-                    reward=float(i == 0),
-                )
-            )  # fmt: skip
-    batch = TrainBatch.from_trajectories(trajs, pad_token_id=0)
-    return batch.with_advantages(grpo_advantages(batch.rewards_b, batch.group_index_b))
+from tests.helpers.batches import random_train_batch
 
 
 def _free_port() -> int:
@@ -70,7 +48,7 @@ def _with_rollout_logprobs(worker: TrainerWorker, batch):
 
 
 def test_resumed_worker_takes_the_same_next_update_as_the_uninterrupted_one(model_dir, tmp_path):
-    first, second = make_batch(model_dir, seed=1), make_batch(model_dir, seed=2)
+    first, second = random_train_batch(model_dir, seed=1), random_train_batch(model_dir, seed=2)
     port = _free_port()
     original = _worker(model_dir, port)  # owns the process group; the others join it
     try:
