@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ast
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -255,6 +256,38 @@ def test_the_product_packages_have_no_import_circle():
     assert not circles, f"import circles (file:line of each import):\n{report}"
 
 
+def part_of(module: str) -> str:
+    """The part of the layout a module belongs to: a top-level package, or one of
+    ``recipe``'s direct children (a subpackage such as ``recipe.run``, or a module such as
+    ``recipe.separate_trainer``)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "recipe" else parts[0]
+
+
+def collapse(graph: Graph, part: Callable[[str], str] = part_of) -> Graph:
+    """``graph`` between parts instead of modules (edges inside a part dropped); each edge
+    keeps the first import that ties the two parts."""
+    parts: Graph = {}
+    for importer, targets in graph.items():
+        mine = parts.setdefault(part(importer), {})
+        for target, edge in targets.items():
+            a, b = part(importer), part(target)
+            parts.setdefault(b, {})
+            if a != b:
+                mine.setdefault(b, Edge(a, b, edge.by))
+    return parts
+
+
+def test_the_layout_parts_depend_on_each_other_one_way():
+    """No two parts (``recipe/run/``, ``recipe/workers/``, ``recipe/faults.py``,
+    ``fully_async_policy``, ...) import each other, even through different modules: the
+    layers of the README's Layout section stay layers."""
+    _, _, graph = _product()
+    circles = import_circles(collapse(graph))
+    report = "\n".join("- " + "\n  -> ".join(map(str, circle)) for circle in circles)
+    assert not circles, f"parts of the layout that import each other:\n{report}"
+
+
 def test_no_module_imports_a_private_name_of_another():
     modules, imports, _ = _product()
     found = private_imports(imports, modules)
@@ -348,4 +381,24 @@ def test_the_guard_finds_private_names_and_modules_imported_from_elsewhere(tmp_p
     assert private_imports(imports, modules) == [
         "pkg/a.py:1: pkg.a imports ['_helper'] from pkg.b",
         "pkg/c.py:1: pkg.c imports the private module pkg.inner._impl",
+    ]
+
+
+def test_parts_that_import_each_other_through_different_modules_are_a_circle(tmp_path):
+    *_, graph = _tree(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a/__init__.py": "",
+            "pkg/a/one.py": "import pkg.b.two\n",
+            "pkg/a/three.py": "",
+            "pkg/b/__init__.py": "",
+            "pkg/b/two.py": "",
+            "pkg/b/four.py": "import pkg.a.three\n",
+        },
+    )
+    assert import_circles(graph) == []  # no circle between modules ...
+    parts = collapse(graph, part=lambda module: ".".join(module.split(".")[:2]))
+    assert [_hops(c) for c in import_circles(parts)] == [  # ... but between the parts
+        [("pkg.a", "pkg.b", 1), ("pkg.b", "pkg.a", 1)]
     ]
