@@ -54,7 +54,7 @@ def engine_kwargs(args: argparse.Namespace, model_path: str) -> dict[str, Any]:
         model=model_path,
         dtype=args.dtype,
         seed=args.seed,
-        enforce_eager=not args.cuda_graphs,
+        enforce_eager=_eager(args),
         max_num_seqs=args.max_num_seqs,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enable_prefix_caching=True,
@@ -146,7 +146,7 @@ def run_ours(args: argparse.Namespace, model_path: str, groups: list) -> dict[st
         rollout_cfg = RolloutConfig(
             max_num_seqs=args.max_num_seqs,
             gpu_memory_utilization=args.gpu_memory_utilization,
-            enforce_eager=not args.cuda_graphs,
+            enforce_eager=_eager(args),
             cpu_kv_cache_gib=args.cpu_kv_cache_gib,
             seed=args.seed,
             response_length=args.max_tokens,
@@ -199,7 +199,9 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument("--cpu-kv-cache-gib", type=int, default=1)
-    parser.add_argument("--cuda-graphs", action="store_true", help="default: eager")
+    parser.add_argument(
+        "--eager", action="store_true", help="no CUDA graphs (default: graphs on cuda, as runs)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-s", type=float, default=900.0)
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
@@ -218,7 +220,7 @@ def main(argv: list[str] | None = None) -> float:
     print(
         f"model={args.model} device={args.device} dtype={args.dtype} workload={args.workload} "
         f"prompts={args.prompts} n={args.n} max_tokens={args.max_tokens} "
-        f"eager={not args.cuda_graphs}",
+        f"eager={_eager(args)}",
         flush=True,
     )
     print(
@@ -252,3 +254,8 @@ def main(argv: list[str] | None = None) -> float:
 
 if __name__ == "__main__":
     main()
+
+
+def _eager(args: argparse.Namespace) -> bool:
+    """Both sides run as ``rollout.enforce_eager`` defaults do: graphs on cuda, eager on cpu."""
+    return args.eager or args.device == "cpu"

@@ -60,3 +60,61 @@ def test_seeded_responses_are_the_same_alone_and_in_a_crowd_past_the_token_budge
     # an un-rewound generator changes nearly every response.
     assert same >= 0.9, f"only {same:.0%} of seeded responses reproduced"
     assert all(len(t.response_ids) > 0 for g in crowded for t in g)
+
+
+# ---- CUDA graphs (the GPU default) read the pushed weights ----------------------------------
+
+
+def _perturbed_weights(model_dir, out_path) -> None:
+    """The model's weights, each moved by noise of a tenth of its own spread (a push that
+    changes what greedy decoding picks)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    gen = torch.Generator().manual_seed(5)
+    weights = load_file(str(model_dir / "model.safetensors"))
+    moved = {}
+    for name, tensor in weights.items():
+        noise = torch.randn(tensor.shape, generator=gen, dtype=torch.float32)
+        moved[name] = (tensor.float() + 0.1 * tensor.float().std() * noise).to(tensor.dtype)
+    save_file(moved, str(out_path))
+
+
+def _greedy(ray, worker) -> list[list[int]]:
+    requests = [
+        GenerationRequest(f"g{i}", [(11 * i + 5 * k) % 290 + 1 for k in range(24)], 2, 24, 0.0)
+        for i in range(6)
+    ]
+    groups = ray.get([worker.generate.remote(r) for r in requests], timeout=600)
+    return [t.response_ids for g in groups for t in g]
+
+
+def test_cuda_graphs_by_default_decode_the_pushed_weights_as_eager_does(
+    ray_for_module, rollout_model_path, tmp_path
+):
+    ray = ray_for_module
+    actor_cls = ray.remote(num_cpus=1, num_gpus=0.4)(make_rollout_worker_cls("vllm"))
+    model = ModelConfig(path=str(rollout_model_path), dtype="float32")
+    workers = {
+        "graphs": actor_cls.remote(model, RolloutConfig(gpu_memory_utilization=0.25)),
+        "eager": actor_cls.remote(
+            model, RolloutConfig(gpu_memory_utilization=0.25, enforce_eager=True)
+        ),
+    }
+    try:
+        before = {k: _greedy(ray, w) for k, w in workers.items()}
+        path = tmp_path / "pushed.safetensors"
+        _perturbed_weights(rollout_model_path, path)
+        ray.get([w.update_weights_from_file.remote(str(path), 1) for w in workers.values()])
+        after = {k: _greedy(ray, w) for k, w in workers.items()}
+    finally:
+        ray.get([w.shutdown.remote() for w in workers.values()], timeout=120)
+    # Graphs pad a batch to a captured size, so a near tie may decode differently from eager
+    # even on the same weights; stale weights would change nearly every response instead.
+    assert _agreement(before["graphs"], before["eager"]) >= 0.9
+    assert _agreement(after["graphs"], after["eager"]) >= 0.9
+    assert _agreement(after["graphs"], before["graphs"]) <= 0.5, "the push changed too little"
+
+
+def _agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)

@@ -76,8 +76,19 @@ class VLLMRolloutWorker(RolloutWorker):
             self._engine = AsyncLLM.from_engine_args(self._engine_args(model))
         route_vllm_logging(self._log_path)
         logger.info(
-            "vLLM engine for %s started in %.1f s", self._model.path, time.perf_counter() - start
+            "vLLM engine for %s started in %.1f s (%s)",
+            self._model.path,
+            time.perf_counter() - start,
+            self._graphs_note(),
         )
+
+    def _graphs_note(self) -> str:
+        """How the engine runs, for the start-up line: the graph capture is part of the start
+        time, so an eager start next to it shows what the graphs cost."""
+        if eager_engine(self._config):
+            return "eager"
+        sizes = self._engine.vllm_config.compilation_config.cudagraph_capture_sizes or []
+        return f"CUDA graphs captured for {len(sizes)} batch sizes up to {max(sizes, default=0)}"
 
     def _engine_args(self, model: ModelConfig) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -88,7 +99,7 @@ class VLLMRolloutWorker(RolloutWorker):
             dtype=model.dtype,
             trust_remote_code=model.trust_remote_code,
             seed=cfg.seed,
-            enforce_eager=cfg.enforce_eager,
+            enforce_eager=eager_engine(cfg),
             max_num_seqs=cfg.max_num_seqs,
             tensor_parallel_size=cfg.tensor_parallel_size,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
@@ -272,6 +283,15 @@ def check_engine_kwargs(cfg: RolloutConfig) -> dict[str, Any]:
             "fails on seeded requests once a step's prompts exceed its token budget"
         )
     return dict(cfg.engine_kwargs)
+
+
+def eager_engine(cfg: RolloutConfig) -> bool:
+    """``rollout.enforce_eager``, with None resolved: eager on CPU engines, CUDA graphs on
+    GPUs. A weight push copies into the engine's parameter tensors in place
+    (vllm_extension.py), so graphs captured at start keep reading the pushed weights."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu() if cfg.enforce_eager is None else cfg.enforce_eager
 
 
 def chunked_prefill_args() -> dict[str, Any]:
