@@ -18,6 +18,8 @@ from recipe.workers.rollout import GenerationRequest, make_rollout_worker_cls
 
 pytestmark = [pytest.mark.gpu, pytest.mark.integration]
 
+RAY_NUM_CPUS = 4  # three engine actors at once (tests/integration/conftest.py)
+
 BUDGET_TOKENS = 128
 PROMPT_TOKENS = 200
 
@@ -25,7 +27,7 @@ PROMPT_TOKENS = 200
 @pytest.fixture(scope="module")
 def gpu_worker(ray_for_module, rollout_model_path):
     ray = ray_for_module
-    actor_cls = ray.remote(num_cpus=1, num_gpus=1)(make_rollout_worker_cls("vllm"))
+    actor_cls = ray.remote(num_cpus=1, num_gpus=0.3)(make_rollout_worker_cls("vllm"))
     config = RolloutConfig(
         gpu_memory_utilization=0.3,
         max_num_seqs=64,
@@ -93,15 +95,16 @@ def test_cuda_graphs_by_default_decode_the_pushed_weights_as_eager_does(
     ray_for_module, rollout_model_path, tmp_path
 ):
     ray = ray_for_module
-    actor_cls = ray.remote(num_cpus=1, num_gpus=0.4)(make_rollout_worker_cls("vllm"))
+    # Beside the module's first engine (0.3 of the GPU); started one after the other, so
+    # each engine's memory profile sees only finished neighbours.
+    actor_cls = ray.remote(num_cpus=1, num_gpus=0.3)(make_rollout_worker_cls("vllm"))
     model = ModelConfig(path=str(rollout_model_path), dtype="float32")
-    workers = {
-        "graphs": actor_cls.remote(model, RolloutConfig(gpu_memory_utilization=0.25)),
-        "eager": actor_cls.remote(
-            model, RolloutConfig(gpu_memory_utilization=0.25, enforce_eager=True)
-        ),
-    }
+    workers = {}
     try:
+        for name, eager in (("graphs", None), ("eager", True)):
+            config = RolloutConfig(gpu_memory_utilization=0.25, enforce_eager=eager)
+            workers[name] = actor_cls.remote(model, config)
+            assert ray.get(workers[name].get_version.remote(), timeout=600) == 0
         before = {k: _greedy(ray, w) for k, w in workers.items()}
         path = tmp_path / "pushed.safetensors"
         _perturbed_weights(rollout_model_path, path)
