@@ -252,10 +252,10 @@ def main(argv: list[str] | None = None) -> float:
     return ratio
 
 
-if __name__ == "__main__":
-    main()
-
-
 def _eager(args: argparse.Namespace) -> bool:
     """Both sides run as ``rollout.enforce_eager`` defaults do: graphs on cuda, eager on cpu."""
     return args.eager or args.device == "cpu"
+
+
+if __name__ == "__main__":
+    main()
