@@ -308,9 +308,21 @@ class TrainerWorker:
         self._policy.reshard()
         yield from iter_full_tensors(self._policy.lm)
 
+    def iter_push_params(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``iter_full_params`` in the engines' dtype (``model.dtype``, the compute dtype):
+        a bfloat16 engine is sent half the bytes of the float32 master weights, cast on this
+        rank's device before packing. Collective."""
+        dtype = getattr(torch, self.spec.compute_dtype)
+        for name, tensor in self.iter_full_params():
+            yield name, tensor.to(dtype) if tensor.is_floating_point() else tensor
+
     def weight_metadata(self) -> list[tuple[str, tuple[int, ...], str]]:
-        """(name, full shape, dtype) of every tensor ``iter_full_params`` yields, in order."""
-        return full_tensor_metadata(self._policy.lm)
+        """(name, full shape, dtype) of every tensor ``iter_push_params`` yields, in order."""
+        floating = {"float32", "float64", "bfloat16", "float16"}
+        return [
+            (name, shape, self.spec.compute_dtype if dtype in floating else dtype)
+            for name, shape, dtype in full_tensor_metadata(self._policy.lm)
+        ]
 
     def weight_sender_call(self, method: str, *args: object) -> object:
         """``WeightSender.<method>(*args)`` of this rank (``recipe.checkpoint_engine``): the
@@ -320,7 +332,7 @@ class TrainerWorker:
             from recipe.checkpoint_engine.endpoints import WeightSender
 
             sender = self._weight_sender = WeightSender(
-                self.rank, self.iter_full_params, self.device
+                self.rank, self.iter_push_params, self.device
             )
         return sender.call(method, *args)
 

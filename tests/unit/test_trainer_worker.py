@@ -198,3 +198,23 @@ def test_lr_schedule_warms_up_linearly_then_decays_by_cosine():
     assert factors[4] == pytest.approx(0.1 + 0.9 * 0.5)
     assert factors[6] == pytest.approx(0.1)
     assert lr_factor(100, ActorConfig(), total_steps=None) == 1.0
+
+
+def test_pushes_are_sent_in_the_engines_dtype(worker, model_dir):
+    """A bfloat16 engine gets bfloat16 tensors (half the bytes), cast from the master weights;
+    float32 runs send float32 unchanged."""
+    full = worker.full_state_dict()
+    assert [d for _, _, d in worker.weight_metadata()] == ["float32"] * len(full)
+    assert all(torch.equal(t, full[n]) for n, t in worker.iter_push_params())
+    spec = dataclasses.replace(worker.spec, compute_dtype="bfloat16")
+    worker.spec, saved = spec, worker.spec
+    try:
+        meta = worker.weight_metadata()
+        pushed = dict(worker.iter_push_params())
+    finally:
+        worker.spec = saved
+    assert [d for _, _, d in meta] == ["bfloat16"] * len(full)
+    assert [n for n, _, _ in meta] == list(pushed) == list(full)
+    for name, tensor in pushed.items():
+        assert tensor.dtype == torch.bfloat16
+        assert torch.equal(tensor, full[name].to(torch.bfloat16))
