@@ -312,8 +312,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
 
     def _resume_trainer(self) -> None:
         """Trainer side of a resume (the rollouter's follows in ``attach``)."""
-        state = self.run.checkpointer.load(self.trainer_group)
-        self.global_step, self.version = state["global_step"], state["param_version"]
+        state = self._load_checkpoint()
         self.trained_uids = list(state["trained_uids"])
 
     def _finish(self, start: float) -> dict[str, Any]:

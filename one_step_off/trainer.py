@@ -166,8 +166,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
 
     def _resume(self) -> PendingBatch | None:
         """Load the checkpoint, make the engines serve its version; the pending batch."""
-        state = self.run.checkpointer.load(self.trainer_group)
-        self.global_step, self.version = state["global_step"], state["param_version"]
+        state = self._load_checkpoint()
         self._restore_engines()
         self.cursor.load_state_dict(state["cursor"])
         saved = state["pending"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from recipe.algo.advantages import compute_advantages
 from recipe.config import RecipeConfig
@@ -230,6 +230,15 @@ class SeparateRayPPOTrainer:
         """Faults the run recovered from (``faults/*``, in metrics.jsonl and summary.json)."""
         retries = self.param_sync.num_retries if self.param_sync is not None else 0
         return {"faults/sync_retries": retries}
+
+    def _load_checkpoint(self) -> dict[str, Any]:
+        """Resume: the checkpoint's weights, optimizer, schedule and RNG into the trainer
+        group and this process; its step and version become this recipe's. Returns its
+        ``trainer_state.json`` (the recipe's loop state among it)."""
+        assert self.run is not None and self.trainer_group is not None
+        state = self.run.checkpointer.load(self.trainer_group)
+        self.global_step, self.version = state["global_step"], state["param_version"]
+        return state
 
     def _restore_engines(self) -> None:
         """Make the engines serve the resumed weights as ``version`` (they start from

@@ -47,8 +47,7 @@ class SyncTrainer(SeparateRayPPOTrainer):
         self._trained_now: list[str] = []
         """Prompt uids of the step being trained (for ledger.jsonl)."""
         if run.resume_from is not None:
-            state = run.checkpointer.load(self.trainer_group)
-            self.global_step, self.version = state["global_step"], state["param_version"]
+            state = self._load_checkpoint()
             self.cursor.load_state_dict(state["cursor"])
             self._restore_engines()
 
