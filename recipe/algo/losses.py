@@ -84,8 +84,9 @@ class PolicyLossStats:
     """Fraction of tokens whose clipped surrogate was the active (larger) loss term."""
     ppo_kl: torch.Tensor
     """Mean of ``old_logprob - logprob`` (k1 estimate of KL(old || new))."""
-    num_tokens: int
-    """Masked tokens these means are over (weights them when reducing across shards)."""
+    num_tokens: torch.Tensor
+    """Masked tokens these means are over, a float scalar (weights them when reducing across
+    shards; a tensor, so that reading it does not wait for the device)."""
 
 
 def ppo_clip_loss(
@@ -116,7 +117,7 @@ def ppo_clip_loss(
         stats = PolicyLossStats(
             pg_clipfrac=masked_mean((clipped_bt > unclipped_bt).float(), mask_bt),
             ppo_kl=masked_mean(-log_ratio_bt, mask_bt),
-            num_tokens=int(mask_bt.sum().item()),
+            num_tokens=mask_bt.to(torch.float32).sum(),
         )
     return loss, stats
 

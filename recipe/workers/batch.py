@@ -174,6 +174,17 @@ class TrainBatch:
             mine += mini[rank * per_rank : (rank + 1) * per_rank]
         return self.rows_of_groups(mine)
 
+    def narrow_rows(self, start: int, end: int, num_cols: int) -> TrainBatch:
+        """Rows ``start:end`` and columns ``:num_cols``, as views (no copy)."""
+        return self._map(lambda t: t[start:end, :num_cols] if t.dim() == 2 else t[start:end])
+
+    def without_targets(self) -> TrainBatch:
+        """A copy with no response tokens: it runs through a forward and backward like any
+        batch but adds nothing to a loss or its counts."""
+        zeros_bt = torch.zeros_like(self.response_mask_bt)
+        advantages_bt = None if self.advantages_bt is None else torch.zeros_like(self.advantages_bt)
+        return dataclasses.replace(self, response_mask_bt=zeros_bt, advantages_bt=advantages_bt)
+
     def trim_padding(self) -> TrainBatch:
         """Drop trailing columns that are padding in every row (saves compute per micro-batch)."""
         num_cols = int(self.attention_mask_bt.sum(dim=1).max().item()) if self.batch_size else 0

@@ -4,8 +4,7 @@
 log-probs and entropies of the response tokens (see ``recipe.workers.batch`` for the
 alignment) without ever materialising the (B, T, V) logits: only the hidden states of
 positions that predict a response token go through the vocab projection, ``chunk_size`` rows
-at a time, and under autograd each chunk is recomputed in backward (activation checkpointing)
-so at most one (chunk, V) float tensor is alive.
+at a time (``recipe.workers.logprob_head``), so at most one (chunk, V) float block is alive.
 
 Wrapping the LM (instead of calling its backbone and head separately) matters for FSDP2: the
 root's pre-forward hook is what all-gathers the embedding / final norm / head parameters.
@@ -14,9 +13,11 @@ root's pre-forward hook is what all-gathers the embedding / final norm / head pa
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import math
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -26,24 +27,13 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
-from torch.utils.checkpoint import checkpoint
 
-from recipe.algo.losses import entropy_from_logits
 from recipe.workers.config import ActorConfig
+from recipe.workers.logprob_head import chunked_logprob_entropy
 
 logger = logging.getLogger(__name__)
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-def _chunk_logprob_entropy(
-    head: nn.Module, hidden_nh: torch.Tensor, targets_n: torch.Tensor, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    logits_nv = head(hidden_nh).float()
-    if temperature != 1.0:
-        logits_nv = logits_nv / temperature
-    logprob_n = logits_nv.gather(-1, targets_n[:, None]).squeeze(-1) - logits_nv.logsumexp(-1)
-    return logprob_n, entropy_from_logits(logits_nv)
 
 
 class PolicyModule(nn.Module):
@@ -74,25 +64,12 @@ class PolicyModule(nn.Module):
         target_mask_bt[:, 0] = False
         hidden_nh = hidden_bth[:, :-1][target_mask_bt[:, 1:]]
         targets_n = input_ids_bt[target_mask_bt]
-        head = self.lm.get_output_embeddings()
-        logprobs, entropies = [], []
-        for start in range(0, hidden_nh.shape[0], chunk_size):
-            args = (
-                head,
-                hidden_nh[start : start + chunk_size],
-                targets_n[start : start + chunk_size],
-            )
-            if torch.is_grad_enabled():
-                out = checkpoint(_chunk_logprob_entropy, *args, temperature, use_reentrant=False)
-            else:
-                out = _chunk_logprob_entropy(*args, temperature)
-            logprobs.append(out[0])
-            entropies.append(out[1])
+        logprob_n, entropy_n = chunked_logprob_entropy(
+            hidden_nh, self.lm.get_output_embeddings(), targets_n, chunk_size, temperature
+        )
         logprob_bt = hidden_bth.new_zeros(target_mask_bt.shape, dtype=torch.float32)
-        entropy_bt = torch.zeros_like(logprob_bt)
-        if logprobs:
-            logprob_bt = logprob_bt.index_put((target_mask_bt,), torch.cat(logprobs))
-            entropy_bt = entropy_bt.index_put((target_mask_bt,), torch.cat(entropies))
+        logprob_bt = logprob_bt.index_put((target_mask_bt,), logprob_n)
+        entropy_bt = torch.zeros_like(logprob_bt).index_put((target_mask_bt,), entropy_n)
         return logprob_bt, entropy_bt
 
 
@@ -142,8 +119,10 @@ def build_optimizer(
             "actor.lr_schedule='cosine' needs the total number of optimizer steps "
             f"(got total_optimizer_steps={total_steps!r})"
         )
+    # Fused: one kernel per step over all parameters on CUDA (FSDP2's DTensor shards too).
+    fused = bool(params) and all(p.device.type == "cuda" for p in params)
     optimizer = torch.optim.AdamW(
-        params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
+        params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, fused=fused
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, cfg, total_steps)
@@ -197,6 +176,20 @@ def _local_shards(module: nn.Module) -> Iterator[torch.Tensor]:
         yield data.to_local() if isinstance(data, DTensor) else data
 
 
+_CURRENT = "__current__"
+_DEVICE_HEADROOM_BYTES = 2 << 30
+"""Free device memory a swap leaves untouched (the forward after it needs activations)."""
+
+
+def _room_for_copy(tensors: list[torch.Tensor]) -> bool:
+    """True on CPU, and on CUDA when a copy of ``tensors`` fits besides the headroom."""
+    if not tensors or not tensors[0].is_cuda:
+        return True
+    num_bytes = sum(t.numel() * t.element_size() for t in tensors)
+    free_bytes, _total = torch.cuda.mem_get_info(tensors[0].device)
+    return free_bytes > num_bytes + _DEVICE_HEADROOM_BYTES
+
+
 class CpuWeightSlots:
     """Named CPU copies of an FSDP2 module's local parameter shards.
 
@@ -216,26 +209,61 @@ class CpuWeightSlots:
             for t in _local_shards(self._module)
         ]
 
-    @torch.no_grad()
     def restore(self, slot: str) -> None:
         if slot not in self._slots:
             raise ValueError(f"no CPU weights saved under slot {slot!r}: {sorted(self._slots)}")
-        self._module.reshard()
-        for local, saved in zip(_local_shards(self._module), self._slots[slot], strict=True):
-            local.copy_(saved)
+        self._copy_into_module(self._slots[slot])
 
     def drop(self, slot: str) -> None:
         self._slots.pop(slot, None)
+
+    @contextmanager
+    def swapped_in(self, slot: str) -> Iterator[None]:
+        """The module holds ``slot``'s weights inside the block and its own again after.
+        Its own wait on their device when it has room for a copy (one device copy each way
+        instead of a host round trip), else in a CPU slot."""
+        self._module.reshard()
+        current = list(_local_shards(self._module))
+        if _room_for_copy(current):
+            with torch.no_grad():
+                stash = [t.clone() for t in current]
+            restore_current = functools.partial(self._copy_into_module, stash)
+        else:
+            self.save(_CURRENT)
+            restore_current = functools.partial(self.restore, _CURRENT)
+        try:
+            self.restore(slot)
+            yield
+        finally:
+            restore_current()
+            self.drop(_CURRENT)
+
+    @torch.no_grad()
+    def _copy_into_module(self, tensors: list[torch.Tensor]) -> None:
+        self._module.reshard()
+        for local, saved in zip(_local_shards(self._module), tensors, strict=True):
+            local.copy_(saved)
 
     def __contains__(self, slot: str) -> bool:
         return slot in self._slots
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
-    """Sum float64 scalars over the default process group in one collective."""
+    """Sum float64 scalars over the default process group in one collective (no device
+    round trip at world size 1)."""
+    return _all_reduce(values, device, dist.ReduceOp.SUM)
+
+
+def all_reduce_max(values: list[float], device: torch.device) -> list[float]:
+    """Element-wise max of float64 scalars over the default process group."""
+    return _all_reduce(values, device, dist.ReduceOp.MAX)
+
+
+def _all_reduce(values: list[float], device: torch.device, op: dist.ReduceOp) -> list[float]:
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [float(v) for v in values]
     buf = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+    dist.all_reduce(buf, op=op)
     return buf.tolist()
 
 

@@ -22,7 +22,7 @@ import logging
 import math
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,19 +32,15 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from recipe.algo.config import RolloutCorrectionConfig
-from recipe.algo.losses import (
-    agg_loss,
-    count_tokens_and_seqs,
-    kl_penalty,
-    ppo_clip_loss,
-    truncated_is_weights,
-)
+from recipe.algo.losses import count_tokens_and_seqs
 from recipe.utils.config_check import require_choice, require_positive
+from recipe.workers.actor_loss import LossSums, micro_loss, update_metrics
 from recipe.workers.batch import TrainBatch
 from recipe.workers.config import ActorConfig
 from recipe.workers.fsdp_utils import (
     CpuWeightSlots,
     PolicyModule,
+    all_reduce_max,
     all_reduce_sum,
     build_optimizer,
     copy_tokenizer,
@@ -54,11 +50,9 @@ from recipe.workers.fsdp_utils import (
     load_full_state_dict,
     shard_policy,
 )
+from recipe.workers.micro_batches import MicroPlan, fixed_plan, split_to_count, token_budget_plan
 
 logger = logging.getLogger(__name__)
-
-# Token-weighted metric sums reduced once per update_actor (order of the all-reduce buffer).
-_SUM_KEYS = ("pg_loss", "kl_loss", "entropy", "clipfrac", "ppo_kl", "tis_weight", "tokens")
 
 
 @dataclass(slots=True)
@@ -153,18 +147,49 @@ class TrainerWorker:
     def _forward_no_grad(
         self, module: PolicyModule, batch: TrainBatch
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        logprob_bt = torch.zeros(batch.input_ids_bt.shape, dtype=torch.float32)
+        logprob_bt = torch.zeros(batch.input_ids_bt.shape, device=self.device)
         entropy_bt = torch.zeros_like(logprob_bt)
-        row = 0
-        for micro in batch.split(self.actor.ppo_micro_batch_size_per_gpu):
-            lp_bt, ent_bt = self._forward(module, micro.trim_padding().to(self.device))
-            rows, cols = lp_bt.shape
-            logprob_bt[row : row + rows, :cols] = lp_bt.cpu()
-            entropy_bt[row : row + rows, :cols] = ent_bt.cpu()
-            row += rows
+        for rows, micro in self._micro_batches(batch, grad=False):
+            lp_bt, ent_bt = self._forward(module, micro)
+            if rows:  # a dummy micro-batch (rows == []) only keeps the ranks in step
+                index = torch.tensor(rows, device=self.device)
+                logprob_bt[index, : micro.seq_len] = lp_bt
+                entropy_bt[index, : micro.seq_len] = ent_bt
         # The FSDP root keeps its parameters gathered after a forward without backward.
         module.reshard()
-        return logprob_bt, entropy_bt
+        return logprob_bt.cpu(), entropy_bt.cpu()
+
+    def _micro_plan(self, batch: TrainBatch, *, grad: bool) -> MicroPlan:
+        """Rows of each micro-batch (``recipe.workers.micro_batches``); with world size > 1
+        every rank gets as many micro-batches as the rank that needs the most."""
+        lengths = batch.attention_mask_bt.sum(dim=1).tolist()
+        if self.actor.use_dynamic_bsz:
+            budget = self.actor.ppo_max_token_len_per_gpu
+            plan = token_budget_plan(lengths, budget if grad else self.actor.log_prob_token_budget)
+        else:
+            plan = fixed_plan(batch.batch_size, self.actor.ppo_micro_batch_size_per_gpu)
+        if self.world_size > 1:
+            plan = split_to_count(plan, lengths, int(all_reduce_max([len(plan)], self.device)[0]))
+        return plan
+
+    def _micro_batches(
+        self, batch: TrainBatch, *, grad: bool
+    ) -> Iterator[tuple[list[int], TrainBatch]]:
+        """(rows, micro-batch on the device, trimmed to its longest row). The batch crosses to
+        the device once, in plan order, and micro-batches are views of it: nothing in the
+        loop copies from the host or waits for the device."""
+        plan = self._micro_plan(batch, grad=grad)
+        lengths = batch.attention_mask_bt.sum(dim=1).tolist()
+        order = [row for rows in plan for row in rows]
+        on_device = batch.select(order).to(self.device) if order else None
+        start = 0
+        for rows in plan:
+            if not rows:
+                yield rows, batch.select([0]).without_targets().trim_padding().to(self.device)
+                continue
+            num_cols = max(lengths[row] for row in rows)
+            yield rows, on_device.narrow_rows(start, start + len(rows), num_cols)
+            start += len(rows)
 
     def _forward(self, module: PolicyModule, micro: TrainBatch) -> tuple[torch.Tensor, ...]:
         return module(
@@ -187,79 +212,33 @@ class TrainerWorker:
             batch = dataclasses.replace(batch, ref_logprobs_bt=self.compute_ref_log_prob(batch))
         groups_per_step = self.actor.ppo_mini_batch_size // self.world_size
         mini_batches = batch.split_groups(groups_per_step)
-        sums = dict.fromkeys(_SUM_KEYS, 0.0)
+        sums = LossSums(self.device)
         grad_norms: list[float] = []
         lr = self._optimizer.param_groups[0]["lr"]
         for _ in range(self.actor.ppo_epochs):
             for mini in mini_batches:
                 lr = self._optimizer.param_groups[0]["lr"]
                 grad_norms.append(self._train_step(mini, sums))
-        totals = dict(zip(_SUM_KEYS, all_reduce_sum(list(sums.values()), self.device), strict=True))
-        num_steps, num_tokens = len(grad_norms), max(totals["tokens"], 1.0)
-        metrics = {
-            "actor/pg_loss": totals["pg_loss"] / num_steps,
-            "actor/grad_norm": sum(grad_norms) / num_steps,
-            "actor/lr": lr,
-            "actor/entropy": totals["entropy"] / num_tokens,
-            "actor/ppo_kl": totals["ppo_kl"] / num_tokens,
-            "actor/clipfrac": totals["clipfrac"] / num_tokens,
-        }
-        if self._ref is not None:
-            metrics["actor/kl_loss"] = totals["kl_loss"] / num_steps
-        if batch.old_logprobs_bt is not None:
-            metrics["actor/tis_weight_mean"] = totals["tis_weight"] / num_tokens
-        return metrics
+        return update_metrics(
+            sums.totals(),
+            grad_norms,
+            lr,
+            with_ref=self._ref is not None,
+            with_old=batch.old_logprobs_bt is not None,
+        )
 
-    def _train_step(self, mini: TrainBatch, sums: dict[str, float]) -> float:
+    def _train_step(self, mini: TrainBatch, sums: LossSums) -> float:
         """Forward/backward every micro-batch of one mini-batch, then one optimizer step."""
         local_tokens, local_seqs = count_tokens_and_seqs(mini.response_mask_bt)
         num_tokens, num_seqs = all_reduce_sum([local_tokens, local_seqs], self.device)
-        for micro in mini.split(self.actor.ppo_micro_batch_size_per_gpu):
-            micro = micro.trim_padding().to(self.device)
-            logprob_bt, entropy_bt = self._forward(self._policy, micro)
-            loss = self._micro_loss(micro, logprob_bt, entropy_bt, num_tokens, num_seqs, sums)
-            loss.backward()
-        return self._optimizer_step()
-
-    def _micro_loss(
-        self,
-        micro: TrainBatch,
-        logprob_bt: torch.Tensor,
-        entropy_bt: torch.Tensor,
-        num_tokens: float,
-        num_seqs: float,
-        sums: dict[str, float],
-    ) -> torch.Tensor:
-        """This micro-batch's share of the mini-batch loss; adds its metric sums to ``sums``."""
-        cfg, mask_bt = self.actor, micro.response_mask_bt
         counts = {"num_tokens": num_tokens, "num_seqs": num_seqs}
-        old_bt, is_weights_bt = micro.rollout_logprobs_bt, None
-        if micro.old_logprobs_bt is not None:
-            old_bt = micro.old_logprobs_bt
-            cap = self.spec.rollout_correction.tis_cap
-            is_weights_bt = truncated_is_weights(old_bt, micro.rollout_logprobs_bt, mask_bt, cap)
-            sums["tis_weight"] += float(is_weights_bt.sum())
-        pg_loss, stats = ppo_clip_loss(
-            logprob_bt, old_bt, micro.advantages_bt, mask_bt,
-            clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high,
-            agg_mode=cfg.loss_agg_mode, is_weights_bt=is_weights_bt, **counts,
-        )  # fmt: skip
-        loss = pg_loss
-        if cfg.entropy_coeff > 0:
-            loss = loss - cfg.entropy_coeff * agg_loss(
-                entropy_bt, mask_bt, cfg.loss_agg_mode, **counts
-            )
-        if micro.ref_logprobs_bt is not None and self._ref is not None:
-            kl_bt = kl_penalty(logprob_bt, micro.ref_logprobs_bt, cfg.kl_loss_type)
-            kl_loss = agg_loss(kl_bt, mask_bt, cfg.loss_agg_mode, **counts)
-            loss = loss + cfg.kl_loss_coef * kl_loss
-            sums["kl_loss"] += float(kl_loss.detach())
-        sums["pg_loss"] += float(pg_loss.detach())
-        sums["entropy"] += float((entropy_bt.detach() * mask_bt).sum())
-        sums["clipfrac"] += float(stats.pg_clipfrac) * stats.num_tokens
-        sums["ppo_kl"] += float(stats.ppo_kl) * stats.num_tokens
-        sums["tokens"] += stats.num_tokens
-        return loss
+        correction = self.spec.rollout_correction
+        for _, micro in self._micro_batches(mini, grad=True):
+            logprob_bt, entropy_bt = self._forward(self._policy, micro)
+            micro_loss(
+                self.actor, correction, micro, logprob_bt, entropy_bt, counts, sums
+            ).backward()
+        return self._optimizer_step()
 
     def _optimizer_step(self) -> float:
         """Clip, step (skipped when the gradient is not finite), zero grads; the global norm."""
@@ -291,15 +270,8 @@ class TrainerWorker:
     def drop_cpu_slot(self, slot: str) -> None:
         self._cpu_slots.drop(slot)
 
-    @contextmanager
-    def _swapped_in(self, slot: str) -> Iterator[None]:
-        self.save_model_to_cpu("__current__")
-        try:
-            self.restore_model_from_cpu(slot)
-            yield
-        finally:
-            self.restore_model_from_cpu("__current__")
-            self.drop_cpu_slot("__current__")
+    def _swapped_in(self, slot: str) -> AbstractContextManager[None]:
+        return self._cpu_slots.swapped_in(slot)
 
     def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full (unsharded) HF-named tensors on this rank's device, tied weights once.
