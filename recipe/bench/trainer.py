@@ -153,11 +153,25 @@ def bench_ours(args, model_path: str, batch: TrainBatch, compute_dtype: str) -> 
             from_slot = functools.partial(worker.compute_log_prob, batch, slot="bench")
             row["old_logprob_slot_s"] = timed(from_slot, args.repeats, args.device)
             rows.append(row)
+            if args.profile and dynamic:
+                print(profile_table(update, args.device), flush=True)
         finally:
             worker.close()
         del worker
         _release()
     return rows
+
+
+def profile_table(fn: Callable[[], Any], device: str, row_limit: int = 25) -> str:
+    """torch.profiler's op table of one ``fn()`` call, by device (else CPU) time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        fn()
+        _sync(device)
+    sort_by = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=sort_by, row_limit=row_limit)
 
 
 def add_rates(rows: list[dict], batch: TrainBatch, flops: ModelFlops, device: str) -> None:
@@ -217,6 +231,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="also write the rows there")
+    parser.add_argument("--profile", action="store_true", help="op table of ours' update")
     return parser.parse_args(argv)
 
 
