@@ -166,7 +166,9 @@ class SeparateRayPPOTrainer:
         ``slot``: forward with the weights saved by ``save_model_to_cpu(slot)`` instead of the
         current ones (the pushed version, in the async recipes)."""
         with metrics.timer("timing/old_log_prob_s"):
-            logprobs_bt, _entropy_bt = self.trainer_group.compute_log_prob(batch, slot=slot)
+            logprobs_bt, _ = self.trainer_group.compute_log_prob(
+                batch, slot=slot, with_entropy=False
+            )
         mask = batch.response_mask_bt
         num_tokens = max(int(mask.sum()), 1)
         diff = (logprobs_bt - batch.rollout_logprobs_bt).abs()[mask]

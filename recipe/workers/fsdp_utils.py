@@ -13,11 +13,9 @@ root's pre-forward hook is what all-gathers the embedding / final norm / head pa
 from __future__ import annotations
 
 import datetime
-import functools
 import logging
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -51,7 +49,8 @@ class PolicyModule(nn.Module):
         response_mask_bt: torch.Tensor,
         chunk_size: int,
         temperature: float = 1.0,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        with_entropy: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         backbone = getattr(self.lm, self.lm.base_model_prefix)
         hidden_bth = backbone(
             input_ids=input_ids_bt,
@@ -65,10 +64,17 @@ class PolicyModule(nn.Module):
         hidden_nh = hidden_bth[:, :-1][target_mask_bt[:, 1:]]
         targets_n = input_ids_bt[target_mask_bt]
         logprob_n, entropy_n = chunked_logprob_entropy(
-            hidden_nh, self.lm.get_output_embeddings(), targets_n, chunk_size, temperature
+            hidden_nh,
+            self.lm.get_output_embeddings(),
+            targets_n,
+            chunk_size,
+            temperature,
+            with_entropy=with_entropy,
         )
         logprob_bt = hidden_bth.new_zeros(target_mask_bt.shape, dtype=torch.float32)
         logprob_bt = logprob_bt.index_put((target_mask_bt,), logprob_n)
+        if entropy_n is None:
+            return logprob_bt, None
         entropy_bt = torch.zeros_like(logprob_bt).index_put((target_mask_bt,), entropy_n)
         return logprob_bt, entropy_bt
 
@@ -80,8 +86,11 @@ def shard_policy(
 
     Gradients are reduced with a plain SUM (divide factor 1): the losses are normalised by
     GLOBAL token / sequence counts, so summing the ranks' gradients gives the full-batch one.
+    At world size 1 a layer keeps its gathered (compute-dtype) parameters from forward to
+    backward: re-gathering saves no memory there, only costs copies.
     """
     mp_policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    reshard = mesh.size() > 1
     layer_classes = set(getattr(policy.lm, "_no_split_modules", None) or ())
     layers = [m for m in policy.lm.modules() if type(m).__name__ in layer_classes]
     if not layers:
@@ -89,8 +98,8 @@ def shard_policy(
             f"{type(policy.lm).__name__} declares no _no_split_modules decoder layers to shard"
         )
     for layer in layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
-    fully_shard(policy, mesh=mesh, mp_policy=mp_policy)
+        fully_shard(layer, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
+    fully_shard(policy, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
     for module in (*layers, policy):  # both setters act on one module's own shard group only
         module.set_gradient_divide_factor(1.0)
         module.set_force_sum_reduction_for_comms(True)
@@ -167,85 +176,6 @@ def load_full_state_dict(lm: nn.Module, state_dict: dict[str, torch.Tensor]) -> 
     set_model_state_dict(
         lm, params_only, options=StateDictOptions(full_state_dict=True, strict=False)
     )
-
-
-def _local_shards(module: nn.Module) -> Iterator[torch.Tensor]:
-    """This rank's local shard of every parameter (a view: writes update the parameter)."""
-    for param in module.parameters():
-        data = param.detach()
-        yield data.to_local() if isinstance(data, DTensor) else data
-
-
-_CURRENT = "__current__"
-_DEVICE_HEADROOM_BYTES = 2 << 30
-"""Free device memory a swap leaves untouched (the forward after it needs activations)."""
-
-
-def _room_for_copy(tensors: list[torch.Tensor]) -> bool:
-    """True on CPU, and on CUDA when a copy of ``tensors`` fits besides the headroom."""
-    if not tensors or not tensors[0].is_cuda:
-        return True
-    num_bytes = sum(t.numel() * t.element_size() for t in tensors)
-    free_bytes, _total = torch.cuda.mem_get_info(tensors[0].device)
-    return free_bytes > num_bytes + _DEVICE_HEADROOM_BYTES
-
-
-class CpuWeightSlots:
-    """Named CPU copies of an FSDP2 module's local parameter shards.
-
-    Copies are always fresh buffers (never views), also when the parameters live on CPU, so
-    training after ``save`` cannot change a saved slot.
-    """
-
-    def __init__(self, module: nn.Module, *, pin_memory: bool = False):
-        self._module = module
-        self._pin_memory = pin_memory
-        self._slots: dict[str, list[torch.Tensor]] = {}
-
-    def save(self, slot: str) -> None:
-        self._module.reshard()  # only sharded (DTensor) parameters have a stable local shard
-        self._slots[slot] = [
-            torch.empty(t.shape, dtype=t.dtype, pin_memory=self._pin_memory).copy_(t)
-            for t in _local_shards(self._module)
-        ]
-
-    def restore(self, slot: str) -> None:
-        if slot not in self._slots:
-            raise ValueError(f"no CPU weights saved under slot {slot!r}: {sorted(self._slots)}")
-        self._copy_into_module(self._slots[slot])
-
-    def drop(self, slot: str) -> None:
-        self._slots.pop(slot, None)
-
-    @contextmanager
-    def swapped_in(self, slot: str) -> Iterator[None]:
-        """The module holds ``slot``'s weights inside the block and its own again after.
-        Its own wait on their device when it has room for a copy (one device copy each way
-        instead of a host round trip), else in a CPU slot."""
-        self._module.reshard()
-        current = list(_local_shards(self._module))
-        if _room_for_copy(current):
-            with torch.no_grad():
-                stash = [t.clone() for t in current]
-            restore_current = functools.partial(self._copy_into_module, stash)
-        else:
-            self.save(_CURRENT)
-            restore_current = functools.partial(self.restore, _CURRENT)
-        try:
-            self.restore(slot)
-            yield
-        finally:
-            restore_current()
-            self.drop(_CURRENT)
-
-    @torch.no_grad()
-    def _copy_into_module(self, tensors: list[torch.Tensor]) -> None:
-        self._module.reshard()
-        for local, saved in zip(_local_shards(self._module), tensors, strict=True):
-            local.copy_(saved)
-
-    def __contains__(self, slot: str) -> bool:
-        return slot in self._slots
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:

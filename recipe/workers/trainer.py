@@ -38,7 +38,6 @@ from recipe.workers.actor_loss import LossSums, micro_loss, update_metrics
 from recipe.workers.batch import TrainBatch
 from recipe.workers.config import ActorConfig
 from recipe.workers.fsdp_utils import (
-    CpuWeightSlots,
     PolicyModule,
     all_reduce_max,
     all_reduce_sum,
@@ -51,6 +50,7 @@ from recipe.workers.fsdp_utils import (
     shard_policy,
 )
 from recipe.workers.micro_batches import MicroPlan, fixed_plan, split_to_count, token_budget_plan
+from recipe.workers.weight_slots import WeightSlots
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class TrainerWorker:
         self._optimizer, self._scheduler = build_optimizer(
             list(self._policy.parameters()), actor, spec.total_optimizer_steps
         )
-        self._cpu_slots = CpuWeightSlots(self._policy, pin_memory=self.device.type == "cuda")
+        self._slots = WeightSlots(self._policy, pin_memory=self.device.type == "cuda")
 
     def _build_policy(self, *, trainable: bool) -> PolicyModule:
         from transformers import AutoModelForCausalLM
@@ -128,36 +128,38 @@ class TrainerWorker:
     # ---- log-probs ------------------------------------------------------------------------
 
     def compute_log_prob(
-        self, batch: TrainBatch, *, slot: str | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, batch: TrainBatch, *, slot: str | None = None, with_entropy: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logprobs_bt, entropy_bt) on CPU, float32, 0 off the response mask. ``slot``: use
-        the weights saved by ``save_model_to_cpu(slot)`` (swapped in, then swapped back)."""
+        the weights saved by ``save_model_to_cpu(slot)`` (swapped in, then swapped back).
+        ``with_entropy=False``: entropy_bt is None (saves a pass over the logits)."""
         if slot is None:
-            return self._forward_no_grad(self._policy, batch)
+            return self._forward_no_grad(self._policy, batch, with_entropy)
         with self._swapped_in(slot):
-            return self._forward_no_grad(self._policy, batch)
+            return self._forward_no_grad(self._policy, batch, with_entropy)
 
     def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:
         """Reference-model log-probs (B, T) on CPU (needs ``actor.use_kl_loss``)."""
         if self._ref is None:
             raise ValueError("reference log-probs need actor.use_kl_loss=true")
-        return self._forward_no_grad(self._ref, batch)[0]
+        return self._forward_no_grad(self._ref, batch, with_entropy=False)[0]
 
     @torch.no_grad()
     def _forward_no_grad(
-        self, module: PolicyModule, batch: TrainBatch
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, module: PolicyModule, batch: TrainBatch, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         logprob_bt = torch.zeros(batch.input_ids_bt.shape, device=self.device)
-        entropy_bt = torch.zeros_like(logprob_bt)
+        entropy_bt = torch.zeros_like(logprob_bt) if with_entropy else None
         for rows, micro in self._micro_batches(batch, grad=False):
-            lp_bt, ent_bt = self._forward(module, micro)
+            lp_bt, ent_bt = self._forward(module, micro, with_entropy)
             if rows:  # a dummy micro-batch (rows == []) only keeps the ranks in step
                 index = torch.tensor(rows, device=self.device)
                 logprob_bt[index, : micro.seq_len] = lp_bt
-                entropy_bt[index, : micro.seq_len] = ent_bt
+                if entropy_bt is not None:
+                    entropy_bt[index, : micro.seq_len] = ent_bt
         # The FSDP root keeps its parameters gathered after a forward without backward.
         module.reshard()
-        return logprob_bt.cpu(), entropy_bt.cpu()
+        return logprob_bt.cpu(), None if entropy_bt is None else entropy_bt.cpu()
 
     def _micro_plan(self, batch: TrainBatch, *, grad: bool) -> MicroPlan:
         """Rows of each micro-batch (``recipe.workers.micro_batches``); with world size > 1
@@ -191,7 +193,9 @@ class TrainerWorker:
             yield rows, on_device.narrow_rows(start, start + len(rows), num_cols)
             start += len(rows)
 
-    def _forward(self, module: PolicyModule, micro: TrainBatch) -> tuple[torch.Tensor, ...]:
+    def _forward(
+        self, module: PolicyModule, micro: TrainBatch, with_entropy: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         return module(
             micro.input_ids_bt,
             micro.attention_mask_bt,
@@ -199,6 +203,7 @@ class TrainerWorker:
             micro.response_mask_bt,
             self.actor.logprob_chunk_size,
             self.spec.logits_temperature,
+            with_entropy,
         )
 
     # ---- training -------------------------------------------------------------------------
@@ -260,18 +265,19 @@ class TrainerWorker:
     # ---- weights --------------------------------------------------------------------------
 
     def save_model_to_cpu(self, slot: str) -> None:
-        """Copy this rank's parameter shards to CPU under ``slot`` (real copies, never views)."""
-        self._cpu_slots.save(slot)
+        """Copy this rank's parameter shards into ``slot`` (real copies, never views): on the
+        device when it has room to spare, else pinned CPU (``recipe.workers.weight_slots``)."""
+        self._slots.save(slot)
 
     def restore_model_from_cpu(self, slot: str) -> None:
         """Overwrite this rank's parameter shards with the copy saved under ``slot``."""
-        self._cpu_slots.restore(slot)
+        self._slots.restore(slot)
 
     def drop_cpu_slot(self, slot: str) -> None:
-        self._cpu_slots.drop(slot)
+        self._slots.drop(slot)
 
     def _swapped_in(self, slot: str) -> AbstractContextManager[None]:
-        return self._cpu_slots.swapped_in(slot)
+        return self._slots.swapped_in(slot)
 
     def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full (unsharded) HF-named tensors on this rank's device, tied weights once.

@@ -13,7 +13,6 @@ cannot be split that way is refused with a ValueError before anything runs.
 from __future__ import annotations
 
 import logging
-import math
 import socket
 from pathlib import Path
 from typing import Any
@@ -152,41 +151,33 @@ class TrainerGroup:
         return [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
 
     def shard_rows(self, batch: TrainBatch) -> list[list[int]]:
-        """Rows of each rank; ValueError when ranks would run different micro-batch counts."""
+        """Rows of each rank. Ranks may get different row counts (prompt groups of unequal
+        size): each rank's micro-batch plan is cut to the group's largest count
+        (``recipe.workers.micro_batches``)."""
         per_mini = self.actor.ppo_mini_batch_size
-        rows = [
+        return [
             batch.shard_rows(r, self.world_size, groups_per_mini_batch=per_mini)
             for r in range(self.world_size)
         ]
-        micro = self.actor.ppo_micro_batch_size_per_gpu
-        plans = [
-            [
-                math.ceil(m.batch_size / micro)
-                for m in batch.select(r).split_groups(per_mini // self.world_size)
-            ]
-            for r in rows
-        ]
-        if any(plan != plans[0] for plan in plans):
-            raise ValueError(
-                f"prompt groups of unequal size give trainer ranks different micro-batch counts "
-                f"{plans}: keep every group at rollout.n responses"
-            )
-        return rows
 
     # ---- PPO steps ------------------------------------------------------------------------
 
     def compute_log_prob(
-        self, batch: TrainBatch, *, slot: str | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logprobs_bt, entropy_bt) (B, T) in the batch's row order."""
+        self, batch: TrainBatch, *, slot: str | None = None, with_entropy: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logprobs_bt, entropy_bt) (B, T) in the batch's row order; entropy_bt is None
+        with ``with_entropy=False``."""
         rows = self.shard_rows(batch)
         results = self._get_all(
             [
-                w.compute_log_prob.remote(batch.select(r), slot=slot)
+                w.compute_log_prob.remote(batch.select(r), slot=slot, with_entropy=with_entropy)
                 for w, r in zip(self.workers, rows, strict=True)
             ]
         )
-        return tuple(self._reassemble(batch, rows, [res[i] for res in results]) for i in (0, 1))
+        logprob_bt = self._reassemble(batch, rows, [res[0] for res in results])
+        if not with_entropy:
+            return logprob_bt, None
+        return logprob_bt, self._reassemble(batch, rows, [res[1] for res in results])
 
     @staticmethod
     def _reassemble(

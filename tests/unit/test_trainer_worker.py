@@ -136,7 +136,7 @@ def test_cpu_copy_restores_bitwise_and_does_not_move_with_training(worker, model
     restored = worker.full_state_dict()
     assert all(torch.equal(before[k], restored[k]) for k in before)
     assert torch.equal(worker.compute_log_prob(batch)[0], from_slot)
-    with pytest.raises(ValueError, match="no CPU weights"):
+    with pytest.raises(ValueError, match="no weights saved"):
         worker.restore_model_from_cpu("missing")
 
 
