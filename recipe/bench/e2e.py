@@ -4,9 +4,12 @@ The three recipes run back to back in one process on the same hardware, model, d
 sampling and number of trained samples (``steps`` trainer steps of R prompt groups each:
 ``actor.ppo_mini_batch_size`` prompts x ``rollout.n`` responses; sync and one_step_off take R
 as ``data.train_batch_size`` too, so every mode takes one optimizer step per trainer step).
-Throughput counts trained samples over each run's whole ``fit``. Printed per mode: samples/s,
-wall time, trainer and rollouter idle ratios, staleness; the last line is the headline ratios
-to sync (targets on GPUs: fully_async >= 2x, one_step_off >= 1.25x).
+Throughput counts trained samples over each run's whole ``fit``. Every mode gets the same
+engine settings (CUDA graphs on GPUs, ``rollout.enforce_eager`` unset). Printed per mode:
+samples/s, wall time, trainer and rollouter idle ratios, staleness; the trainer's tokens/s
+and MFU over its busy time (old log-probs + update, ``recipe.bench.flops``); each phase's
+share of a step (``PHASES``); push medians. The last line is the headline ratios to sync
+(targets on GPUs: fully_async >= 2x, one_step_off >= 1.25x).
 
 Bench keys (everything else is a config override, ``key=value``):
 
@@ -22,9 +25,9 @@ Idle ratios: sync from its phase timers (the trainer waits while generating and 
 wait while training); one_step_off's trainer from its wait for the batch in flight (its
 engines' idle time is not measured: "-"); fully_async from its own accounting.
 
-CPU: ``python -m recipe.bench.e2e steps=20``. GPU (one H200, shared by trainer and engines):
-``python -m recipe.bench.e2e model=0.5B steps=12 trainer.device=cuda model.dtype=bfloat16
-rollout.response_length=512``.
+CPU: ``python -m recipe.bench.e2e``. GPU (one H200, shared by trainer and engines):
+``python -m recipe.bench.e2e model=0.5B trainer.device=cuda model.dtype=bfloat16
+rollout.response_length=384 rollout.max_num_seqs=512``.
 """
 
 from __future__ import annotations
@@ -40,8 +43,10 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
+from recipe.bench.flops import ModelFlops, device_peak_flops, mfu
 from recipe.bench.models import resolve_bench_model
 from recipe.config import load_config
+from recipe.run.placement import resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +100,51 @@ def idle_ratios(mode: str, summary: dict[str, Any], rows: list[dict]) -> tuple[A
     return wait / wall, None
 
 
+PHASES = ("gen", "wait", "old_log_prob", "update", "sync", "other")
+"""Shares of the trainer's step time: generating (sync only), waiting for rollouts (one_step_
+off and fully_async), old log-probs, the update, weight pushes, and the rest."""
+
+
+def _step_tokens(row: dict[str, Any]) -> float:
+    if "throughput/tokens" in row:
+        return row["throughput/tokens"]
+    return row.get("throughput/tokens_per_s", 0.0) * row.get("timing/step_s", 0.0)
+
+
+def phase_shares(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Each phase's share of the summed ``timing/step_s`` (``PHASES``)."""
+    total = sum(r.get("timing/step_s", 0.0) for r in rows)
+    if total <= 0:
+        return {}
+    wait = sum(
+        r.get("timing/wait_prev_gen_s", r.get("trainer/idle_ratio", 0.0) * r["timing/step_s"])
+        for r in rows
+        if "timing/gen_s" not in r and "timing/step_s" in r
+    )
+    sums = {
+        "gen": sum(r.get("timing/gen_s", 0.0) for r in rows),
+        "wait": wait,
+        **{k: sum(r.get(f"timing/{k}_s", 0.0) for r in rows) for k in PHASES[2:5]},
+    }
+    shares = {k: v / total for k, v in sums.items()}
+    shares["other"] = max(0.0, 1.0 - sum(shares.values()))
+    return shares
+
+
+def trainer_rates(
+    rows: list[dict[str, Any]], flops: ModelFlops, peak: float | None
+) -> dict[str, float | None]:
+    """Tokens (prompt + response) the trainer processed per second of old log-probs +
+    update, and the MFU of that time (one forward + one training pass per token; attention
+    scores not counted, so a lower bound)."""
+    tokens = sum(_step_tokens(r) for r in rows)
+    busy_s = sum(r.get("timing/old_log_prob_s", 0.0) + r.get("timing/update_s", 0.0) for r in rows)
+    if busy_s <= 0:
+        return {"trainer_tokens_per_s": None, "trainer_mfu": None}
+    work = flops.forward_flops(int(tokens)) + flops.train_flops(int(tokens))
+    return {"trainer_tokens_per_s": tokens / busy_s, "trainer_mfu": mfu(work, busy_s, peak)}
+
+
 def run_mode(mode: str, steps: int, overrides: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     from recipe.main import recipe_class
 
@@ -109,6 +159,8 @@ def run_mode(mode: str, steps: int, overrides: dict[str, Any], out_dir: Path) ->
         recipe.close()
     rows = _metrics(run_dir)
     trainer_idle, rollouter_idle = idle_ratios(mode, summary, rows)
+    flops = ModelFlops.from_config(cfg.model.path)
+    peak = device_peak_flops(resolve_device(cfg.trainer.device))
     lengths = [r["response_length/mean"] for r in rows if "response_length/mean" in r]
     return {
         **{f"{key}_p50": _median(rows, f"sync/{key}") for key in SYNC_KEYS},
@@ -123,6 +175,8 @@ def run_mode(mode: str, steps: int, overrides: dict[str, Any], out_dir: Path) ->
         "staleness_max": summary.get("staleness/max", 0),
         "response_length_mean": sum(lengths) / len(lengths) if lengths else None,
         "final_val_accuracy": summary.get("final/val_accuracy"),
+        **trainer_rates(rows, flops, peak),
+        "phase_shares": phase_shares(rows),
         "run_dir": str(run_dir),
     }
 
@@ -169,6 +223,18 @@ def main(argv: list[str]) -> dict[str, float]:
             f"{r['wall_s']:>8.1f} {r['build_s']:>8.1f} {_fmt(r['trainer_idle'], '.2f'):>13} "
             f"{_fmt(r['rollouter_idle'], '.2f'):>13} {r['staleness_mean']:>11.2f} "
             f"{r['staleness_max']:>10} {_fmt(r['response_length_mean'], '.1f'):>9}"
+        )
+    print(
+        f"{'mode':<13} {'trainer tok/s':>14} {'trainer MFU':>12}  step shares: "
+        + " ".join(f"{k:>12}" for k in PHASES)
+    )
+    for r in results:
+        shares = r["phase_shares"]
+        mfu_pct = "-" if r["trainer_mfu"] is None else f"{100 * r['trainer_mfu']:.1f}%"
+        print(
+            f"{r['mode']:<13} {_fmt(r['trainer_tokens_per_s'], ',.0f'):>14} "
+            f"{mfu_pct:>12}  {'':13}"
+            + " ".join(f"{_fmt(shares.get(k), '.2f'):>12}" for k in PHASES)
         )
     print(f"{'mode':<13} " + " ".join(f"{'sync ' + k + ' p50':>20}" for k in SYNC_KEYS))
     for r in results:

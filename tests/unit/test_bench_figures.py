@@ -1,0 +1,68 @@
+"""The benchmarks' derived figures: model FLOPs, MFU, and the e2e bench's step shares."""
+
+import json
+
+import pytest
+
+from recipe.bench.e2e import phase_shares, trainer_rates
+from recipe.bench.flops import ModelFlops, mfu
+
+
+def _config(tmp_path, **overrides):
+    cfg = {
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+    } | overrides
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return tmp_path
+
+
+def test_qwen_0_5b_matmul_params_are_its_parameters_without_norms(tmp_path):
+    flops = ModelFlops.from_config(_config(tmp_path))
+    # Qwen2.5-0.5B has 494,032,768 parameters (tied head); norms and biases are ~0.1M.
+    assert flops.matmul_params == pytest.approx(494_032_768, rel=1e-3)
+    assert flops.train_flops(1000) == 3 * flops.forward_flops(1000)
+    assert flops.forward_flops(10, sum_sq_lengths=100) > flops.forward_flops(10)
+
+
+def test_mfu_needs_a_known_peak():
+    assert mfu(1e12, 1.0, 1e13) == pytest.approx(0.1)
+    assert mfu(1e12, 1.0, None) is None
+
+
+def test_phase_shares_split_each_mode_s_step_time():
+    sync_rows = [
+        {"timing/step_s": 10.0, "timing/gen_s": 6.0, "timing/old_log_prob_s": 1.0,
+         "timing/update_s": 2.0, "throughput/tokens": 100.0},
+    ] * 2  # fmt: skip
+    shares = phase_shares(sync_rows)
+    assert shares == pytest.approx(
+        {"gen": 0.6, "wait": 0.0, "old_log_prob": 0.1, "update": 0.2, "sync": 0.0, "other": 0.1}
+    )
+    async_rows = [
+        {"timing/step_s": 4.0, "trainer/idle_ratio": 0.5, "timing/update_s": 1.0},
+        {"timing/step_s": 4.0, "trainer/idle_ratio": 0.25, "timing/update_s": 1.0,
+         "timing/sync_s": 1.0},
+    ]  # fmt: skip
+    shares = phase_shares(async_rows)
+    assert shares["wait"] == pytest.approx(3.0 / 8)
+    assert shares["sync"] == pytest.approx(1.0 / 8)
+    assert shares["other"] == pytest.approx(1 - 3 / 8 - 2 / 8 - 1 / 8)
+    one_step_off = [{"timing/step_s": 2.0, "timing/wait_prev_gen_s": 0.5}]
+    assert phase_shares(one_step_off)["wait"] == pytest.approx(0.25)
+
+
+def test_trainer_rates_count_tokens_over_busy_time(tmp_path):
+    flops = ModelFlops.from_config(_config(tmp_path))
+    rows = [
+        {"throughput/tokens": 1000.0, "timing/old_log_prob_s": 0.5, "timing/update_s": 1.5},
+        {"throughput/tokens_per_s": 500.0, "timing/step_s": 2.0, "timing/update_s": 2.0},
+    ]
+    rates = trainer_rates(rows, flops, peak=1e15)
+    assert rates["trainer_tokens_per_s"] == pytest.approx(2000.0 / 4.0)
+    assert rates["trainer_mfu"] == pytest.approx(8 * flops.matmul_params * 2000 / 4.0 / 1e15)
+    assert trainer_rates([], flops, None)["trainer_tokens_per_s"] is None
