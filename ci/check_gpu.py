@@ -2,7 +2,8 @@
 
     python ci/check_gpu.py OUT_DIR
 
-Reads what ``ci/nightly_gpu.sh`` wrote (rollout.json, weight_sync.json, e2e.json, run/) and
+Reads what ``ci/nightly_gpu.sh`` wrote (rollout.json, trainer.json, weight_sync.json, e2e.json,
+run/) and
 prints one row per figure: value, threshold, verdict. A missing result is a failure.
 """
 
@@ -23,6 +24,11 @@ def figures(out: Path) -> dict[str, float | None]:
     found: dict[str, float | None] = {}
     rollout = _load(out / "rollout.json")
     found["rollout ours/plain tokens/s"] = rollout["ratio_best"] if rollout else None
+    trainer = _load(out / "trainer.json")
+    by = {(r["variant"], r["plan"]): r for r in (trainer or {}).get("rows", [])}
+    for key, label in (("update_s", "update"), ("old_logprob_s", "old log-prob")):
+        ours, plain = by.get(("ours", "budget")), by.get(("plain", "budget"))
+        found[f"trainer ours/plain {label}"] = ours[key] / plain[key] if ours and plain else None
     sync = _load(out / "weight_sync.json")
     for size in ("0.5B", "1.5B", "7B"):
         rows = [r for r in (sync or {}).get("rows", []) if r["size"] == size]
@@ -31,6 +37,9 @@ def figures(out: Path) -> dict[str, float | None]:
     e2e = _load(out / "e2e.json")
     for key in ("one_step_off_over_sync", "fully_async_over_sync"):
         found[f"e2e {key}"] = e2e["ratios"].get(key) if e2e else None
+    for mode in ("sync", "fully_async"):
+        rows = [r for r in (e2e or {}).get("results", []) if r["mode"] == mode]
+        found[f"e2e {mode} samples/s"] = rows[0]["samples_per_s"] if rows else None
     summary = _load(out / "run" / "summary.json")
     found["run val accuracy gain"] = (
         summary["final/val_accuracy"] - summary["initial/val_accuracy"] if summary else None

@@ -100,9 +100,10 @@ def idle_ratios(mode: str, summary: dict[str, Any], rows: list[dict]) -> tuple[A
     return wait / wall, None
 
 
-PHASES = ("gen", "wait", "old_log_prob", "update", "sync", "other")
+PHASES = ("gen", "wait", "old_log_prob", "update", "sync", "save_to_cpu", "other")
 """Shares of the trainer's step time: generating (sync only), waiting for rollouts (one_step_
-off and fully_async), old log-probs, the update, weight pushes, and the rest."""
+off and fully_async), old log-probs, the update, weight pushes, keeping a copy of the pushed
+weights (fully_async), and the rest."""
 
 
 def _step_tokens(row: dict[str, Any]) -> float:
@@ -124,7 +125,7 @@ def phase_shares(rows: list[dict[str, Any]]) -> dict[str, float]:
     sums = {
         "gen": sum(r.get("timing/gen_s", 0.0) for r in rows),
         "wait": wait,
-        **{k: sum(r.get(f"timing/{k}_s", 0.0) for r in rows) for k in PHASES[2:5]},
+        **{k: sum(r.get(f"timing/{k}_s", 0.0) for r in rows) for k in PHASES[2:6]},
     }
     shares = {k: v / total for k, v in sums.items()}
     shares["other"] = max(0.0, 1.0 - sum(shares.values()))

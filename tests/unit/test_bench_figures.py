@@ -41,17 +41,26 @@ def test_phase_shares_split_each_mode_s_step_time():
     ] * 2  # fmt: skip
     shares = phase_shares(sync_rows)
     assert shares == pytest.approx(
-        {"gen": 0.6, "wait": 0.0, "old_log_prob": 0.1, "update": 0.2, "sync": 0.0, "other": 0.1}
+        {
+            "gen": 0.6,
+            "wait": 0.0,
+            "old_log_prob": 0.1,
+            "update": 0.2,
+            "sync": 0.0,
+            "save_to_cpu": 0.0,
+            "other": 0.1,
+        }
     )
     async_rows = [
         {"timing/step_s": 4.0, "trainer/idle_ratio": 0.5, "timing/update_s": 1.0},
         {"timing/step_s": 4.0, "trainer/idle_ratio": 0.25, "timing/update_s": 1.0,
-         "timing/sync_s": 1.0},
+         "timing/sync_s": 1.0, "timing/save_to_cpu_s": 0.5},
     ]  # fmt: skip
     shares = phase_shares(async_rows)
     assert shares["wait"] == pytest.approx(3.0 / 8)
     assert shares["sync"] == pytest.approx(1.0 / 8)
-    assert shares["other"] == pytest.approx(1 - 3 / 8 - 2 / 8 - 1 / 8)
+    assert shares["save_to_cpu"] == pytest.approx(0.5 / 8)
+    assert shares["other"] == pytest.approx(1 - 3 / 8 - 2 / 8 - 1 / 8 - 0.5 / 8)
     one_step_off = [{"timing/step_s": 2.0, "timing/wait_prev_gen_s": 0.5}]
     assert phase_shares(one_step_off)["wait"] == pytest.approx(0.25)
 
