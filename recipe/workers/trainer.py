@@ -120,6 +120,11 @@ class TrainerWorker:
         from transformers import AutoModelForCausalLM
 
         lm = AutoModelForCausalLM.from_pretrained(self.spec.model_path, dtype=torch.float32)
+        if trainable and self.actor.gradient_checkpointing:
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            for module in lm.modules():  # HF layers checkpoint only in training mode: set it
+                if getattr(module, "gradient_checkpointing", False):  # on them alone, so that
+                    module.training = True  # their own modules stay in eval (no dropout)
         policy = PolicyModule(lm)
         policy.requires_grad_(trainable)
         shard_policy(policy, self._mesh, getattr(torch, self.spec.compute_dtype))

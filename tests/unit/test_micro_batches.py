@@ -118,21 +118,29 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_dynamic_micro_batches_give_the_fixed_update(tiny_model_path):
+@pytest.mark.parametrize(
+    "changed",
+    [
+        {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 40},
+        {"gradient_checkpointing": True},
+    ],
+    ids=["token-budget", "gradient-checkpointing"],
+)
+def test_speed_settings_give_the_same_update(tiny_model_path, changed):
     batch = random_train_batch(tiny_model_path, num_prompts=4, n=4, seed=3)
     base = ActorConfig(
         lr=1e-5, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=3,
-        entropy_coeff=0.01, logprob_chunk_size=8,
+        entropy_coeff=0.01, logprob_chunk_size=8, use_dynamic_bsz=False,
     )  # fmt: skip
-    dynamic = dataclasses.replace(
-        base, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=40, log_prob_max_token_len_per_gpu=60
-    )
+    other = dataclasses.replace(base, **changed)
     port = _free_port()
     results, workers = [], []
     try:
-        for actor in (base, dynamic):
+        for actor in (base, other):
             worker = TrainerWorker(actor, TrainerSpec(str(tiny_model_path)), master_port=port)
             workers.append(worker)
+            if actor.gradient_checkpointing:
+                assert worker._policy.lm.is_gradient_checkpointing
             logprob_bt = worker.compute_log_prob(batch)[0]
             old = dataclasses.replace(batch, old_logprobs_bt=logprob_bt)
             metrics = worker.update_actor(old)
