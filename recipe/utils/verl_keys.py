@@ -56,6 +56,12 @@ VERL_KEYS: tuple[VerlKey, ...] = (
         ("actor.ppo_micro_batch_size_per_gpu",),
         "set the per-GPU size, {0}",
     ),
+    _renamed(_ARA + "use_dynamic_bsz", "actor.use_dynamic_bsz"),
+    _renamed(_ARA + "ppo_max_token_len_per_gpu", "actor.ppo_max_token_len_per_gpu"),
+    _renamed(_ARR + "log_prob_max_token_len_per_gpu", "actor.log_prob_max_token_len_per_gpu"),
+    _renamed(
+        "actor_rollout_ref.model.enable_gradient_checkpointing", "actor.gradient_checkpointing"
+    ),
     _renamed(_ARA + "ppo_epochs", "actor.ppo_epochs"),
     _renamed(_ARA + "grad_clip", "actor.grad_clip"),
     _renamed(_ARA + "clip_ratio_low", "actor.clip_ratio_low"),

@@ -187,7 +187,7 @@ def test_verl_key_missing_from_the_table_is_translated_by_its_section():
 
 
 def test_verl_key_with_no_equivalent_says_so():
-    message = _refusal("actor_rollout_ref.model.enable_gradient_checkpointing=true")
+    message = _refusal("actor_rollout_ref.model.use_remove_padding=true")
     assert "is a verl key with no equivalent here" in message
 
 
