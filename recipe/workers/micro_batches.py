@@ -22,7 +22,11 @@ gives the same gradient up to float summation order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from recipe.workers.batch import TrainBatch
 
 MicroPlan = list[list[int]]
 """Row indices of each micro-batch, in execution order; ``[]`` is a dummy micro-batch."""
@@ -78,3 +82,23 @@ def split_to_count(plan: MicroPlan, lengths: Sequence[int], num_micro: int) -> M
         half = (len(rows) + 1) // 2
         out[i : i + 1] = [rows[:half], rows[half:]]
     return out
+
+
+def device_micro_batches(
+    batch: TrainBatch, plan: MicroPlan, device: torch.device
+) -> Iterator[tuple[list[int], TrainBatch]]:
+    """(rows, micro-batch on ``device``, trimmed to its longest row) per entry of ``plan``.
+    The batch crosses to the device once, in plan order, and micro-batches are views of it:
+    nothing in the loop copies from the host or waits for the device. A dummy entry (``[]``)
+    yields the batch's first row without targets."""
+    lengths = batch.attention_mask_bt.sum(dim=1).tolist()
+    order = [row for rows in plan for row in rows]
+    on_device = batch.select(order).to(device) if order else None
+    start = 0
+    for rows in plan:
+        if not rows:
+            yield rows, batch.select([0]).without_targets().trim_padding().to(device)
+            continue
+        num_cols = max(lengths[row] for row in rows)
+        yield rows, on_device.narrow_rows(start, start + len(rows), num_cols)
+        start += len(rows)

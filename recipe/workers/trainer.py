@@ -17,7 +17,6 @@ computes the same update as world size 1 up to float summation order.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -49,7 +48,14 @@ from recipe.workers.fsdp_utils import (
     load_full_state_dict,
     shard_policy,
 )
-from recipe.workers.micro_batches import MicroPlan, fixed_plan, split_to_count, token_budget_plan
+from recipe.workers.micro_batches import (
+    MicroPlan,
+    device_micro_batches,
+    fixed_plan,
+    split_to_count,
+    token_budget_plan,
+)
+from recipe.workers.train_state import load_train_state, save_train_state
 from recipe.workers.weight_slots import WeightSlots
 
 logger = logging.getLogger(__name__)
@@ -182,21 +188,7 @@ class TrainerWorker:
     def _micro_batches(
         self, batch: TrainBatch, *, grad: bool
     ) -> Iterator[tuple[list[int], TrainBatch]]:
-        """(rows, micro-batch on the device, trimmed to its longest row). The batch crosses to
-        the device once, in plan order, and micro-batches are views of it: nothing in the
-        loop copies from the host or waits for the device."""
-        plan = self._micro_plan(batch, grad=grad)
-        lengths = batch.attention_mask_bt.sum(dim=1).tolist()
-        order = [row for rows in plan for row in rows]
-        on_device = batch.select(order).to(self.device) if order else None
-        start = 0
-        for rows in plan:
-            if not rows:
-                yield rows, batch.select([0]).without_targets().trim_padding().to(self.device)
-                continue
-            num_cols = max(lengths[row] for row in rows)
-            yield rows, on_device.narrow_rows(start, start + len(rows), num_cols)
-            start += len(rows)
+        return device_micro_batches(batch, self._micro_plan(batch, grad=grad), self.device)
 
     def _forward(
         self, module: PolicyModule, micro: TrainBatch, with_entropy: bool = True
@@ -367,54 +359,14 @@ class TrainerWorker:
     # ---- optimizer, LR schedule and RNG (checkpoints) ---------------------------------------
 
     def save_train_state(self, path: str | Path) -> None:
-        """Into the directory ``path``: rank 0 writes ``optimizer.pt`` (the full, unsharded
-        AdamW state and the LR schedule), every rank its RNG as ``rng_trainer_rank<r>.json``.
-        Full rather than per-rank shards, so a run can resume on another world size; the
-        price is one gathered copy of the optimizer state in rank 0's CPU memory. Collective."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_optimizer_state_dict,
-        )
-
-        from recipe.checkpoint.rng import capture_rng
-        from recipe.checkpoint.store import write_json
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        optim_state = get_optimizer_state_dict(self._policy, self._optimizer, options=options)
-        out = Path(path)
-        if self.rank == 0:
-            out.mkdir(parents=True, exist_ok=True)
-            state = {"optimizer": optim_state, "scheduler": self._scheduler.state_dict()}
-            torch.save(state, out / "optimizer.pt")
-        if self.world_size > 1:
-            dist.barrier()  # the directory exists before the other ranks write into it
-        write_json(out / f"rng_trainer_rank{self.rank}.json", capture_rng())
-        if self.world_size > 1:
-            dist.barrier()
+        """Optimizer, LR schedule and RNG into the directory ``path``
+        (``recipe.workers.train_state.save_train_state``). Collective."""
+        save_train_state(self._policy, self._optimizer, self._scheduler, path, self.rank)
 
     def load_train_state(self, path: str | Path) -> None:
-        """Set the optimizer, LR schedule and this rank's RNG from ``save_train_state``'s files
-        (every rank reads the full optimizer state and keeps its shard). Load the weights
-        first (``load_hf``). Collective."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_optimizer_state_dict,
-        )
-
-        from recipe.checkpoint.rng import restore_rng
-
-        src = Path(path)
-        state = torch.load(src / "optimizer.pt", map_location="cpu", weights_only=True)
-        set_optimizer_state_dict(
-            self._policy,
-            self._optimizer,
-            state["optimizer"],
-            options=StateDictOptions(full_state_dict=True),
-        )
-        self._scheduler.load_state_dict(state["scheduler"])
-        rng_file = src / f"rng_trainer_rank{self.rank}.json"
-        if rng_file.is_file():  # absent when the checkpoint came from a smaller world size
-            restore_rng(json.loads(rng_file.read_text()))
+        """Set the optimizer, LR schedule and this rank's RNG from ``save_train_state``'s
+        files. Load the weights first (``load_hf``). Collective."""
+        load_train_state(self._policy, self._optimizer, self._scheduler, path, self.rank)
 
     def close(self) -> None:
         if self._owns_group and dist.is_initialized():
