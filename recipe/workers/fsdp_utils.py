@@ -152,7 +152,16 @@ def iter_full_tensors(lm: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
             continue
         seen.add(id(tensor))
         value = tensor.detach()
-        yield name, value.full_tensor() if isinstance(value, DTensor) else value
+        yield name, _full(value) if isinstance(value, DTensor) else value
+
+
+def _full(value: DTensor) -> torch.Tensor:
+    """The unsharded tensor: on a one-rank mesh the local shard already is (no gather, no
+    copy: a push at world size 1 skips one collective launch per tensor)."""
+    local = value.to_local()
+    if value.device_mesh.size() == 1 and local.shape == value.shape:
+        return local
+    return value.full_tensor()
 
 
 def full_tensor_metadata(lm: nn.Module) -> list[tuple[str, tuple[int, ...], str]]:
