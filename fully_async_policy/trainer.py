@@ -182,12 +182,15 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         import ray
 
         metrics = MetricsAccumulator()
-        start = time.perf_counter()
-        pause = ray.get(self.rollouter.begin_sync.remote())
-        self.served.heal(
-            self.version
-        )  # replicas that died since the last sync receive this push too
-        self._fit_update_weights(metrics)
+        paused: dict[str, Any] = {}
+
+        def stop_generation() -> None:  # once the new weights wait in every replica's staging
+            paused["start"] = time.perf_counter()
+            paused["pause"] = ray.get(self.rollouter.begin_sync.remote())
+            self.served.heal(self.version)  # replicas that died since the last sync: pushed too
+
+        self._fit_update_weights(metrics, before_load=stop_generation)
+        start, pause = paused["start"], paused["pause"]
         if self.run.should_save(self.version, last=last):
             self._rollouter_state = ray.get(self.rollouter.snapshot.remote())
         ray.get(self.rollouter.end_sync.remote(self.version, len(self.trained_uids)))

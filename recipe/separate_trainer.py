@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -198,10 +199,12 @@ class SeparateRayPPOTrainer:
             metrics.add(key, value, reduce="last")
 
     @traced("weight_push")
-    def _fit_update_weights(self, metrics: MetricsAccumulator) -> None:
+    def _fit_update_weights(
+        self, metrics: MetricsAccumulator, *, before_load: Callable[[], None] | None = None
+    ) -> None:
         """Push the trainer's weights to every rollout engine through the checkpoint engine
         (``checkpoint_engine.*``: paused, bucketed, verified, retried by its failure policy);
-        ``version`` goes up by one."""
+        ``version`` goes up by one. ``before_load``: see ``ParameterSynchronizer.push``."""
         if self.param_sync is None:
             from recipe.checkpoint_engine.synchronizer import ParameterSynchronizer
 
@@ -210,7 +213,10 @@ class SeparateRayPPOTrainer:
             )
             self.param_sync.tracer = self.tracer  # its phases nest in this "weight_push"
         pushed = self.param_sync.push(
-            self.version, timer=metrics.timer, repair=self._recover_from_sync_failure
+            self.version,
+            timer=metrics.timer,
+            repair=self._recover_from_sync_failure,
+            before_load=before_load,
         )
         for key, value in pushed.metrics.items():
             metrics.add(key, value, reduce="last")

@@ -10,16 +10,18 @@
       pause                                                      abort in flight (partials kept)
       transfer  -----------> all ranks gather, rank 0 sends ||   stage + checksum every bucket
       verify                 sender checksums == every receiver's (receivers compared too)
+      [before_load]          with a caller's ``before_load``, pause moves here: the engines
+                             decode through transfer and verify (the fully-async recipe)
       load                                                       staged -> engine, caches reset,
                                                                  serve v+1 (still paused)
       agree-after            rank 0 commits v+1        ==        every replica serves v+1
       resume                                                     generation goes on
 
 Invariant: an engine changes weights only in ``load``, and ``load`` runs only after every
-replica verified the full push, so a failed or partial transfer leaves every engine paused on
-version v with its old weights. After a failure the synchronizer is ``is_stale`` and the
-engines stay paused; ``checkpoint_engine.on_failure`` says whether ``push`` rebuilds the
-transport and tries again.
+replica verified the full push, so a failed or partial transfer leaves every engine on
+version v with its old weights (paused, unless the failure came before a ``before_load``
+pause). After a failure the synchronizer is ``is_stale``; ``checkpoint_engine.on_failure``
+says whether ``push`` rebuilds the transport and tries again.
 """
 
 from __future__ import annotations
@@ -216,9 +218,15 @@ class ParameterSynchronizer:
         *,
         timer: Timer | None = None,
         repair: Callable[[WeightSyncError], bool] | None = None,
+        before_load: Callable[[], None] | None = None,
     ) -> PushResult:
         """Push the trainer's weights into engines serving ``version``; they serve
         ``version + 1`` afterwards.
+
+        ``before_load``: called once, after every replica staged and verified the new
+        weights and before the engines pause to load them. The fully-async trainer stops
+        generation there, so the transfer runs while the engines still decode and only the
+        load is inside its pause window. Without it the engines pause before the transfer.
 
         On failure the engines stay paused on ``version`` (never half-updated) and
         ``checkpoint_engine.on_failure`` decides: ``stop`` raises the ``WeightSyncError`` (it
@@ -230,10 +238,11 @@ class ParameterSynchronizer:
         """
         retries_left = self.cfg.max_retries if self.cfg.on_failure == "retry" else 0
         num_retries = 0
+        pending = [before_load] if before_load is not None else []  # called at most once
         while True:
             try:
                 with timer("timing/sync_s") if timer is not None else nullcontext():
-                    metrics = self._attempt(version)
+                    metrics = self._attempt(version, pending)
                 return PushResult(version + 1, metrics, num_retries)
             except WeightSyncError as exc:
                 self._trainer.check_alive()
@@ -248,26 +257,38 @@ class ParameterSynchronizer:
                     raise
                 self.reset_transport()
 
-    def _attempt(self, version: int) -> dict[str, float]:
+    def _attempt(self, version: int, pending: list[Callable[[], None]]) -> dict[str, float]:
         try:
-            metrics = self._sync(version)
+            metrics = self._sync(version, pending)
         except WeightSyncError:
             self._stale = True
             raise
         self._stale = False
         return metrics
 
-    def _sync(self, version: int) -> dict[str, float]:
+    def _sync(self, version: int, pending: list[Callable[[], None]]) -> dict[str, float]:
         start = time.perf_counter()
-        if self._connected and list(self._receivers()) != self._workers:
-            self.reset_transport()  # a replica runs on a new worker: it has never joined
-        if not self._connected:
-            self.init_communicator(version)
         target = version + 1
-        self._agree("agree-before", version, commit=False)
-        pause_start = time.perf_counter()
-        self._phase("pause", self._on_replicas("pause"))
-        metrics = self._push_file(target) if self._backend == "file" else self._push(target)
+        if self._backend == "file" or not pending:
+            self._call_pending(pending)
+            self._stage_ready(version)
+            pause_start = time.perf_counter()
+            self._phase("pause", self._on_replicas("pause"))
+            if self._backend == "file":
+                metrics = self._push_file(target)
+            else:
+                metrics = self._load(target, *self._stage(target))
+        else:
+            self._stage_ready(version)
+            staged = self._stage(target)
+            self._call_pending(pending)  # generation stops; dead replicas may come back
+            if list(self._receivers()) != self._workers:  # a new worker has nothing staged
+                self.reset_transport()
+                self._stage_ready(version)
+                staged = self._stage(target)
+            pause_start = time.perf_counter()
+            self._phase("pause", self._on_replicas("pause"))
+            metrics = self._load(target, *staged)
         self._agree("agree-after", target, commit=True)
         self._phase("resume", self._on_replicas("resume"))
         metrics["sync/pause_s"] = time.perf_counter() - pause_start
@@ -278,6 +299,19 @@ class ParameterSynchronizer:
         metrics["sync/gbps"] = metrics["sync/bytes"] / max(moved_s, 1e-9) / 1e9
         logger.debug("weights v%d pushed: %s", target, {k: round(v, 4) for k, v in metrics.items()})
         return metrics
+
+    @staticmethod
+    def _call_pending(pending: list[Callable[[], None]]) -> None:
+        while pending:
+            pending.pop()()
+
+    def _stage_ready(self, version: int) -> None:
+        """Connected to the replicas' current workers, all of them serving ``version``."""
+        if self._connected and list(self._receivers()) != self._workers:
+            self.reset_transport()  # a replica runs on a new worker: it has never joined
+        if not self._connected:
+            self.init_communicator(version)
+        self._agree("agree-before", version, commit=False)
 
     def _agree(self, phase: str, expected: int, *, commit: bool) -> None:
         """Trainer rank 0 and every replica hold ``expected``; with ``commit`` the trainer
@@ -292,7 +326,9 @@ class ParameterSynchronizer:
             detail = f"versions {wrong} differ from {expected}, the synchronizer's"
             raise WeightSyncError(phase, ", ".join(wrong), detail)
 
-    def _push(self, target: int) -> dict[str, float]:
+    def _stage(self, target: int) -> tuple[int, dict[str, float]]:
+        """Transfer + verify: every replica holds the new weights in staging (the engines'
+        own weights are untouched). Returns the transfer id and its ``sync/*`` figures."""
         transfer_id, self._next_transfer = self._next_transfer, self._next_transfer + 1
         refs = self._trainer.submit_all("weight_sender_call", "send", transfer_id, target)
         calls = {f"trainer rank {r}": ref for r, ref in enumerate(refs)}
@@ -314,16 +350,19 @@ class ParameterSynchronizer:
         except WeightSyncError:
             self._connected = False  # a broken group / half-written region: rebuild next time
             raise
-        start = time.perf_counter()
-        self._phase("load", self._on_replicas("commit_weights", target, transfer_id))
         assert self._layout is not None
-        return {
+        return transfer_id, {
             "sync/gather_s": sent.gather_s,
             "sync/transfer_s": transfer_s,
             "sync/verify_s": verify_s,
-            "sync/load_s": time.perf_counter() - start,
             "sync/bytes": float(self._layout.model_bytes),
         }
+
+    def _load(self, target: int, transfer_id: int, metrics: dict[str, float]) -> dict[str, float]:
+        """Every (paused) replica loads the staged transfer ``transfer_id`` as ``target``."""
+        start = time.perf_counter()
+        self._phase("load", self._on_replicas("commit_weights", target, transfer_id))
+        return metrics | {"sync/load_s": time.perf_counter() - start}
 
     def _verify(self, sent: TransferReport, received: list[list[TransferReport]]) -> float:
         """Driver-side comparison of every receiver's checksums with the sender's (replica

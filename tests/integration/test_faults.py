@@ -179,12 +179,12 @@ def faulted_run(rollout_model_path, tmp_path_factory) -> FaultedRun:
         seen.append((trainer.version, groups))
         return groups
 
-    def recording_push(metrics):
+    def recording_push(metrics, **kw):
         state = trainer.trainer_group.full_state_dict()  # the weights this push sends
         if trainer.global_step == 4:  # the replica stops answering through one push
             frozen.append(replica_processes(recipe)["worker"])
             os.kill(frozen[-1], signal.SIGSTOP)
-        push(metrics)
+        push(metrics, **kw)
         oracle.states[trainer.version] = state
 
     def thawing_recover(exc):
@@ -369,13 +369,13 @@ def test_a_sync_peer_that_never_answers_stops_the_run_cleanly_naming_the_phase(
     push = trainer._fit_update_weights
     after_failure: dict[str, Any] = {}
 
-    def hanging_push(metrics):
+    def hanging_push(metrics, **kw):
         if trainer.global_step < 2:
-            return push(metrics)
+            return push(metrics, **kw)
         os.kill(pid, signal.SIGSTOP)  # the replica stops answering during the second push
         start = time.monotonic()
         try:
-            return push(metrics)
+            return push(metrics, **kw)
         finally:
             after_failure["failed_after_s"] = time.monotonic() - start
             os.kill(pid, signal.SIGCONT)
@@ -394,8 +394,9 @@ def test_a_sync_peer_that_never_answers_stops_the_run_cleanly_naming_the_phase(
     assert "no checkpoint under" in message and "\n" not in message
     # Bounded: the phase deadline, plus one health check that finds the replica not dead.
     assert after_failure["failed_after_s"] < timeout_s + 2 + 10 + 5, after_failure
-    # The engines stayed paused on the version before the failed push.
-    assert after_failure["version"] == 1 and after_failure["paused"], after_failure
+    # The engines kept the version before the failed push; they were never paused: the push
+    # failed before its weights were staged, and generation stops only once they are.
+    assert after_failure["version"] == 1 and not after_failure["paused"], after_failure
     assert recipe.rollouter is None  # closed
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and "agree-before" in summary["error"]

@@ -219,9 +219,9 @@ def test_slow_trainer_blocks_the_rollouter_and_old_log_probs_come_from_the_pushe
             checks.append((trainer.version, out, out.old_logprobs_bt.clone(), current_bt))
         return out
 
-    def recording_push(metrics):
+    def recording_push(metrics, **kw):
         pushed[trainer.version + 1] = trainer.trainer_group.full_state_dict()
-        push(metrics)
+        push(metrics, **kw)
 
     trainer._update_actor = slow_update
     trainer._compute_old_log_prob = recording_old_log_prob

@@ -159,6 +159,39 @@ def test_sync_makes_every_engine_weight_bitwise_equal_to_the_trainers(
         sync.shutdown()
 
 
+def test_a_push_staged_before_the_pause_serves_the_old_weights_until_the_load(
+    groups, ray_for_module, rollout_model_path, tmp_path
+):
+    """``before_load`` (the fully-async recipe's pause) runs once the new weights wait in
+    every replica's staging: until then the engines run, unpaused, on the old version."""
+    ray, (trainer, rollout) = ray_for_module, groups
+    version = _versions(ray, rollout)[0]
+    trainer.load_hf(_perturbed_dir(rollout_model_path, tmp_path / "model", seed=11))
+    cfg = CheckpointEngineConfig(backend="shm", timeout_s=60)
+    sync = ParameterSynchronizer(
+        trainer, lambda: rollout.workers, cfg, bucket_size_bytes=BUCKET_BYTES
+    )
+    seen: dict[str, object] = {}
+
+    def before_load() -> None:
+        seen["paused"] = ray.get([w.is_paused.remote() for w in rollout.workers])
+        seen["versions"] = _versions(ray, rollout)
+        seen["generated"] = _generate_versions(ray, rollout)  # still the old weights
+
+    try:
+        result = sync.push(version, before_load=before_load)
+        assert seen == {
+            "paused": [False, False],
+            "versions": [version] * 2,
+            "generated": {version},
+        }, seen
+        assert result.version == version + 1 and _versions(ray, rollout) == [version + 1] * 2
+        _assert_engines_hold(ray, rollout, trainer.full_state_dict(), tmp_path)
+        assert _generate_versions(ray, rollout) == {version + 1}
+    finally:
+        sync.shutdown()
+
+
 def test_corrupted_bucket_is_caught_and_every_engine_keeps_its_old_weights(
     groups, ray_for_module, rollout_model_path, tmp_path
 ):

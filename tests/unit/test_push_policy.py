@@ -17,9 +17,12 @@ from recipe.faults import TrainerWorkerError
 
 
 class ScriptedSynchronizer(ParameterSynchronizer):
-    """Fails the first ``failures`` attempts in the transfer phase, then lands."""
+    """Fails the first ``failures`` attempts in ``fail_phase`` (``transfer``: before the
+    caller's ``before_load``; ``load``: after it), then lands."""
 
-    def __init__(self, failures: int, *, dead_rank: bool = False, **policy: Any) -> None:
+    def __init__(
+        self, failures: int, *, dead_rank: bool = False, fail_phase: str = "transfer", **policy: Any
+    ) -> None:
         def check_alive() -> None:
             if dead_rank:
                 raise TrainerWorkerError(1, "pid 9, The actor is dead")
@@ -27,13 +30,18 @@ class ScriptedSynchronizer(ParameterSynchronizer):
         trainer = SimpleNamespace(check_alive=check_alive)
         super().__init__(trainer, lambda: [], CheckpointEngineConfig(**policy))
         self.failures, self.attempts, self.resets = failures, 0, 0
+        self.fail_phase = fail_phase
         self.pushed_from: list[int] = []
 
-    def _sync(self, version: int) -> dict[str, float]:
+    def _sync(self, version: int, pending: list) -> dict[str, float]:
         self.attempts += 1
         self.pushed_from.append(version)
-        if self.attempts <= self.failures:
+        failing = self.attempts <= self.failures
+        if failing and self.fail_phase == "transfer":
             raise WeightSyncError("transfer", "rollout replica 0", "no answer within 5.0 s")
+        self._call_pending(pending)
+        if failing:
+            raise WeightSyncError(self.fail_phase, "rollout replica 0", "no answer within 5.0 s")
         return {"sync/total_s": 0.5}
 
     def reset_transport(self) -> None:
@@ -90,3 +98,13 @@ def test_a_dead_trainer_rank_is_never_retried():
     with pytest.raises(TrainerWorkerError, match="trainer rank 1 died"):
         sync.push(4, repair=lambda exc: True)
     assert sync.attempts == 1
+
+
+@pytest.mark.parametrize("fail_phase", ["transfer", "load"])
+def test_before_load_runs_once_per_push_whatever_the_retries(fail_phase):
+    sync = ScriptedSynchronizer(2, on_failure="retry", max_retries=2, fail_phase=fail_phase)
+    calls: list[int] = []
+    result = sync.push(4, before_load=lambda: calls.append(sync.attempts))
+    assert result.version == 5 and sync.attempts == 3
+    # Staged on the third attempt (transfer failures) or already on the first (load failures).
+    assert calls == ([3] if fail_phase == "transfer" else [1])
