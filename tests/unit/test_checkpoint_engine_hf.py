@@ -35,7 +35,9 @@ def _served(worker: HFRolloutWorker) -> dict[str, torch.Tensor]:
     return {n: t.clone() for n, t in worker._model.state_dict().items()}
 
 
-def test_hf_worker_commits_a_verified_push_bitwise_and_refuses_a_corrupted_one(tiny_model_path):
+def test_hf_worker_stages_while_running_commits_only_paused_and_refuses_a_corrupted_push(
+    tiny_model_path,
+):
     worker = HFRolloutWorker(ModelConfig(path=str(tiny_model_path)), RolloutConfig(backend="hf"))
     first, second = _push_source(worker, 1), _push_source(worker, 2)
     meta = [(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in first.items()]
@@ -46,12 +48,15 @@ def test_hf_worker_commits_a_verified_push_bitwise_and_refuses_a_corrupted_one(t
     async def scenario() -> None:
         info = sender.prepare()
         assert await worker.weight_receiver_call("connect", plan.to_wire(), [[0, 1]], info) == [1]
-        with pytest.raises(RuntimeError, match="only while paused"):
-            await worker.weight_receiver_call("receive", 1)
-        await worker.pause()
+        before = _served(worker)
         sender.send(first.items(), 1)
-        (report,) = await worker.weight_receiver_call("receive", 1)
+        (report,) = await worker.weight_receiver_call("receive", 1)  # staged while running
         assert len(report["checksums"]) == layout.num_buckets
+        with pytest.raises(RuntimeError, match="only while paused"):
+            await worker.commit_weights(1, 1)
+        assert worker.version == 0
+        assert all(torch.equal(t, before[n]) for n, t in _served(worker).items())
+        await worker.pause()
         await worker.commit_weights(1, 1)
         assert worker.version == 1 and worker.is_paused()
         served = _served(worker)

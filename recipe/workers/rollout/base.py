@@ -334,14 +334,13 @@ class RolloutWorker(ABC):
     async def weight_receiver_call(self, method: str, *args: Any) -> list[Any]:
         """``WeightReceiver.<method>(*args)`` on each engine worker, in local-rank order.
 
-        ``receive`` fills a staging buffer, never the live weights, but it is part of an
-        update, so it needs the worker PAUSED.
+        ``receive`` fills a staging buffer, never the live weights, so it may run while the
+        worker generates (the engine runs it between two of its steps); only
+        ``commit_weights`` needs the worker PAUSED.
         """
         self._check_open()
         from recipe.checkpoint_engine.base import raise_wire_error
 
-        if method == "receive" and not self._paused:
-            raise RuntimeError(f"{type(self).__name__}: receive pushed weights only while paused")
         return [raise_wire_error(result) for result in await self._receiver_call(method, args)]
 
     async def commit_weights(self, version: int, transfer_id: int) -> dict[str, Any]:
