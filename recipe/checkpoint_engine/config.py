@@ -35,7 +35,7 @@ class CheckpointEngineConfig:
     """Free staging buffers and process groups after every sync (less resident memory, a
     rebuild per sync); for colocated runs where memory is tight."""
     on_failure: str = "stop"
-    """A failed or timed-out push (engines stay paused on the old version): ``stop`` ends the
+    """A failed or timed-out push (engines keep the old version): ``stop`` ends the
     run cleanly, naming the phase; ``retry`` rebuilds the transport and pushes again, up to
     ``max_retries`` times, then stops. A push cut by a rollout worker that died is retried
     after its restart either way (``rollout.max_restarts``)."""
