@@ -25,6 +25,7 @@ rollouter failure at once (it waits on the batch and on the rollouter's ``run`` 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from pathlib import Path
@@ -70,6 +71,8 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         self.queue: ActorHandle | None = None
         """The MessageQueue actor of PromptGroups."""
         self._run_ref: Any = None
+        self._trace_ref: Any = None
+        """The rollouter's trace drain in flight (``_pull_trace``)."""
         self.trained_uids: list[str] = []
         """Prompt uid of every trained group, in training order."""
         self.ledger: dict[str, list[str]] = {}
@@ -358,11 +361,26 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         """A push that failed because a rollout replica died goes again once it is back."""
         return self.served.heal(self.version)
 
-    def _trace_sources(self) -> list[TraceSource]:
-        """The rollouter's buffered trace events, its engines' among them."""
-        import ray
-
+    def _trace_sources(self, *, final: bool = False) -> list[TraceSource]:
+        """The rollouter's buffered trace events, its engines' among them (``_pull_trace``)."""
         if self.rollouter is None:
             return []
-        rollouter = self.rollouter
-        return [lambda: ray.get(rollouter.drain_trace.remote(), timeout=30)]
+        return [functools.partial(self._pull_trace, wait=final)]
+
+    def _pull_trace(self, *, wait: bool) -> list[dict[str, Any]]:
+        """Events of the drain asked for at the previous step, if it is done, and the next
+        drain asked for: the rollouter and its engines answer while they generate, so the
+        trainer never waits on them between steps. ``wait`` (at the end): everything left."""
+        import ray
+
+        events: list[dict[str, Any]] = []
+        if self._trace_ref is not None:
+            ready, _ = ray.wait([self._trace_ref], timeout=30 if wait else 0)
+            if not ready:
+                return events
+            events = ray.get(self._trace_ref)
+        self._trace_ref = self.rollouter.drain_trace.remote()
+        if wait:
+            ref, self._trace_ref = self._trace_ref, None
+            events += ray.get(ref, timeout=30)
+        return events

@@ -294,14 +294,15 @@ class SeparateRayPPOTrainer:
 
     # ---- the end -----------------------------------------------------------------------
 
-    def _trace_sources(self) -> list[TraceSource]:
-        """Callables returning the events buffered by other processes (the engines)."""
+    def _trace_sources(self, *, final: bool = False) -> list[TraceSource]:
+        """Callables returning the events buffered by other processes (the engines);
+        ``final``: the last pull, at close, which must not leave any behind."""
         return [self.rollout_group.drain_trace] if self.rollout_group is not None else []
 
     def close(self) -> None:
         """Close the run's records, then shut the workers down; safe to call twice."""
         if self.run is not None:  # before the engines go: their last events are pulled
-            self.run.close(self._trace_sources())
+            self.run.close(self._trace_sources(final=True))
         for group in (self.param_sync, self.rollout_group, self.trainer_group):
             if group is not None:
                 try:

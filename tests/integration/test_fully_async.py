@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from tests.helpers.runs import assert_ledger_balances, build_recipe, read_metrics, spy_on_groups
+from tests.helpers.trace_checks import TOLERANCE_US, load_checked, requests, slices
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_for_module")]
 
@@ -72,6 +73,18 @@ def test_on_policy_oracle_trains_every_sample_on_the_version_that_generated_it(
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert all(r["staleness/token_max"] == 0 for r in records)
+    # trace.json holds every trained group's generation (the last ones pulled at close), and
+    # each push was staged before generation paused for its load.
+    events = load_checked(run_dir)
+    train = requests(events)
+    assert len(train) >= summary["prompts/trained"]
+    assert {tuple(e["args"]["versions"]) for e in train} >= {(0,), (1,), (2,), (3,)}
+    transfers, loads = slices(events, "transfer"), slices(events, "load")
+    pauses = [e for e in events if e["ph"] == "X" and e["name"] == "begin_sync (pause)"]
+    assert len(transfers) == len(loads) == len(pauses) == 4
+    for transfer, pause, load in zip(transfers, pauses, loads, strict=True):
+        assert transfer["ts"] + transfer["dur"] <= pause["ts"] + TOLERANCE_US
+        assert pause["ts"] + pause["dur"] <= load["ts"] + TOLERANCE_US
 
 
 # A random model never stops early, and an engine that runs one group at a time is slower
