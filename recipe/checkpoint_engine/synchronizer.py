@@ -269,26 +269,22 @@ class ParameterSynchronizer:
     def _sync(self, version: int, pending: list[Callable[[], None]]) -> dict[str, float]:
         start = time.perf_counter()
         target = version + 1
-        if self._backend == "file" or not pending:
-            self._call_pending(pending)
-            self._stage_ready(version)
-            pause_start = time.perf_counter()
-            self._phase("pause", self._on_replicas("pause"))
-            if self._backend == "file":
-                metrics = self._push_file(target)
-            else:
-                metrics = self._load(target, *self._stage(target))
-        else:
-            self._stage_ready(version)
-            staged = self._stage(target)
+        self._stage_ready(version)  # resolves the backend on the first push
+        staged = None
+        if pending and self._backend != "file":
+            staged = self._stage(target)  # while the engines still generate
+        if pending:
             self._call_pending(pending)  # generation stops; dead replicas may come back
             if list(self._receivers()) != self._workers:  # a new worker has nothing staged
                 self.reset_transport()
                 self._stage_ready(version)
-                staged = self._stage(target)
-            pause_start = time.perf_counter()
-            self._phase("pause", self._on_replicas("pause"))
-            metrics = self._load(target, *staged)
+                staged = None
+        pause_start = time.perf_counter()
+        self._phase("pause", self._on_replicas("pause"))
+        if self._backend == "file":
+            metrics = self._push_file(target)
+        else:
+            metrics = self._load(target, *(staged or self._stage(target)))
         self._agree("agree-after", target, commit=True)
         self._phase("resume", self._on_replicas("resume"))
         metrics["sync/pause_s"] = time.perf_counter() - pause_start

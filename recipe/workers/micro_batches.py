@@ -85,13 +85,12 @@ def split_to_count(plan: MicroPlan, lengths: Sequence[int], num_micro: int) -> M
 
 
 def device_micro_batches(
-    batch: TrainBatch, plan: MicroPlan, device: torch.device
+    batch: TrainBatch, plan: MicroPlan, lengths: Sequence[int], device: torch.device
 ) -> Iterator[tuple[list[int], TrainBatch]]:
     """(rows, micro-batch on ``device``, trimmed to its longest row) per entry of ``plan``.
     The batch crosses to the device once, in plan order, and micro-batches are views of it:
     nothing in the loop copies from the host or waits for the device. A dummy entry (``[]``)
-    yields the batch's first row without targets."""
-    lengths = batch.attention_mask_bt.sum(dim=1).tolist()
+    yields the batch's first row without targets. ``lengths``: tokens of each row."""
     order = [row for rows in plan for row in rows]
     on_device = batch.select(order).to(device) if order else None
     start = 0

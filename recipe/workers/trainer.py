@@ -172,15 +172,15 @@ class TrainerWorker:
         module.reshard()
         return logprob_bt.cpu(), None if entropy_bt is None else entropy_bt.cpu()
 
-    def _micro_plan(self, batch: TrainBatch, *, grad: bool) -> MicroPlan:
-        """Rows of each micro-batch (``recipe.workers.micro_batches``); with world size > 1
-        every rank gets as many micro-batches as the rank that needs the most."""
-        lengths = batch.attention_mask_bt.sum(dim=1).tolist()
+    def _micro_plan(self, lengths: list[int], *, grad: bool) -> MicroPlan:
+        """Rows of each micro-batch (``recipe.workers.micro_batches``) for rows of
+        ``lengths`` tokens; with world size > 1 every rank gets as many micro-batches as the
+        rank that needs the most."""
         if self.actor.use_dynamic_bsz:
             budget = self.actor.ppo_max_token_len_per_gpu
             plan = token_budget_plan(lengths, budget if grad else self.actor.log_prob_token_budget)
         else:
-            plan = fixed_plan(batch.batch_size, self.actor.ppo_micro_batch_size_per_gpu)
+            plan = fixed_plan(len(lengths), self.actor.ppo_micro_batch_size_per_gpu)
         if self.world_size > 1:
             plan = split_to_count(plan, lengths, int(all_reduce_max([len(plan)], self.device)[0]))
         return plan
@@ -188,7 +188,9 @@ class TrainerWorker:
     def _micro_batches(
         self, batch: TrainBatch, *, grad: bool
     ) -> Iterator[tuple[list[int], TrainBatch]]:
-        return device_micro_batches(batch, self._micro_plan(batch, grad=grad), self.device)
+        lengths = batch.attention_mask_bt.sum(dim=1).tolist()
+        plan = self._micro_plan(lengths, grad=grad)
+        return device_micro_batches(batch, plan, lengths, self.device)
 
     def _forward(
         self, module: PolicyModule, micro: TrainBatch, with_entropy: bool = True

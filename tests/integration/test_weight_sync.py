@@ -16,6 +16,7 @@ must equal the embedding.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -269,8 +270,11 @@ def test_file_backend_and_released_buffers_keep_syncing_correctly(
         sync = ParameterSynchronizer(
             trainer, lambda: rollout.workers, cfg, bucket_size_bytes=BUCKET_BYTES
         )
-        try:
-            metrics = sync.push(version).metrics
+        called: list[int] = []
+        try:  # before_load as fully_async passes it: the file backend has nothing to stage
+            before_load = functools.partial(called.append, version)
+            metrics = sync.push(version, before_load=before_load).metrics
+            assert called == [version]
             assert {k.removeprefix("sync/") for k in metrics} >= SYNC_KEYS
             assert _versions(ray, rollout) == [version + 1] * 2
             _assert_engines_hold(ray, rollout, trainer.full_state_dict(), tmp_path)

@@ -169,7 +169,9 @@ def test_a_dummy_micro_batch_adds_nothing(tiny_model_path, monkeypatch):
         worker.restore_model_from_cpu("start")
         planned = TrainerWorker._micro_plan
         monkeypatch.setattr(
-            worker, "_micro_plan", lambda b, grad: [[], *planned(worker, b, grad=grad), []]
+            worker,
+            "_micro_plan",
+            lambda lengths, grad: [[], *planned(worker, lengths, grad=grad), []],
         )
         padded = worker.compute_log_prob(batch), worker.update_actor(batch)
         for a, b in zip(plain[0], padded[0], strict=True):
