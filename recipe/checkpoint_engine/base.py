@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from recipe.checkpoint_engine.layout import BucketLayout, bucket_checksum
+from recipe.checkpoint_engine.checksums import ChecksumBatch
+from recipe.checkpoint_engine.layout import BucketLayout
 
 logger = logging.getLogger(__name__)
 
@@ -189,29 +190,32 @@ class CheckpointEngine(ABC):
 
     # ---- helpers shared by the backends -----------------------------------------------
 
-    def _seal_bucket(self, index: int, bucket: torch.Tensor, report: TransferReport) -> None:
-        """Sender: checksum a packed bucket (then apply the test fault, if armed)."""
+    def _seal_bucket(self, index: int, bucket: torch.Tensor, sums: ChecksumBatch) -> None:
+        """Sender: queue a packed bucket's checksum (then apply the test fault, if armed)."""
         if self.plan.verify:
-            self._checksum(bucket, report)
+            sums.add(index, bucket)
         if self.fault_corrupt_bucket == index:
             self.fault_corrupt_bucket = None
             middle = bucket.numel() // 2
-            bucket[middle : middle + 1].bitwise_xor_(0x5A)
+            bucket[middle : middle + 1].bitwise_xor_(0x5A)  # stream-ordered after the checksum
             logger.warning("fault injection: corrupted bucket %d after checksumming it", index)
 
-    def _verify_bucket(
-        self, index: int, bucket: torch.Tensor, expected: list[int], report: TransferReport
-    ) -> None:
-        """Receiver: checksum a received bucket and compare it with the sender's."""
-        self._compare_bucket(index, self._checksum(bucket, report), expected, report)
-
     @staticmethod
-    def _checksum(bucket: torch.Tensor, report: TransferReport) -> list[int]:
-        start = time.perf_counter()
-        got = list(bucket_checksum(bucket))
-        report.verify_s += time.perf_counter() - start
-        report.checksums.append(got)
-        return got
+    def _record_sums(sums: ChecksumBatch, report: TransferReport) -> list[tuple[int, list[int]]]:
+        """Resolve ``sums`` into ``report`` (checksums in bucket order, verify time)."""
+        before = sums.seconds
+        resolved = sums.resolve()
+        report.verify_s += sums.seconds - before
+        report.checksums.extend(values for _, values in resolved)
+        return resolved
+
+    def _verify_sums(
+        self, sums: ChecksumBatch, expected: dict[int, list[int]], report: TransferReport
+    ) -> None:
+        """Receiver: resolve the received buckets' checksums and compare each with the
+        sender's ``expected[bucket]``."""
+        for index, got in self._record_sums(sums, report):
+            self._compare_bucket(index, got, expected[index], report)
 
     def _compare_bucket(
         self, index: int, got: list[int], expected: list[int], report: TransferReport

@@ -5,6 +5,7 @@
     header [id, buckets, bytes, fingerprint] -------->  check it is the expected push + layout
     pack k+1 into buf[(k+1)%2] || broadcast buf[k%2] ->  straight into staging[bucket k];
                                                          checksum k while k+1 arrives
+                                                         (on the device: read back once)
     checksums [buckets, 2] -------------------------->  compare -> ChecksumMismatchError
 
 The group is built with its own store (``torch.distributed`` default groups of the trainer and
@@ -34,6 +35,7 @@ from recipe.checkpoint_engine.base import (
     WeightSyncError,
     timed_iter,
 )
+from recipe.checkpoint_engine.checksums import ChecksumBatch
 from recipe.checkpoint_engine.host import node_ip
 from recipe.checkpoint_engine.layout import pack_buckets
 
@@ -155,12 +157,14 @@ class BroadcastEngine(CheckpointEngine):
                 works[slot] = None
             return self._buffers[slot]
 
+        batch = ChecksumBatch(self._buffer_device)
         for k, bucket in pack_buckets(self.layout, timed_iter(tensors, report), bucket_buffer):
-            self._seal_bucket(k, bucket, report)
+            self._seal_bucket(k, bucket, batch)
             works[k % _NUM_BUFFERS] = self._broadcast(bucket)
         for work in works:
             if work is not None:
                 self._wait(work, "broadcasting the last buckets")
+        self._record_sums(batch, report)
         sums = torch.tensor(
             report.checksums or [[0, 0]] * self.layout.num_buckets,
             dtype=torch.int64,
@@ -195,15 +199,14 @@ class BroadcastEngine(CheckpointEngine):
             self.layout.num_buckets, 2, dtype=torch.int64, device=self._buffer_device
         )
         sums_work = self._broadcast(sums)
-        got = []
+        batch = ChecksumBatch(self._buffer_device)
         for k, work in enumerate(works):
             self._wait(work, f"receiving bucket {k} of {len(works)}")
             if self.plan.verify:  # overlaps the arrival of the next buckets
                 lo, hi = ranges[k]
-                got.append(self._checksum(staging[lo:hi], report))
+                batch.add(k, staging[lo:hi])
         self._wait(sums_work, "receiving the checksums")
-        for k, (mine, theirs) in enumerate(zip(got, sums.tolist(), strict=False)):
-            self._compare_bucket(k, mine, theirs, report)
+        self._verify_sums(batch, dict(enumerate(sums.tolist())), report)
         report.seconds = time.perf_counter() - start
         return report
 

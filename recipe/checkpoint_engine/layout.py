@@ -138,12 +138,19 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
-def bucket_checksum(bucket: torch.Tensor) -> tuple[int, int]:
-    """Checksum of a uint8 bucket whose length is a multiple of ``PAGE_BYTES``."""
+def bucket_checksum_tensor(bucket: torch.Tensor) -> torch.Tensor:
+    """Checksum of a uint8 bucket whose length is a multiple of ``PAGE_BYTES``, as an int64
+    tensor ``[word_sum, row_weighted_sum]`` on the bucket's device (no host sync)."""
     rows = bucket.view(torch.int64).view(-1, _ROW_WORDS).sum(dim=1)  # wraps mod 2**64
     index = torch.arange(1, rows.numel() + 1, dtype=torch.int64, device=rows.device)
     weighted = (rows.remainder(_WEIGHT_MOD) * index).remainder(_WEIGHT_MOD).sum()
-    return int(rows.sum()), int(weighted)
+    return torch.stack((rows.sum(), weighted))
+
+
+def bucket_checksum(bucket: torch.Tensor) -> tuple[int, int]:
+    """``bucket_checksum_tensor`` read back as two Python ints."""
+    word_sum, weighted = bucket_checksum_tensor(bucket).tolist()
+    return word_sum, weighted
 
 
 def _check_slot(slot: TensorSlot, index: int, name: str, tensor: torch.Tensor) -> None:

@@ -10,6 +10,8 @@
 ``cuda_ipc``: the stream is a device buffer shared through a CUDA IPC handle (trainer and
 engines colocated on one GPU); the small header stays in host shared memory, written only
 after the bucket's copy has completed on the device, so a stamp never runs ahead of data.
+On the device, checksums stay there until a group of ~1 GiB of buckets is stamped (one host
+sync per group, not per bucket), and a receiver reads all of its checksums back in one sync.
 
 Zero extra copies: the sender's pack is the only copy before the engine's own load, and one
 region serves every replica. The region costs one model of memory; it lives from ``prepare``
@@ -39,6 +41,7 @@ from recipe.checkpoint_engine.base import (
     WeightSyncError,
     timed_iter,
 )
+from recipe.checkpoint_engine.checksums import ChecksumBatch
 from recipe.checkpoint_engine.host import shm_dir
 from recipe.checkpoint_engine.layout import PAGE_BYTES, pack_buckets
 
@@ -46,6 +49,8 @@ logger = logging.getLogger(__name__)
 
 _MAGIC = 0x5245434950452D57  # any constant: tells a header from an unrelated file
 _HEAD_WORDS = 3  # magic, layout fingerprint, transfer id being written
+_PUBLISH_BYTES = 1 << 30
+"""cuda_ipc: buckets are stamped in groups of about this size (one host sync per group)."""
 
 
 class SharedRegionEngine(CheckpointEngine):
@@ -62,6 +67,10 @@ class SharedRegionEngine(CheckpointEngine):
         self._header: torch.Tensor | None = None  # int64 words, host shared memory
         self._region: torch.Tensor | None = None  # the stream (host file or device buffer)
         self._unlinked = False
+        self.publish_bytes = _PUBLISH_BYTES if self._on_device else 0
+        """Sender: stamp buckets once this many bytes are packed (0: every bucket)."""
+        self.defer_verify = self._on_device
+        """Receiver: read all checksums back after the last bucket (else one by one)."""
 
     # header words: [magic, fingerprint, transfer id] + stamps[num_buckets] + sums[2*num_buckets]
     def _stamp_index(self, bucket: int) -> int:
@@ -137,15 +146,29 @@ class SharedRegionEngine(CheckpointEngine):
             lo, hi = self.layout.bucket_range(k)
             return region[lo:hi]
 
+        sums, pending, pending_bytes = ChecksumBatch(self.device), [], 0
+        last = self.layout.num_buckets - 1
         for k, bucket in pack_buckets(self.layout, timed_iter(tensors, report), bucket_buffer):
-            self._seal_bucket(k, bucket, report)
-            if self.plan.verify:
-                header[self._sum_index(k)], header[self._sum_index(k) + 1] = report.checksums[k]
-            if self._on_device:
-                torch.cuda.current_stream(self.device).synchronize()  # data before the stamp
-            header[self._stamp_index(k)] = transfer_id
+            self._seal_bucket(k, bucket, sums)
+            pending.append(k)
+            pending_bytes += bucket.numel()
+            if pending_bytes >= self.publish_bytes or k == last:
+                self._publish(pending, sums, report, transfer_id)
+                pending, pending_bytes = [], 0
         report.seconds = time.perf_counter() - start
         return report
+
+    def _publish(
+        self, buckets: list[int], sums: ChecksumBatch, report: TransferReport, transfer_id: int
+    ) -> None:
+        """Stamp ``buckets`` as written, their checksums first (device data before both)."""
+        assert self._header is not None
+        if self._on_device:
+            torch.cuda.current_stream(self.device).synchronize()
+        for k, values in self._record_sums(sums, report):
+            self._header[self._sum_index(k)], self._header[self._sum_index(k) + 1] = values
+        for k in buckets:
+            self._header[self._stamp_index(k)] = transfer_id
 
     def receive(self, transfer_id: int) -> TransferReport:
         assert self.rank != 0 and self._header is not None and self._region is not None
@@ -154,13 +177,16 @@ class SharedRegionEngine(CheckpointEngine):
         num_buckets = self.layout.num_buckets
         deadline_s = self.plan.timeout_s
         end = time.monotonic() + deadline_s
+        sums, expected = ChecksumBatch(self.device), {}
         for k in range(num_buckets):
             self._wait_stamp(k, transfer_id, end, deadline_s)
             if self.plan.verify:
                 at = self._sum_index(k)
-                expected = [int(self._header[at]), int(self._header[at + 1])]
+                expected[k] = [int(self._header[at]), int(self._header[at + 1])]
                 lo, hi = self.layout.bucket_range(k)
-                self._verify_bucket(k, self._region[lo:hi], expected, report)
+                sums.add(k, self._region[lo:hi])
+                if not self.defer_verify or k == num_buckets - 1:
+                    self._verify_sums(sums, expected, report)
         report.seconds = time.perf_counter() - start
         return report
 

@@ -19,6 +19,7 @@ from recipe.checkpoint_engine.base import (
     TransferPlan,
     WeightSyncError,
 )
+from recipe.checkpoint_engine.checksums import ChecksumBatch
 from recipe.checkpoint_engine.endpoints import WeightReceiver
 from recipe.checkpoint_engine.factory import make_checkpoint_engine
 from recipe.checkpoint_engine.host import EndpointSite
@@ -141,6 +142,25 @@ def test_checksum_changes_with_any_flipped_byte_and_with_swapped_pages():
     assert bucket_checksum(swapped)[0] == base[0] and bucket_checksum(swapped) != base
 
 
+def test_a_checksum_batch_reads_back_every_pending_bucket_once_in_order():
+    gen = torch.Generator().manual_seed(2)
+    buckets = [
+        torch.randint(0, 256, (2 * PAGE_BYTES,), dtype=torch.uint8, generator=gen) for _ in range(3)
+    ]
+    batch = ChecksumBatch(torch.device("cpu"))
+    assert batch.resolve() == []
+    batch.add(7, buckets[0])
+    batch.add(3, buckets[1])
+    assert len(batch) == 2
+    assert batch.resolve() == [
+        (7, list(bucket_checksum(buckets[0]))),
+        (3, list(bucket_checksum(buckets[1]))),
+    ]
+    assert len(batch) == 0 and batch.seconds > 0
+    batch.add(0, buckets[2])
+    assert batch.resolve() == [(0, list(bucket_checksum(buckets[2])))]
+
+
 # ---- placement ----------------------------------------------------------------------------
 
 
@@ -238,6 +258,44 @@ def test_shm_receiver_catches_a_corrupted_bucket():
         receiver.staging()[lo + 5] ^= 0x10  # the shared region, as a stray write would
         with pytest.raises(ChecksumMismatchError, match="bucket 2 of"):
             receiver.receive(1)
+    finally:
+        sender.finalize()
+        receiver.finalize()
+
+
+def _grouped_push(sender, receiver, transfer_id: int):
+    """A push whose stamps go out in groups and whose receiver checks every bucket at the end
+    (what ``cuda_ipc`` does on a GPU), with the receiver polling while the sender packs."""
+    sender.publish_bytes = 2 * BUCKET_BYTES
+    receiver.defer_verify = True
+    outcome: dict[str, Any] = {}
+
+    def receive() -> None:
+        try:
+            outcome["report"] = receiver.receive(transfer_id)
+        except Exception as exc:  # handed to the test thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    sent = sender.send(_tensors().items(), transfer_id)
+    thread.join(30)
+    return sent, outcome
+
+
+def test_grouped_stamps_and_deferred_verification_stage_bitwise_and_catch_corruption():
+    sender, receiver = _shm_pair()
+    try:
+        assert sender.layout.num_buckets == 4  # two groups of two
+        sent, outcome = _grouped_push(sender, receiver, 1)
+        assert "error" not in outcome
+        assert outcome["report"].checksums == sent.checksums
+        assert len(sent.checksums) == sender.layout.num_buckets
+        _assert_bitwise(dict(receiver.staged_tensors()), _tensors())
+        sender.fault_corrupt_bucket = 2
+        _, outcome = _grouped_push(sender, receiver, 2)
+        assert isinstance(outcome["error"], ChecksumMismatchError)
+        assert "bucket 2 of" in str(outcome["error"])
     finally:
         sender.finalize()
         receiver.finalize()

@@ -39,3 +39,20 @@ def test_nccl_push_is_bitwise_exact_on_every_other_gpu():
     # One receiver per GPU besides the sender's (NCCL allows one rank per device).
     result = run_backend("nccl", meta, _args(receivers=torch.cuda.device_count() - 1))
     assert result["bitwise_equal"] == 1.0
+
+
+def test_device_checksums_match_the_cpu_ones_and_ignore_later_writes_in_stream_order():
+    from recipe.checkpoint_engine.checksums import ChecksumBatch
+    from recipe.checkpoint_engine.layout import PAGE_BYTES, bucket_checksum
+
+    gen = torch.Generator().manual_seed(3)
+    host = torch.randint(0, 256, (8 * PAGE_BYTES,), dtype=torch.uint8, generator=gen)
+    bucket = host.cuda()
+    batch = ChecksumBatch(bucket.device)
+    batch.add(0, bucket)
+    bucket[5].bitwise_xor_(0x10)  # queued after the checksum on the same stream
+    batch.add(1, bucket)
+    (first, before), (second, after) = batch.resolve()
+    assert (first, second) == (0, 1)
+    assert before == list(bucket_checksum(host)) and after != before
+    assert batch.seconds > 0
