@@ -2,8 +2,8 @@
 
     python ci/check_gpu.py OUT_DIR
 
-Reads what ``ci/nightly_gpu.sh`` wrote (rollout.json, trainer.json, weight_sync.json, e2e.json,
-run/) and
+Reads what ``ci/nightly_gpu.sh`` wrote (rollout.json, trainer.json, weight_sync.json,
+engine_push.json, e2e.json, run/) and
 prints one row per figure: value, threshold, verdict. A missing result is a failure.
 """
 
@@ -34,12 +34,21 @@ def figures(out: Path) -> dict[str, float | None]:
         rows = [r for r in (sync or {}).get("rows", []) if r["size"] == size]
         ok = [r["gbps"] for r in rows if r["bitwise_equal"]]
         found[f"weight_sync {size} GB/s"] = max(ok) if ok else None
+    push = _load(out / "engine_push.json")
+    by_method = {r["method"]: r["best_s"] for r in (push or {}).get("rows", [])}
+    theirs = [by_method[m] for m in ("vllm_ipc", "vllm_ipc_packed") if m in by_method]
+    found["engine_push ours/vllm 0.5B"] = (
+        by_method["ours"] / min(theirs) if "ours" in by_method and theirs else None
+    )
     e2e = _load(out / "e2e.json")
     for key in ("one_step_off_over_sync", "fully_async_over_sync"):
         found[f"e2e {key}"] = e2e["ratios"].get(key) if e2e else None
     for mode in ("sync", "fully_async"):
         rows = [r for r in (e2e or {}).get("results", []) if r["mode"] == mode]
         found[f"e2e {mode} samples/s"] = rows[0]["samples_per_s"] if rows else None
+        if mode == "fully_async":
+            window = rows[0].get("pause_window_s_p50") if rows else None
+            found["e2e fully_async pause window p50 s"] = window
     summary = _load(out / "run" / "summary.json")
     found["run val accuracy gain"] = (
         summary["final/val_accuracy"] - summary["initial/val_accuracy"] if summary else None

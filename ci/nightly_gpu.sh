@@ -3,8 +3,8 @@
 # ci/thresholds_gpu.json by ci/check_gpu.py (summary table; exit 1 when a figure regresses).
 #
 #   ci/nightly_gpu.sh                 every stage, then the check
-#   ci/nightly_gpu.sh STAGE [STAGE]   some stages only (smoke rollout trainer weight_sync e2e run
-#                                     check)
+#   ci/nightly_gpu.sh STAGE [STAGE]   some stages only (smoke rollout trainer weight_sync
+#                                     engine_push e2e run check)
 #
 # Needs a GPU machine with the `gpu` extra installed (vllm, ray); PYTHON picks the interpreter
 # (default .venv/bin/python after `make venv EXTRA=gpu`). Results go to $NIGHTLY_OUT (default
@@ -16,7 +16,7 @@ PYTHON=${PYTHON:-.venv/bin/python}
 out=${NIGHTLY_OUT:-outputs/nightly_gpu/$(date +%Y-%m-%d)}
 mkdir -p "$out"
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(smoke rollout trainer weight_sync e2e run check)
+[ ${#stages[@]} -gt 0 ] || stages=(smoke rollout trainer weight_sync engine_push e2e run check)
 ngpu=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
 backends=cuda_ipc
 [ "$ngpu" -ge 2 ] && backends=cuda_ipc,nccl
@@ -37,6 +37,9 @@ for stage in "${stages[@]}"; do
       "$PYTHON" -m recipe.bench.weight_sync --device cuda --sizes 0.5B,1.5B,7B \
         --backends "$backends" --repeats 3 --json "$out/weight_sync.json" 2>&1 \
         | tee "$out/weight_sync.log" ;;
+    engine_push)
+      "$PYTHON" -m recipe.bench.engine_push --model 0.5B --json "$out/engine_push.json" 2>&1 \
+        | tee "$out/engine_push.log" ;;
     e2e)
       "$PYTHON" -m recipe.bench.e2e model=0.5B workload=longtail steps=${E2E_STEPS:-16} \
         trainer.device=cuda model.dtype=bfloat16 rollout.response_length=384 \

@@ -31,6 +31,7 @@ import concurrent.futures
 import dataclasses
 import json
 import logging
+import os
 import statistics
 import sys
 import time
@@ -155,6 +156,10 @@ def engine_state(llm: Any) -> tuple[dict[str, float], list[int]]:
 
 def build_engine(model_dir: Path, args: argparse.Namespace) -> Any:
     from vllm import LLM
+
+    # vLLM's ipc path sends torch's CUDA IPC rebuild arguments (a tensor class among them)
+    # through its msgpack RPC, which it allows only with pickle fallback switched on.
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
     return LLM(
         model=str(model_dir),

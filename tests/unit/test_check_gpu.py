@@ -1,0 +1,49 @@
+"""``ci/check_gpu.py``: the nightly GPU job's figures read from its result files, each checked
+against ``ci/thresholds_gpu.json``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _check_gpu():
+    spec = importlib.util.spec_from_file_location("check_gpu", ROOT / "ci" / "check_gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write(out: Path, name: str, value: object) -> None:
+    (out / name).write_text(json.dumps(value))
+
+
+def test_every_figure_has_a_threshold_and_missing_results_fail(tmp_path, capsys):
+    check = _check_gpu()
+    limits = json.loads((ROOT / "ci" / "thresholds_gpu.json").read_text())
+    assert set(check.figures(tmp_path)) == set(limits)
+    assert check.main(str(tmp_path)) == 1
+    assert "missing" in capsys.readouterr().out
+
+
+def test_engine_push_and_pause_window_figures_come_from_their_result_files(tmp_path):
+    check = _check_gpu()
+    rows = [
+        {"method": "vllm_ipc", "best_s": 0.09},
+        {"method": "vllm_ipc_packed", "best_s": 0.072},
+        {"method": "ours", "best_s": 0.025},
+    ]
+    _write(tmp_path, "engine_push.json", {"rows": rows})
+    results = [
+        {"mode": "sync", "samples_per_s": 81.8, "pause_window_s_p50": None},
+        {"mode": "fully_async", "samples_per_s": 123.2, "pause_window_s_p50": 0.102},
+    ]
+    _write(tmp_path, "e2e.json", {"results": results, "ratios": {"fully_async_over_sync": 1.51}})
+    found = check.figures(tmp_path)
+    assert abs(found["engine_push ours/vllm 0.5B"] - 0.025 / 0.072) < 1e-12
+    assert found["e2e fully_async pause window p50 s"] == 0.102
+    assert found["e2e fully_async_over_sync"] == 1.51
+    assert found["e2e one_step_off_over_sync"] is None
