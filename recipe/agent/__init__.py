@@ -1,0 +1,29 @@
+"""Multi-turn episodes: environments, agent loops, token-in/token-out bookkeeping.
+
+interface.py  Environment, AgentLoop, StepResult (what users write)
+context.py    AgentContext (generate / append_observation / call_env), TurnEngine
+env_loop.py   EnvironmentLoop (the default loop), SingleTurnEnvironment
+episode.py    EpisodeTokens, Episode (one sequence: ids, loss mask, log-probs, versions)
+render.py     ObservationRenderer (text, or chat-template deltas checked at startup)
+loading.py    agent_loop_factory (import paths from rollout.multi_turn)
+config.py     MultiTurnConfig (rollout.multi_turn.*)
+"""
+
+from recipe.agent.context import AgentContext, TurnEngine, TurnOutput
+from recipe.agent.env_loop import EnvironmentLoop, SingleTurnEnvironment
+from recipe.agent.episode import Episode, EpisodeTokens
+from recipe.agent.interface import AgentLoop, Environment, Observation, StepResult
+
+__all__ = [
+    "AgentContext",
+    "AgentLoop",
+    "Environment",
+    "EnvironmentLoop",
+    "Episode",
+    "EpisodeTokens",
+    "Observation",
+    "SingleTurnEnvironment",
+    "StepResult",
+    "TurnEngine",
+    "TurnOutput",
+]

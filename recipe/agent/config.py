@@ -1,0 +1,84 @@
+"""``rollout.multi_turn.*``: multi-turn episodes driven by an environment or an agent loop.
+
+Names follow verl's ``actor_rollout_ref.rollout.multi_turn`` where verl has the knob
+(``enable``, ``max_assistant_turns``, ``max_user_turns``, ``max_tool_response_length``).
+Token budgets: ``rollout.response_length`` bounds everything after the prompt (model turns
+and observations together, the length the trainer pads to); ``max_turn_tokens`` bounds one
+model turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from recipe.utils.config_check import (
+    require,
+    require_fraction,
+    require_positive,
+)
+
+
+@dataclass
+class MultiTurnConfig:
+    enable: bool = False
+    """Run episodes (``recipe.agent``) instead of single responses."""
+    environment: str | None = None
+    """The ``Environment`` class: ``FILE.py:Class``, ``package.module:Class``, or a built-in
+    name (``recipe.agent.builtin``). Needed unless ``agent_loop`` is set."""
+    environment_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the environment's constructor."""
+    agent_loop: str | None = None
+    """An ``AgentLoop`` class (same spellings) that drives the engine itself; None: the
+    default loop driving ``environment``."""
+    agent_loop_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the agent loop's constructor."""
+    max_assistant_turns: int = 4
+    """Model turns per episode; the episode ends (``length``) when they are used up."""
+    max_user_turns: int = 4
+    """Environment steps per episode (observations appended)."""
+    max_turn_tokens: int | None = None
+    """Max tokens of one model turn; None: whatever is left of ``rollout.response_length``."""
+    max_tool_response_length: int = 256
+    """Tokens of one observation's content; longer content is cut (counted)."""
+    observation_role: str = "user"
+    """Chat role of a text observation under a chat template (``user`` or ``tool``)."""
+    step_timeout_s: float = 60.0
+    """A ``reset``/``step`` call running longer fails: a timed-out step is a tool error the
+    model sees, a timed-out reset an environment error."""
+    max_env_error_ratio: float = 0.5
+    """The run stops when more than this fraction of one step's episodes end in
+    ``env_error`` (one line naming the environment and a prompt uid)."""
+
+    def __post_init__(self) -> None:
+        self.environment_kwargs = dict(self.environment_kwargs)
+        self.agent_loop_kwargs = dict(self.agent_loop_kwargs)
+        require(
+            not self.enable or bool(self.environment) or bool(self.agent_loop),
+            "rollout.multi_turn.environment",
+            self.environment,
+            "an Environment class ('FILE.py:Class' or 'package.module:Class') when "
+            "rollout.multi_turn.enable=true and no rollout.multi_turn.agent_loop is set",
+        )
+        require_positive("rollout.multi_turn.max_assistant_turns", self.max_assistant_turns)
+        require(
+            self.max_user_turns >= 0,
+            "rollout.multi_turn.max_user_turns",
+            self.max_user_turns,
+            ">= 0",
+        )
+        if self.max_turn_tokens is not None:
+            require_positive("rollout.multi_turn.max_turn_tokens", self.max_turn_tokens)
+        require_positive(
+            "rollout.multi_turn.max_tool_response_length", self.max_tool_response_length
+        )
+        require(
+            self.observation_role in ("user", "tool"),
+            "rollout.multi_turn.observation_role",
+            self.observation_role,
+            "'user' or 'tool'",
+        )
+        require_positive("rollout.multi_turn.step_timeout_s", self.step_timeout_s)
+        require_fraction(
+            "rollout.multi_turn.max_env_error_ratio", self.max_env_error_ratio, open_low=False
+        )

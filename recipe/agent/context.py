@@ -1,0 +1,203 @@
+"""``AgentContext``: what an agent loop holds while it builds one episode.
+
+    ctx.start(observation)          prompt ids (rendered once)
+    await ctx.generate()  -------->  TurnEngine.generate_turn(context ids, budget, seed)
+        "aborted" (a weight sync)    wait until the engine runs again, continue the same turn
+                                     from context + its tokens so far (newer version stamped)
+    ctx.append_observation(obs)     delta ids, mask 0, content cut to max_tool_response_length
+    await ctx.call_env(awaitable)   timed (step_timeout_s); the engine keeps serving others
+    ctx.finish(reason) / ctx.episode()
+
+Invariant: a model turn is never split into two turns by a sync (the agent sees one action
+text), and an environment call is never cut by one (a sync only pauses engine requests).
+Budgets: ``response_length`` bounds all tokens after the prompt, ``max_assistant_turns`` the
+model turns, ``max_user_turns`` the observations; ``generate`` returns None once a budget is
+spent, and the episode finishes as ``length``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from recipe.agent.config import MultiTurnConfig
+from recipe.agent.episode import Episode, EpisodeTokens
+from recipe.agent.interface import Observation
+from recipe.agent.render import ObservationRenderer
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class TurnOutput:
+    """One engine request's result."""
+
+    ids: list[int]
+    """Sampled token ids."""
+    logprobs: list[float]
+    """Rollout log-prob of each (same length)."""
+    versions: list[int]
+    """Policy version of each (same length)."""
+    finish_reason: str
+    """``stop`` (EOS), ``length`` (its budget) or ``aborted`` (cut by a pause)."""
+
+
+class TurnEngine(Protocol):
+    """The engine side an ``AgentContext`` needs (the rollout worker implements it)."""
+
+    async def generate_turn(
+        self, context_ids: list[int], max_tokens: int, seed: int | None
+    ) -> TurnOutput: ...
+
+    async def wait_until_running(self) -> None: ...
+
+
+class EnvTimeoutError(TimeoutError):
+    """An environment call ran past ``rollout.multi_turn.step_timeout_s``."""
+
+
+class AgentContext:
+    """One episode in the making (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: TurnEngine,
+        renderer: ObservationRenderer,
+        config: MultiTurnConfig,
+        *,
+        response_length: int,
+        seed: int | None = None,
+    ):
+        self._engine, self._renderer, self._config = engine, renderer, config
+        self._response_length, self._seed = response_length, seed
+        self.tokens: EpisodeTokens | None = None
+        self._texts: list[str] = []
+        self._last_turn: list[int] = []
+        self._rewards: list[float] = []
+        self._info: dict[str, list[float]] = {}
+        self._finish: tuple[str, str | None] | None = None
+        self.num_turns = self.num_observations = self.num_tool_calls = 0
+        self.num_tool_errors = self.num_truncated_observations = 0
+        self.env_s: list[float] = []
+
+    # ---- building the sequence ---------------------------------------------------------
+
+    def start(self, observation: Observation) -> None:
+        """Render the first observation as the prompt (once per episode)."""
+        if self.tokens is not None:
+            raise RuntimeError("AgentContext.start() called twice in one episode")
+        self.tokens = EpisodeTokens(self._renderer.prompt_ids(observation))
+
+    @property
+    def remaining_tokens(self) -> int:
+        return self._response_length - self._require_tokens().num_response_tokens
+
+    async def generate(self) -> str | None:
+        """The next model turn's text; None when a budget is spent (see module docstring)."""
+        tokens = self._require_tokens()
+        if self.num_turns >= self._config.max_assistant_turns or self.remaining_tokens <= 0:
+            return None
+        budget = self.remaining_tokens
+        if self._config.max_turn_tokens is not None:
+            budget = min(budget, self._config.max_turn_tokens)
+        turn: list[int] = []
+        while True:
+            seed = None if self._seed is None else self._seed + tokens.num_response_tokens
+            out = await self._engine.generate_turn(tokens.context_ids, budget - len(turn), seed)
+            tokens.add_model(out.ids, out.logprobs, out.versions)
+            turn += out.ids
+            if out.finish_reason != "aborted" or len(turn) >= budget:
+                break
+            await self._engine.wait_until_running()  # the sync loads; then continue the turn
+        self.num_turns += 1
+        self._last_turn = turn
+        text = self._renderer.tokenizer.decode(turn, skip_special_tokens=True)
+        self._texts.append(text)
+        return text
+
+    def append_observation(self, observation: Observation) -> bool:
+        """Append an observation after the last model turn; False (nothing appended) when
+        no model turn could follow it (``max_user_turns``, ``max_assistant_turns`` or the
+        token budget used up)."""
+        tokens = self._require_tokens()
+        if (
+            self.num_observations >= self._config.max_user_turns
+            or self.num_turns >= self._config.max_assistant_turns
+        ):
+            return False
+        observation = self._cut(observation)
+        ids = self._renderer.observation_ids(observation, self._last_turn)
+        if len(ids) >= self.remaining_tokens:  # no room left for a model turn after it
+            return False
+        tokens.add_env(ids)
+        self.num_observations += 1
+        return True
+
+    def _cut(self, observation: Observation) -> Observation:
+        limit = self._config.max_tool_response_length
+        renderer = self._renderer
+
+        def cut(text: str) -> str:
+            ids = renderer.encode(text)
+            if len(ids) <= limit:
+                return text
+            self.num_truncated_observations += 1
+            return renderer.tokenizer.decode(ids[:limit], skip_special_tokens=False)
+
+        if isinstance(observation, str):
+            return cut(observation)
+        return [{**m, "content": cut(m["content"])} for m in observation]
+
+    # ---- environment calls, rewards, the end -------------------------------------------
+
+    async def call_env(self, call: Awaitable[T]) -> T:
+        """Await an environment call under ``step_timeout_s``, timing it."""
+        start = time.perf_counter()
+        try:
+            return await asyncio.wait_for(call, self._config.step_timeout_s)
+        except TimeoutError as exc:
+            raise EnvTimeoutError(
+                f"no answer within rollout.multi_turn.step_timeout_s="
+                f"{self._config.step_timeout_s:g} s"
+            ) from exc
+        finally:
+            self.env_s.append(time.perf_counter() - start)
+
+    def add_reward(self, reward: float) -> None:
+        self._rewards.append(float(reward))
+
+    def add_info(self, info: dict[str, Any]) -> None:
+        for key, value in info.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self._info.setdefault(key, []).append(float(value))
+
+    def finish(self, reason: str, error: str | None = None) -> None:
+        """End the episode (the first call counts)."""
+        if self._finish is None:
+            self._finish = (reason, error)
+
+    def episode(self) -> Episode:
+        """The episode built so far; ``length`` unless ``finish`` said otherwise."""
+        reason, error = self._finish or ("length", None)
+        tokens = self.tokens if self.tokens is not None else EpisodeTokens([])
+        reward = 0.0 if reason == "env_error" else (sum(self._rewards) if self._rewards else None)
+        return Episode(
+            tokens=tokens,
+            finish_reason=reason,
+            reward=reward,
+            num_turns=self.num_turns,
+            num_tool_calls=self.num_tool_calls,
+            num_tool_errors=self.num_tool_errors,
+            env_s=list(self.env_s),
+            error=error,
+            info={k: sum(v) / len(v) for k, v in self._info.items()},
+            response_text="\n".join(self._texts),
+        )
+
+    def _require_tokens(self) -> EpisodeTokens:
+        if self.tokens is None:
+            raise RuntimeError("AgentContext.start(observation) must come first")
+        return self.tokens

@@ -1,0 +1,92 @@
+"""The default agent loop: drive an ``Environment`` turn by turn.
+
+    obs = reset(record) -> prompt
+    repeat: action = model turn          (None: a budget is spent -> "length")
+            result = step(action)        (timed out: a tool error the model is told about)
+            reward += result.reward; done -> "stop"; else append result.observation
+
+An environment that raises ends its episode as ``env_error`` with reward 0 and the error on
+the episode (counted by the caller); nothing else is affected. ``SingleTurnEnvironment`` is
+the one-step case: the prompt, one model turn, done, scored by the reward function.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from recipe.agent.context import AgentContext, EnvTimeoutError
+from recipe.agent.interface import AgentLoop, Environment, Observation, StepResult
+from recipe.protocol import PromptRecord
+
+logger = logging.getLogger(__name__)
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+class EnvironmentLoop(AgentLoop):
+    """Runs one ``Environment`` episode per ``run`` (see the module docstring)."""
+
+    def __init__(self, environment: Environment):
+        self.environment = environment
+
+    async def run(self, ctx: AgentContext, record: PromptRecord) -> None:
+        try:
+            first = await ctx.call_env(self.environment.reset(record))
+        except Exception as exc:  # the environment's failure ends only its own episode
+            ctx.start(_fallback_prompt(record))
+            ctx.finish("env_error", f"reset: {one_line(exc)}")
+            return
+        ctx.start(first)
+        while True:
+            action = await ctx.generate()
+            if action is None:
+                return  # a budget is spent: "length"
+            result = await self._step(ctx, action)
+            if result is None:
+                return
+            if result.reward is not None:
+                ctx.add_reward(result.reward)
+            ctx.add_info(result.info)
+            if result.done:
+                ctx.finish("stop")
+                return
+            if result.observation and not ctx.append_observation(result.observation):
+                return  # no room for another observation and turn: "length"
+
+    async def _step(self, ctx: AgentContext, action: str) -> StepResult | None:
+        """One environment step; None when the environment failed (the episode is over)."""
+        ctx.num_tool_calls += 1
+        try:
+            result = await ctx.call_env(self.environment.step(action))
+        except EnvTimeoutError as exc:
+            ctx.num_tool_errors += 1
+            return StepResult(observation=f"Error: {exc}", tool_error=True)
+        except Exception as exc:
+            ctx.finish("env_error", f"step: {one_line(exc)}")
+            return None
+        if not isinstance(result, StepResult):
+            ctx.finish(
+                "env_error",
+                f"step returned {type(result).__name__}, expected recipe.agent.StepResult",
+            )
+            return None
+        ctx.num_tool_errors += int(result.tool_error)
+        return result
+
+
+def _fallback_prompt(record: PromptRecord) -> Observation:
+    """The record's own prompt, so an episode whose reset failed still has a sequence."""
+    return record.prompt
+
+
+class SingleTurnEnvironment(Environment):
+    """The prompt, one model turn, done; the reward function scores the response."""
+
+    async def reset(self, record: PromptRecord) -> Observation:
+        return record.prompt
+
+    async def step(self, action: str) -> StepResult:
+        return StepResult(done=True)

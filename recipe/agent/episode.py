@@ -1,0 +1,105 @@
+"""One episode as one token sequence: token-in/token-out bookkeeping.
+
+    prompt_ids | model turn 1 | observation 1 | model turn 2 | ... |
+    loss_mask  |   1 1 1 1    |    0 0 0 0    |   1 1 1 1    |
+    logprobs   |  sampled lp  |   0.0 ...     |  sampled lp  |
+    versions   |  v v v v+1   |  -1 -1 -1     |  v+1 ...     |      (-1: not from a policy)
+
+Everything after the prompt is the "response" the trainer sees; it computes log-probs over
+the whole sequence and uses only the tokens with mask 1. Tokens are only ever appended: what
+came before is never re-rendered or re-tokenised, so the ids the engine sampled are the ids
+the trainer scores. A model turn cut by a weight sync continues in place, its later tokens
+carrying the newer version (``versions`` is per token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ENV_VERSION = -1
+"""``versions`` entry of a token no policy produced (prompt continuations, tool output)."""
+
+EPISODE_FINISH_REASONS = ("stop", "length", "aborted", "env_error")
+"""``stop``: the environment said done (or the model stopped without an environment);
+``length``: a token or turn budget ran out; ``aborted``: dropped before the end (re-admitted);
+``env_error``: the environment raised (reward 0)."""
+
+
+@dataclass(slots=True)
+class EpisodeTokens:
+    """The growing sequence of one episode (invariant: the four response lists have equal
+    length, and ``logprobs``/``versions`` are 0.0/-1 exactly where ``loss_mask`` is 0)."""
+
+    prompt_ids: list[int]
+    """Rendered first observation, length P."""
+    response_ids: list[int] = field(default_factory=list)
+    """Every token after the prompt, model and environment, length R."""
+    loss_mask: list[int] = field(default_factory=list)
+    """1 for a model token, 0 for an environment token (R,)."""
+    logprobs: list[float] = field(default_factory=list)
+    """Rollout log-prob of each model token, 0.0 for environment tokens (R,)."""
+    versions: list[int] = field(default_factory=list)
+    """Policy version that sampled each model token, ``ENV_VERSION`` otherwise (R,)."""
+
+    def add_model(self, ids: list[int], logprobs: list[float], versions: list[int]) -> None:
+        if not len(ids) == len(logprobs) == len(versions):
+            raise ValueError(
+                f"a model turn has {len(ids)} tokens, {len(logprobs)} log-probs and "
+                f"{len(versions)} versions"
+            )
+        self.response_ids += ids
+        self.loss_mask += [1] * len(ids)
+        self.logprobs += logprobs
+        self.versions += versions
+
+    def add_env(self, ids: list[int]) -> None:
+        self.response_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.versions += [ENV_VERSION] * len(ids)
+
+    @property
+    def context_ids(self) -> list[int]:
+        """What the engine continues from: the prompt and everything appended."""
+        return self.prompt_ids + self.response_ids
+
+    @property
+    def num_response_tokens(self) -> int:
+        return len(self.response_ids)
+
+    @property
+    def num_model_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    def model_versions(self) -> list[int]:
+        return [v for v, m in zip(self.versions, self.loss_mask, strict=True) if m]
+
+
+@dataclass(slots=True)
+class Episode:
+    """A finished episode, as the rollout worker hands it on (one GRPO group member)."""
+
+    tokens: EpisodeTokens
+    """The sequence (see ``EpisodeTokens``)."""
+    finish_reason: str
+    """One of ``EPISODE_FINISH_REASONS``."""
+    reward: float | None = None
+    """Sum of the environment's step rewards; None: none given, the reward function scores
+    the episode."""
+    num_turns: int = 0
+    """Model turns generated."""
+    num_tool_calls: int = 0
+    """Environment steps taken (each model turn answered by the environment)."""
+    num_tool_errors: int = 0
+    """Steps whose tool failed (or ran past ``rollout.multi_turn.step_timeout_s``)."""
+    env_s: list[float] = field(default_factory=list)
+    """Wall seconds of each ``reset``/``step`` call."""
+    error: str | None = None
+    """With ``env_error``: the environment's exception, one line."""
+    info: dict[str, float] = field(default_factory=dict)
+    """Means of the steps' numeric ``info`` values."""
+    response_text: str = ""
+    """Decoded text of the model turns, joined (what a reward function scores)."""
+
+    def __post_init__(self) -> None:
+        assert self.finish_reason in EPISODE_FINISH_REASONS, self.finish_reason

@@ -1,0 +1,94 @@
+"""What users write for multi-turn rollouts: an ``Environment`` (most users) or an
+``AgentLoop`` (full control), and what the framework gives them back.
+
+    prompt record --reset--> observation --render--> prompt ids
+         +--> model turn (ctx.generate) --> action text --step--> observation, reward, done
+         |                                                             |
+         +------------------- not done: observation rendered, appended (mask 0) <--+
+
+An ``Environment`` owns its tools: a tool call is an action the environment parses and
+answers with an observation. Observations are text, or chat messages rendered by the model's
+chat template as a delta after what came before (``recipe.agent.render``). Rewards may come
+per step (summed) or at the end; an episode whose environment gives none is scored by the
+reward function (``reward.*``), like a single-turn response.
+
+An ``AgentLoop`` drives the engine itself through an ``AgentContext``
+(``recipe.agent.context``): ``await ctx.generate()`` for the next model turn and
+``ctx.append_observation(...)`` for environment tokens. The default loop,
+``recipe.agent.env_loop.EnvironmentLoop``, drives an ``Environment``; single-turn prompts
+are its one-step case.
+
+Both are loaded from the config by import path (``rollout.multi_turn.environment`` /
+``rollout.multi_turn.agent_loop``: ``FILE.py:Class`` or ``package.module:Class``), built
+once per rollout worker with the keyword arguments of ``..._kwargs``; ``reset`` starts a
+fresh episode, so one environment object serves one episode at a time and the worker builds
+one per concurrent episode.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from recipe.protocol import ChatMessages, PromptRecord
+
+if TYPE_CHECKING:
+    from recipe.agent.context import AgentContext
+
+Observation = str | ChatMessages
+"""Text appended as it is, or chat messages rendered by the chat template."""
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What an environment returns for one action."""
+
+    observation: Observation | None = None
+    """Shown to the model before its next turn; None or empty: nothing is appended."""
+    reward: float | None = None
+    """Reward of this step (summed over the episode); None: no reward for this step."""
+    done: bool = False
+    """The episode ends after this step."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Numbers to log as ``agent/info/<key>`` (means over the step's episodes)."""
+    tool_error: bool = False
+    """The action called a tool that failed; the observation says so (counted as
+    ``agent/tool_errors``)."""
+
+
+class Environment(ABC):
+    """One episode at a time: ``reset`` then ``step`` until ``done`` (see module docstring).
+
+    Methods are coroutines; a blocking tool should run in ``ctx``-free code through
+    ``asyncio.to_thread`` (or the environment's own pool) so it never blocks other episodes
+    or the engine. Raising from ``reset`` or ``step`` ends the episode with finish reason
+    ``env_error`` and reward 0 (counted); it does not stop the run unless more than
+    ``rollout.multi_turn.max_env_error_ratio`` of a step's episodes fail.
+    """
+
+    @abstractmethod
+    async def reset(self, record: PromptRecord) -> Observation:
+        """Start an episode for ``record``; returns the first observation (the prompt)."""
+
+    @abstractmethod
+    async def step(self, action: str) -> StepResult:
+        """Answer the model's turn ``action`` (its decoded text)."""
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """The episode's state for a checkpoint; None: an episode in flight is re-admitted
+        from scratch on resume."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        """Restore what ``state_dict`` returned."""
+
+
+class AgentLoop(ABC):
+    """Full control over one episode (see module docstring)."""
+
+    @abstractmethod
+    async def run(self, ctx: AgentContext, record: PromptRecord) -> None:
+        """Build the episode through ``ctx`` (``start``, ``generate``,
+        ``append_observation``, ``add_reward``, ``finish``); the framework takes the
+        episode from ``ctx`` when this returns."""

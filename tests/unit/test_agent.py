@@ -1,0 +1,267 @@
+"""recipe.agent with a scripted engine: token/mask/version bookkeeping across turns, a turn
+cut by a weight sync, an environment step spanning one, tool errors, environment errors,
+chat-template deltas, budgets and loading from import paths."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from recipe.agent.config import MultiTurnConfig
+from recipe.agent.context import AgentContext, TurnOutput
+from recipe.agent.env_loop import EnvironmentLoop, SingleTurnEnvironment
+from recipe.agent.episode import ENV_VERSION
+from recipe.agent.interface import Environment, StepResult
+from recipe.agent.loading import agent_loop_factory
+from recipe.agent.render import ObservationRenderer
+from recipe.protocol import PromptRecord
+from recipe.tiny import EOS_TOKEN, build_tokenizer
+
+pytestmark = pytest.mark.model  # builds a transformers tokenizer
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    + EOS_TOKEN
+    + "\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+RECORD = PromptRecord("p-0", "Add 2 and 3.", "5", "arith")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return build_tokenizer(tmp_path_factory.mktemp("tok"), model_max_length=512)
+
+
+@pytest.fixture
+def chat_tokenizer(tmp_path):
+    tok = build_tokenizer(tmp_path, model_max_length=512)
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+class ScriptedEngine:
+    """Answers turn k with ``turns[k]`` (text); ``cut_after`` tokens into a turn it aborts
+    once, as a pause would, and the sync then bumps the version."""
+
+    def __init__(self, tokenizer, turns, cut_after=None, stop=True):
+        self.tok, self.turns, self.cut_after, self.stop = tokenizer, list(turns), cut_after, stop
+        self.version, self.calls = 0, []
+
+    async def generate_turn(self, context_ids, max_tokens, seed):
+        self.calls.append((list(context_ids), max_tokens))
+        ids = self.tok.encode(self.turns[0], add_special_tokens=False)
+        if self.stop:
+            ids = [*ids, self.tok.eos_token_id]
+        if self.cut_after is not None:
+            ids, rest = ids[: self.cut_after], ids[self.cut_after :]
+            self.turns[0] = self.tok.decode(rest, skip_special_tokens=True)
+            self.cut_after = None
+            return TurnOutput(ids, [-0.5] * len(ids), [self.version] * len(ids), "aborted")
+        ids = ids[:max_tokens]
+        self.turns.pop(0)
+        finish = "stop" if self.stop and len(ids) < max_tokens + 1 else "length"
+        return TurnOutput(ids, [-0.25] * len(ids), [self.version] * len(ids), finish)
+
+    async def wait_until_running(self):
+        self.version += 1  # the sync loaded new weights
+
+
+def _run(env, engine, tokenizer, length=200, **overrides):
+    config = MultiTurnConfig(**{"enable": True, "environment": "single_turn", **overrides})
+    renderer = ObservationRenderer(tokenizer, [tokenizer.eos_token_id], config.observation_role)
+    ctx = AgentContext(engine, renderer, config, response_length=length)
+    asyncio.run(EnvironmentLoop(env).run(ctx, RECORD))
+    return ctx.episode()
+
+
+class Calculator(Environment):
+    """Answers 'calc: a+b' with the sum, ends on 'answer: x'."""
+
+    def __init__(self, delay_s: float = 0.0, on_step=None):
+        self.delay_s, self.on_step = delay_s, on_step
+
+    async def reset(self, record):
+        return record.prompt
+
+    async def step(self, action):
+        if action.startswith("answer:"):
+            return StepResult(reward=float(action.split(":")[1].strip() == "5"), done=True)
+        if self.on_step is not None:
+            self.on_step()
+        await asyncio.sleep(self.delay_s)  # a slow tool
+        a, b = action.split(":")[1].split("+")
+        return StepResult(observation=f" ={int(a) + int(b)}\n", info={"calls": 1})
+
+
+def _check_invariants(episode, tokenizer):
+    tokens = episode.tokens
+    n = len(tokens.response_ids)
+    assert len(tokens.loss_mask) == len(tokens.logprobs) == len(tokens.versions) == n
+    for mask, lp, version in zip(tokens.loss_mask, tokens.logprobs, tokens.versions, strict=True):
+        assert (mask == 0) == (version == ENV_VERSION) and (mask == 1 or lp == 0.0)
+
+
+def test_single_turn_is_one_model_turn_scored_by_the_reward_function(tokenizer):
+    engine = ScriptedEngine(tokenizer, ["5"])
+    episode = _run(SingleTurnEnvironment(), engine, tokenizer)
+    assert episode.finish_reason == "stop" and episode.reward is None and episode.num_turns == 1
+    assert episode.tokens.prompt_ids == tokenizer.encode(RECORD.prompt, add_special_tokens=False)
+    assert episode.tokens.loss_mask == [1, 1] and episode.response_text == "5"
+    _check_invariants(episode, tokenizer)
+
+
+def test_tool_turns_append_observations_with_mask_zero_and_sum_step_rewards(tokenizer):
+    engine = ScriptedEngine(tokenizer, ["calc: 2+3", "answer: 5"])
+    episode = _run(Calculator(), engine, tokenizer)
+    assert (episode.finish_reason, episode.reward) == ("stop", 1.0)
+    assert (episode.num_turns, episode.num_tool_calls, episode.num_tool_errors) == (2, 2, 0)
+    observation = tokenizer.encode(" =5\n", add_special_tokens=False)
+    first = [*tokenizer.encode("calc: 2+3", add_special_tokens=False), tokenizer.eos_token_id]
+    tokens = episode.tokens
+    assert tokens.response_ids[: len(first) + len(observation)] == first + observation
+    assert tokens.loss_mask[len(first) : len(first) + len(observation)] == [0] * len(observation)
+    # The second turn continued from everything so far, never re-rendered.
+    assert engine.calls[1][0] == tokens.prompt_ids + first + observation
+    assert episode.info == {"calls": 1.0}
+    _check_invariants(episode, tokenizer)
+
+
+def test_a_turn_cut_by_a_sync_continues_in_place_on_the_new_version(tokenizer):
+    engine = ScriptedEngine(tokenizer, ["answer: 5"], cut_after=3)
+    episode = _run(Calculator(), engine, tokenizer)
+    assert episode.num_turns == 1 and episode.response_text == "answer: 5"
+    versions = episode.tokens.versions
+    assert versions[:3] == [0, 0, 0] and set(versions[3:]) == {1}
+    prompt = episode.tokens.prompt_ids
+    assert engine.calls[1][0] == prompt + episode.tokens.response_ids[:3]
+    assert engine.calls[1][1] == engine.calls[0][1] - 3  # the turn's budget, less what it had
+    assert episode.reward == 1.0
+
+
+def test_an_environment_step_spanning_a_sync_is_not_cut_and_the_next_turn_is_newer(tokenizer):
+    engine = ScriptedEngine(tokenizer, ["calc: 2+3", "answer: 5"])
+
+    def sync_during_step():
+        engine.version += 1
+
+    episode = _run(Calculator(delay_s=0.01, on_step=sync_during_step), engine, tokenizer)
+    assert episode.finish_reason == "stop" and episode.num_tool_errors == 0
+    model = episode.tokens.model_versions()
+    first_len = len(tokenizer.encode("calc: 2+3", add_special_tokens=False)) + 1
+    assert set(model[:first_len]) == {0} and set(model[first_len:]) == {1}
+
+
+def test_a_step_past_its_timeout_is_a_tool_error_the_model_sees(tokenizer):
+    engine = ScriptedEngine(tokenizer, ["calc: 2+3", "answer: 5"])
+    episode = _run(Calculator(delay_s=1.0), engine, tokenizer, step_timeout_s=0.05)
+    assert episode.num_tool_errors == 1 and episode.finish_reason == "stop"
+    shown = tokenizer.decode([t for t, m in zip(*_pair(episode), strict=True) if m == 0])
+    assert "no answer within rollout.multi_turn.step_timeout_s=0.05 s" in shown
+
+
+def _pair(episode):
+    return episode.tokens.response_ids, episode.tokens.loss_mask
+
+
+def test_an_environment_that_raises_ends_its_episode_with_reward_zero(tokenizer):
+    class Broken(Calculator):
+        async def step(self, action):
+            raise KeyError("no such tool")
+
+    episode = _run(Broken(), ScriptedEngine(tokenizer, ["calc: 1+1"]), tokenizer)
+    assert (episode.finish_reason, episode.reward) == ("env_error", 0.0)
+    assert episode.error == "step: KeyError: 'no such tool'"
+
+
+def test_budgets_end_an_episode_as_length_and_long_observations_are_cut(tokenizer):
+    engine = ScriptedEngine(tokenizer, ["calc: 2+3"] * 3)
+
+    class Chatty(Calculator):
+        async def step(self, action):
+            return StepResult(observation="x" * 500)
+
+    episode = _run(Chatty(), engine, tokenizer, max_assistant_turns=2, max_tool_response_length=7)
+    assert episode.finish_reason == "length" and episode.num_turns == 2
+    env_tokens = [t for t, m in zip(*_pair(episode), strict=True) if m == 0]
+    assert len(env_tokens) == 7 and tokenizer.decode(env_tokens) == "x" * 7
+    short = _run(Chatty(), ScriptedEngine(tokenizer, ["calc: 2+3"] * 9), tokenizer, length=12)
+    assert short.tokens.num_response_tokens <= 12 and short.finish_reason == "length"
+
+
+def test_chat_observations_are_exact_token_deltas_after_the_model_turn(chat_tokenizer):
+    tok = chat_tokenizer
+    renderer = ObservationRenderer(tok, [tok.eos_token_id])
+    turn = [*tok.encode("calc: 2+3", add_special_tokens=False), tok.eos_token_id]
+    prompt = renderer.prompt_ids("Add 2 and 3.")
+    delta = renderer.observation_ids("=5", turn)
+    conversation = [
+        {"role": "user", "content": "Add 2 and 3."},
+        {"role": "assistant", "content": "calc: 2+3"},
+        {"role": "user", "content": "=5"},
+    ]
+    whole = tok.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    assert prompt + turn + delta == tok.encode(whole, add_special_tokens=False)
+    cut = renderer.observation_ids("=5", turn[:-1])  # no EOS: the whole close comes first
+    assert tok.decode(cut).startswith(EOS_TOKEN + "\n<|im_start|>user")
+
+
+def test_a_template_that_rerenders_history_fails_at_startup(chat_tokenizer):
+    chat_tokenizer.chat_template = "{{ messages | length }}" + CHAT_TEMPLATE
+    with pytest.raises(ValueError, match="not prefix-stable"):
+        ObservationRenderer(chat_tokenizer, [chat_tokenizer.eos_token_id])
+
+
+ENV_FILE = """
+from recipe.agent import Environment, StepResult
+
+class Echo(Environment):
+    def __init__(self, suffix="!"):
+        self.suffix = suffix
+    async def reset(self, record):
+        return record.prompt + self.suffix
+    async def step(self, action):
+        return StepResult(reward=1.0, done=True)
+
+class Half(Environment):
+    async def reset(self, record):
+        return record.prompt
+
+class NotAnEnv:
+    pass
+"""
+
+
+def test_environments_load_from_a_file_with_kwargs_and_bad_specs_name_the_key(tmp_path, tokenizer):
+    path = tmp_path / "my_env.py"
+    path.write_text(ENV_FILE)
+    spec = f"{path}:Echo"
+    make = agent_loop_factory(
+        MultiTurnConfig(enable=True, environment=spec, environment_kwargs={"suffix": "?"})
+    )
+    assert make() is not make()  # one loop (and environment) per episode
+    episode = _run(make().environment, ScriptedEngine(tokenizer, ["ok"]), tokenizer)
+    assert episode.reward == 1.0
+    assert tokenizer.decode(episode.tokens.prompt_ids) == RECORD.prompt + "?"
+    cases = {
+        f"{path}:Half": "does not implement step",
+        f"{path}:NotAnEnv": "does not subclass recipe.agent.interface.Environment",
+        f"{path}:Missing": "its classes: Echo, Environment, Half, NotAnEnv, StepResult",
+        f"{tmp_path / 'nope.py'}:Echo": "file not found",
+        "Echo": "allowed 'path/to/file.py:class'",
+    }
+    for bad, message in cases.items():
+        with pytest.raises(ValueError, match=r"rollout\.multi_turn\.environment") as err:
+            agent_loop_factory(MultiTurnConfig(enable=True, environment=bad))
+        assert message in str(err.value)
+    with pytest.raises(ValueError, match=r"rollout\.multi_turn\.environment_kwargs"):
+        agent_loop_factory(
+            MultiTurnConfig(enable=True, environment=spec, environment_kwargs={"x": 1})
+        )
+
+
+def test_config_names_the_key_of_a_bad_value():
+    with pytest.raises(ValueError, match=r"rollout\.multi_turn\.environment=None"):
+        MultiTurnConfig(enable=True)
+    with pytest.raises(ValueError, match=r"rollout\.multi_turn\.observation_role"):
+        MultiTurnConfig(observation_role="system")
