@@ -36,7 +36,7 @@ class PromptGroup:
     @property
     def min_version(self) -> int:
         """Oldest policy version that produced a token of the group (the window when empty)."""
-        versions = [t.min_version for t in self.trajectories if t.token_versions]
+        versions = [t.min_version for t in self.trajectories if t.model_versions]
         return min(versions) if versions else self.window
 
 

@@ -291,7 +291,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
 
     def _resume_partial(self, ticket: Ticket, trajs: list[Trajectory]) -> None:
         max_staleness = self.cfg.async_training.max_staleness
-        started = [t.min_version for t in trajs if t.token_versions]
+        started = [t.min_version for t in trajs if t.model_versions]
         if max_staleness is not None and started and self.version - min(started) > max_staleness:
             # Already too old to be trained: generate it again on the new weights.
             self._num_resumes.pop(ticket.ticket, None)

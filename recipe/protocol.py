@@ -34,7 +34,9 @@ class PromptRecord:
     """Passed unchanged to the reward function as ``extra_info``."""
 
 
-FINISH_REASONS = ("stop", "length", "aborted")
+FINISH_REASONS = ("stop", "length", "aborted", "env_error")
+ENV_TOKEN_VERSION = -1
+"""``Trajectory.token_versions`` of a token no policy sampled (a multi-turn observation)."""
 
 
 @dataclass(slots=True)
@@ -42,9 +44,12 @@ class Trajectory:
     """One response to one prompt. A GRPO group is ``rollout.n`` trajectories sharing
     ``prompt_uid``.
 
-    Invariant: ``response_ids``, ``rollout_logprobs`` and ``token_versions`` have equal length.
-    A response resumed after a weight sync (partial rollout) keeps its earlier tokens with the
-    versions that produced them, so ``min_version < max_version`` for it.
+    Invariant: ``response_ids``, ``rollout_logprobs``, ``token_versions`` (and ``loss_mask``
+    when set) have equal length. A response resumed after a weight sync (partial rollout) keeps
+    its earlier tokens with the versions that produced them, so ``min_version < max_version``
+    for it. A multi-turn episode (``recipe.agent``) is one trajectory whose response holds the
+    model turns (mask 1) and the observations between them (mask 0, log-prob 0.0, version
+    ``ENV_TOKEN_VERSION``).
     """
 
     prompt_uid: str
@@ -60,28 +65,45 @@ class Trajectory:
     token_versions: list[int]
     """Policy version that produced each response token (R,)."""
     finish_reason: str
-    """``stop`` (eos/stop string), ``length`` (hit response_length) or ``aborted``."""
+    """``stop`` (eos/stop string, or the environment ended the episode), ``length`` (hit a
+    token or turn budget), ``aborted`` or ``env_error`` (the environment raised)."""
     reward: float = 0.0
     """Scalar reward of the full response."""
     response_text: str = ""
     """Decoded response (what the reward function scored)."""
     reward_extras: dict[str, float] = field(default_factory=dict)
     """Other numbers the reward function returned (e.g. ``acc``), logged as ``reward/<key>``."""
+    loss_mask: list[int] | None = None
+    """1 on tokens the model sampled (trained on), 0 on observation tokens (R,); None: every
+    response token is the model's (single-turn)."""
+    episode: dict[str, float] = field(default_factory=dict)
+    """Multi-turn counts of this episode (``turns``, ``tool_calls``, ``tool_errors``,
+    ``env_s``), logged as ``agent/*``; empty for single-turn responses."""
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
         assert len(self.rollout_logprobs) == n and len(self.token_versions) == n, (
             "response_ids, rollout_logprobs and token_versions must have equal length"
         )
+        assert self.loss_mask is None or len(self.loss_mask) == n, "loss_mask length != R"
         assert self.finish_reason in FINISH_REASONS, self.finish_reason
 
     @property
+    def model_versions(self) -> list[int]:
+        """Versions of the tokens a policy sampled (observation tokens left out)."""
+        if self.loss_mask is None:
+            return self.token_versions
+        return [v for v, m in zip(self.token_versions, self.loss_mask, strict=True) if m]
+
+    @property
     def min_version(self) -> int:
-        return min(self.token_versions) if self.token_versions else -1
+        versions = self.model_versions
+        return min(versions) if versions else -1
 
     @property
     def max_version(self) -> int:
-        return max(self.token_versions) if self.token_versions else -1
+        versions = self.model_versions
+        return max(versions) if versions else -1
 
     @property
     def num_response_tokens(self) -> int:

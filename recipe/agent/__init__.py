@@ -11,8 +11,8 @@ config.py     MultiTurnConfig (rollout.multi_turn.*)
 
 from recipe.agent.context import AgentContext, TurnEngine, TurnOutput
 from recipe.agent.env_loop import EnvironmentLoop, SingleTurnEnvironment
-from recipe.agent.episode import Episode, EpisodeTokens
-from recipe.agent.interface import AgentLoop, Environment, Observation, StepResult
+from recipe.agent.episode import Episode, EpisodeTokens, Observation
+from recipe.agent.interface import AgentLoop, Environment, StepResult
 
 __all__ = [
     "AgentContext",

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from recipe.agent.config import MultiTurnConfig
-from recipe.agent.episode import Episode, EpisodeTokens
-from recipe.agent.interface import Observation
+from recipe.agent.episode import Episode, EpisodeTokens, Observation
 from recipe.agent.render import ObservationRenderer
 
 T = TypeVar("T")

@@ -16,10 +16,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-ENV_VERSION = -1
-"""``versions`` entry of a token no policy produced (prompt continuations, tool output)."""
+from recipe.protocol import ENV_TOKEN_VERSION, FINISH_REASONS, ChatMessages, Trajectory
 
-EPISODE_FINISH_REASONS = ("stop", "length", "aborted", "env_error")
+Observation = str | ChatMessages
+"""Text appended as it is, or chat messages rendered by the chat template."""
+
+ENV_VERSION = ENV_TOKEN_VERSION
+"""``versions`` entry of a token no policy produced (an observation)."""
+
+EPISODE_FINISH_REASONS = FINISH_REASONS
 """``stop``: the environment said done (or the model stopped without an environment);
 ``length``: a token or turn budget ran out; ``aborted``: dropped before the end (re-admitted);
 ``env_error``: the environment raised (reward 0)."""
@@ -103,3 +108,28 @@ class Episode:
 
     def __post_init__(self) -> None:
         assert self.finish_reason in EPISODE_FINISH_REASONS, self.finish_reason
+
+    def to_trajectory(self, prompt_uid: str, sample_index: int) -> Trajectory:
+        """This episode as the group member the rollouter scores and the trainer trains on;
+        the environment's reward (if any) is set, else the reward function scores it."""
+        tokens = self.tokens
+        return Trajectory(
+            prompt_uid=prompt_uid,
+            sample_index=sample_index,
+            prompt_ids=list(tokens.prompt_ids),
+            response_ids=list(tokens.response_ids),
+            rollout_logprobs=list(tokens.logprobs),
+            token_versions=list(tokens.versions),
+            finish_reason=self.finish_reason,
+            reward=0.0 if self.reward is None else float(self.reward),
+            response_text=self.response_text,
+            loss_mask=list(tokens.loss_mask),
+            episode={
+                "turns": float(self.num_turns),
+                "tool_calls": float(self.num_tool_calls),
+                "tool_errors": float(self.num_tool_errors),
+                "env_errors": float(self.finish_reason == "env_error"),
+                "env_s": float(sum(self.env_s)),
+                "env_reward": float(self.reward is not None),
+            },
+        )

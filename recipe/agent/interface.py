@@ -29,15 +29,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from recipe.protocol import ChatMessages, PromptRecord
-
-if TYPE_CHECKING:
-    from recipe.agent.context import AgentContext
-
-Observation = str | ChatMessages
-"""Text appended as it is, or chat messages rendered by the chat template."""
+from recipe.agent.context import AgentContext
+from recipe.agent.episode import Observation
+from recipe.protocol import PromptRecord
 
 
 @dataclass(slots=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from recipe.agent.interface import Observation
+from recipe.agent.episode import Observation
 from recipe.data.prompts import has_chat_template, render_prompt
 
 _PROBE_USER = "What is 2 + 3?"

@@ -251,7 +251,7 @@ class RequestTrace:
         done_before = {t.sample_index: t.num_response_tokens for t in request.resume or []}
         lengths = [t.num_response_tokens for t in trajectories]
         new = [t.num_response_tokens - done_before.get(t.sample_index, 0) for t in trajectories]
-        versions = sorted({v for t in trajectories for v in t.token_versions})
+        versions = sorted({v for t in trajectories for v in t.model_versions})
         finish: dict[str, int] = {}
         for traj in trajectories:
             finish[traj.finish_reason] = finish.get(traj.finish_reason, 0) + 1

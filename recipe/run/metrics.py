@@ -88,9 +88,9 @@ def _is_metric_name(key: str) -> bool:
 
 def staleness_metrics(trajs: Sequence[Trajectory], trainer_version: int) -> dict[str, float]:
     """staleness/* and partial/* of responses trained at ``trainer_version``."""
-    staleness = [trainer_version - t.min_version for t in trajs if t.token_versions]
-    token_staleness = [trainer_version - v for t in trajs for v in t.token_versions]
-    spans = [t.max_version - t.min_version for t in trajs if t.token_versions]
+    staleness = [trainer_version - t.min_version for t in trajs if t.model_versions]
+    token_staleness = [trainer_version - v for t in trajs for v in t.model_versions]
+    spans = [t.max_version - t.min_version for t in trajs if t.model_versions]
     return {
         "staleness/mean": _mean(staleness),
         "staleness/max": float(max(staleness, default=0)),
@@ -123,7 +123,7 @@ class RunTotals:
     def add(self, trajs: Sequence[Trajectory], trainer_version: int) -> None:
         for traj in trajs:
             self.num_samples += 1
-            if not traj.token_versions:
+            if not traj.model_versions:
                 continue
             staleness = trainer_version - traj.min_version
             self.staleness_sum += staleness

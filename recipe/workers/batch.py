@@ -38,7 +38,8 @@ class TrainBatch:
     position_ids_bt: torch.Tensor
     """(B, T) int64 positions 0..T-1 (right padding keeps real tokens at 0..L-1)."""
     response_mask_bt: torch.Tensor
-    """(B, T) bool, True on response tokens (the tokens that are trained on)."""
+    """(B, T) bool, True on response tokens the model sampled (the tokens trained on; a
+    multi-turn episode's observation tokens are False, though inside the sequence)."""
     rollout_logprobs_bt: torch.Tensor
     """(B, T) float32 log-probs the rollout engine reported for each response token."""
     group_index_b: torch.Tensor
@@ -72,7 +73,10 @@ class TrainBatch:
             end = num_prompt + num_resp
             input_ids_bt[row, :end] = torch.tensor(traj.prompt_ids + traj.response_ids)
             attention_mask_bt[row, :end] = 1
-            response_mask_bt[row, num_prompt:end] = True
+            if traj.loss_mask is None:
+                response_mask_bt[row, num_prompt:end] = True
+            else:  # multi-turn: observation tokens are context, not targets
+                response_mask_bt[row, num_prompt:end] = torch.tensor(traj.loss_mask) > 0
             rollout_logprobs_bt[row, num_prompt:end] = torch.tensor(
                 traj.rollout_logprobs, dtype=torch.float32
             )

@@ -265,3 +265,19 @@ def test_config_names_the_key_of_a_bad_value():
         MultiTurnConfig(enable=True)
     with pytest.raises(ValueError, match=r"rollout\.multi_turn\.observation_role"):
         MultiTurnConfig(observation_role="system")
+
+
+def test_an_episode_trains_on_model_tokens_only_and_its_versions_skip_observations(tokenizer):
+    from recipe.workers.batch import TrainBatch
+
+    engine = ScriptedEngine(tokenizer, ["calc: 2+3", "answer: 5"])
+    engine.version = 3
+    episode = _run(Calculator(), engine, tokenizer)
+    traj = episode.to_trajectory("p-0", 0)
+    assert (traj.min_version, traj.max_version, traj.reward) == (3, 3, 1.0)
+    assert traj.episode["turns"] == 2 and traj.episode["env_reward"] == 1.0
+    batch = TrainBatch.from_trajectories([traj], pad_token_id=0)
+    num_prompt = len(traj.prompt_ids)
+    mask = batch.response_mask_bt[0, num_prompt : num_prompt + len(traj.response_ids)]
+    assert mask.tolist() == [bool(m) for m in traj.loss_mask] and not all(mask.tolist())
+    assert not batch.response_mask_bt[0, :num_prompt].any()
