@@ -199,6 +199,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
                 top_k=rollout.top_k,
                 resume=resume,
                 replica=replica,
+                record=self.records[ticket.uid],
             )
             if any(t.finish_reason == "aborted" for t in trajs):
                 self._partials.append((ticket, trajs))  # cut by a pause: resumed at end_sync

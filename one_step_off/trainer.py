@@ -134,6 +134,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
                 temperature=cfg.temperature,
                 top_p=cfg.top_p,
                 top_k=cfg.top_k,
+                record=r,
             )
             for r in records
         ]

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from recipe.agent.metrics import check_env_errors
+from recipe.agent.runner import EpisodeRunner
 from recipe.algo.advantages import compute_advantages
 from recipe.config import RecipeConfig
 from recipe.data.dataset import build_datasets
@@ -70,6 +72,10 @@ class SeparateRayPPOTrainer:
         # Last: reading the model's config imports much of transformers (seconds).
         self.model = HFModelConfig.from_config(cfg.model)
         self.prompt_ids = self._encode_all(self.train_records + self.val_records)
+        if cfg.rollout.multi_turn.enable:
+            # Import paths, constructor arguments and the chat template's deltas: checked
+            # here, once, instead of inside every rollout worker.
+            EpisodeRunner(cfg.rollout.multi_turn, self.model.tokenizer, self.model.eos_token_ids)
         self.placement = Placement(cfg)
         self.device = self.placement.device
         self.version = 0
@@ -156,6 +162,13 @@ class SeparateRayPPOTrainer:
 
     def _make_batch(self, groups: list[list[Trajectory]]) -> TrainBatch:
         trajs = [t for group in groups for t in group]
+        multi_turn = self.cfg.rollout.multi_turn
+        if multi_turn.enable:
+            check_env_errors(
+                trajs,
+                multi_turn.max_env_error_ratio,
+                multi_turn.environment or multi_turn.agent_loop,
+            )
         return TrainBatch.from_trajectories(trajs, pad_token_id=self.model.pad_token_id)
 
     @traced("old_log_prob")

@@ -111,6 +111,7 @@ class RewardFunction:
         """Fill ``reward`` and ``reward_extras`` of each response to ``record`` (in place);
         ``RewardError`` naming the function and the prompt if one cannot be scored. Not for
         a thread that runs an event loop: there, await ``ascore_group``."""
+        trajs = [t for t in trajs if scored_here(t)]
         if self._custom_fn is not None and inspect.iscoroutinefunction(self._custom_fn):
             self._own_loop().run_until_complete(self.ascore_group(record, trajs))
             return
@@ -130,6 +131,7 @@ class RewardFunction:
                 raw = await self._awaited(record, traj, raw)
             return self._checked(record, traj, raw)
 
+        trajs = [t for t in trajs if scored_here(t)]
         for traj, result in zip(trajs, await asyncio.gather(*map(one, trajs)), strict=True):
             _fill(traj, result)
 
@@ -180,6 +182,12 @@ class RewardFunction:
         if self._custom_fn is not None:
             return f"reward.custom_fn={self.cfg.custom_fn!r}"
         return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def scored_here(traj: Trajectory) -> bool:
+    """Whether the reward function scores ``traj``: not a multi-turn episode whose
+    environment gave its reward, nor one that ended in an environment error (reward 0)."""
+    return not traj.episode.get("env_reward") and traj.finish_reason != "env_error"
 
 
 def _fill(traj: Trajectory, result: RewardResult) -> None:

@@ -3,7 +3,8 @@ shared by every mode. Each recipe adds what is its own (timing, queues, idle rat
 
     sample_metrics      reward/mean, reward/accuracy, reward/<key> (the extra numbers of a
                         dict result), response_length/mean, response_length/clip_ratio,
-                        throughput/samples, throughput/tokens
+                        throughput/samples, throughput/tokens, agent/* (multi-turn
+                        episodes: recipe/agent/metrics.py)
     staleness_metrics   staleness/mean|max (per response), staleness/token_mean|token_max,
                         partial/ratio, partial/max_span
     RunTotals           the same over the run, for summary.json (run_summary)
@@ -25,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from recipe.agent.metrics import agent_metrics
 from recipe.protocol import Trajectory
 
 CLIP_WARN_RATIO = 0.1
@@ -43,6 +45,7 @@ def sample_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "response_length/clip_ratio": response_clip_ratio(trajs),
         "throughput/samples": float(num),
         "throughput/tokens": float(sum(lengths) + sum(len(t.prompt_ids) for t in trajs)),
+        **agent_metrics(trajs),
     }
     return out
 

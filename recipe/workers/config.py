@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from recipe.agent.config import MultiTurnConfig
 from recipe.utils.config_check import (
     require,
     require_choice,
@@ -170,6 +171,9 @@ class RolloutConfig:
     """Extra vLLM engine args (``AsyncEngineArgs`` fields, e.g. ``max_model_len``,
     ``max_num_batched_tokens``, ``kv_cache_dtype``); they override ours. Unknown names fail
     at startup."""
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    """Multi-turn episodes with an environment or agent loop (``recipe.agent``); then
+    ``response_length`` bounds all tokens after the prompt, observations included."""
 
     def __post_init__(self) -> None:
         require_choice("rollout.backend", self.backend, ROLLOUT_BACKENDS)
@@ -198,6 +202,23 @@ class RolloutConfig:
         require_positive("rollout.cpu_kv_cache_gib", self.cpu_kv_cache_gib)
         require_positive("rollout.max_num_seqs", self.max_num_seqs)
         self.engine_kwargs = dict(self.engine_kwargs)
+        if isinstance(self.multi_turn, dict):  # built from a plain dict rather than OmegaConf
+            self.multi_turn = MultiTurnConfig(**self.multi_turn)
+        multi_turn = self.multi_turn
+        if multi_turn.enable:
+            require(
+                self.backend == "vllm",
+                "rollout.backend",
+                self.backend,
+                "'vllm' with rollout.multi_turn.enable=true (the hf backend has no episodes)",
+            )
+            require(
+                multi_turn.max_turn_tokens is None
+                or multi_turn.max_turn_tokens <= self.response_length,
+                "rollout.multi_turn.max_turn_tokens",
+                multi_turn.max_turn_tokens,
+                f"<= rollout.response_length={self.response_length} (the whole episode's budget)",
+            )
         require(
             self.backend == "vllm" or not self.engine_kwargs,
             "rollout.engine_kwargs",

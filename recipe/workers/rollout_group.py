@@ -245,6 +245,7 @@ class RolloutGroup:
                 top_p=top_p,
                 top_k=top_k,
                 training=training,
+                record=record,
             )
             for record, ids in zip(records, prompt_ids, strict=True)
         ]
@@ -263,10 +264,15 @@ class RolloutGroup:
         resume: list[Trajectory] | None = None,
         training: bool = True,
         replica: int | None = None,
+        record: PromptRecord | None = None,
     ) -> Any:
         """Start one group on ``replica`` (None: ``next_replica()``); returns its Ray
         ObjectRef; ``version`` (served now) seeds its sampling. Training groups follow
-        ``rollout.length_profile``; validation (``training=False``) always ends at EOS."""
+        ``rollout.length_profile``; validation (``training=False``) always ends at EOS.
+        ``record``: the prompt's record, which multi-turn episodes start from (required with
+        ``rollout.multi_turn.enable``)."""
+        if self.cfg.multi_turn.enable and record is None:
+            raise ValueError(f"prompt {prompt_uid!r}: multi-turn episodes need its PromptRecord")
         longtail = training and self.cfg.length_profile == "longtail"
         request = GenerationRequest(
             prompt_uid=prompt_uid,
@@ -285,6 +291,7 @@ class RolloutGroup:
             if longtail
             else None,
             ignore_eos=longtail,
+            record=record if self.cfg.multi_turn.enable else None,
         )
         index = self.next_replica() if replica is None else replica
         return self.workers[index].generate.remote(request)

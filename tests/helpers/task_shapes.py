@@ -136,6 +136,27 @@ def with_chat_template(model_dir: Path, out_dir: Path) -> Path:
     return out_dir
 
 
+# An environment file as a user writes one (recipe.agent): one check-back turn, then done;
+# no reward of its own, so the reward function scores the episode.
+CHECK_BACK_ENV = """
+from recipe.agent import Environment, StepResult
+
+class CheckBack(Environment):
+    def __init__(self, as_chat=True):
+        self.as_chat = as_chat
+
+    async def reset(self, record):
+        self.turns = 0
+        return record.prompt
+
+    async def step(self, action):
+        self.turns += 1
+        if self.turns >= 2:
+            return StepResult(done=True, info={"checked": 1.0})
+        text = "Check your answer; end with the number after ####."
+        return StepResult(observation=[{"role": "user", "content": text}] if self.as_chat else text)
+"""
+
 # Reward files as users write them (verl's signature).
 DICT_REWARD = """
 import re
@@ -163,6 +184,12 @@ RETURNS = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return {value}
 """
+
+
+def write_source(path: Path, source: str) -> Path:
+    """A user's Python file (an environment) written to ``path``."""
+    path.write_text(source)
+    return path
 
 
 def write_reward(path: Path, source: str) -> str:

@@ -163,6 +163,18 @@ def test_bad_file_or_path_fails_at_startup_naming_it(case, tmp_path):
             "set actor.n_gpus_per_node (trainer ranks per node) and rollout.n_gpus_per_node",
         ),
         (["hydra.job.env_set.FOO=1"], "+hydra.job.env_set.FOO=1"),
+        (
+            ["rollout.multi_turn.enable=true", "rollout.multi_turn.environment=retry"],
+            "'sync' or 'one_step_off' with rollout.multi_turn.enable=true",
+        ),
+        (
+            [
+                "mode=sync",
+                "rollout.multi_turn.enable=true",
+                "rollout.multi_turn.environment=recipe.agent.builtin:NoSuchEnv",
+            ],
+            "rollout.multi_turn.environment='recipe.agent.builtin:NoSuchEnv'",
+        ),
     ],
     ids=[
         "negative staleness",
@@ -176,6 +188,8 @@ def test_bad_file_or_path_fails_at_startup_naming_it(case, tmp_path):
         "verl key",
         "verl key with no one-to-one equivalent",
         "missing + on a hydra key",
+        "multi-turn in fully_async",
+        "unknown environment class",
     ],
 )
 def test_invalid_knob_fails_at_startup_naming_the_key(overrides, named, tmp_path):

@@ -14,9 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from recipe.agent.config import MultiTurnConfig
 from recipe.model import HFModelConfig, ModelConfig
+from recipe.protocol import PromptRecord
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout import GenerationRequest, make_rollout_worker_cls
+from tests.helpers import agent_envs
 
 pytestmark = pytest.mark.integration
 logger = logging.getLogger(__name__)
@@ -27,6 +30,8 @@ PROMPTS = {"a": [5, 17, 42, 9, 64], "b": [100, 3, 250, 7], "c": [33, 34, 35, 36,
 # to logits of magnitude ~10. 1e-4 on the mean is ~10x what we measure and still far
 # below any real policy mismatch (a bf16 engine, a stale weight, a wrong token shift all
 # give >= 1e-2).
+TURN_TOKENS = 300
+"""Tokens of one episode turn (the random model never ends a turn by itself)."""
 MEAN_ABS_LOGPROB_TOL = 1e-4
 MAX_ABS_LOGPROB_TOL = 1e-3
 
@@ -37,9 +42,23 @@ def worker(ray_for_module, rollout_model_path):
     ray = ray_for_module
     actor_cls = ray.remote(num_cpus=1)(make_rollout_worker_cls("vllm"))
     started = time.perf_counter()
+    # Multi-turn on: requests that carry a PromptRecord run episodes of FixedTurns, the
+    # others stay single responses.
+    multi_turn = MultiTurnConfig(
+        enable=True,
+        environment=f"{agent_envs.PATH}:FixedTurns",
+        environment_kwargs={"step_s": 0.0},
+        max_turn_tokens=TURN_TOKENS,
+    )
     actor = actor_cls.remote(
         ModelConfig(path=str(rollout_model_path)),
-        RolloutConfig(backend="vllm", cpu_kv_cache_gib=1, max_num_seqs=32),
+        RolloutConfig(
+            backend="vllm",
+            cpu_kv_cache_gib=1,
+            max_num_seqs=32,
+            response_length=1000,
+            multi_turn=multi_turn,
+        ),
     )
     assert ray.get(actor.get_version.remote(), timeout=300) == 0
     logger.warning("vLLM rollout actor ready in %.1f s", time.perf_counter() - started)
@@ -168,6 +187,47 @@ def test_groups_generate_concurrently_and_logprobs_match_transformers(
     assert diffs.mean() < MEAN_ABS_LOGPROB_TOL and diffs.max() < MAX_ABS_LOGPROB_TOL
 
 
+def _episode_request(uid: str, budget: int, *, seed: int = 5) -> GenerationRequest:
+    record = PromptRecord(uid, "the quick brown", "x", "arithmetic")
+    return GenerationRequest(uid, PROMPTS["a"], n=2, max_tokens=budget, seed=seed, record=record)
+
+
+def _env_segments(traj) -> list[list[int]]:
+    segments, current = [], []
+    for token, mask in zip(traj.response_ids, traj.loss_mask, strict=True):
+        if mask == 0:
+            current.append(token)
+        elif current:
+            segments.append(current)
+            current = []
+    return segments + ([current] if current else [])
+
+
+def test_episodes_append_observations_unrendered_and_logprobs_match_over_the_whole_sequence(
+    ray_for_module, worker, hf_model, rollout_model_path
+):
+    """Three model turns with two observations between them; the engine's log-probs of
+    model tokens equal a transformers forward over the whole sequence."""
+    ray = ray_for_module
+    tokenizer = HFModelConfig(rollout_model_path).tokenizer
+    version = ray.get(worker.get_version.remote())
+    group = ray.get(worker.generate.remote(_episode_request("ep", 1000)), timeout=120)
+    prompt = tokenizer.encode("the quick brown", add_special_tokens=False)
+    for traj in group:
+        assert traj.prompt_ids == prompt  # the environment's first observation
+        assert (traj.finish_reason, traj.reward, traj.episode["turns"]) == ("stop", 1.0, 3.0)
+        observations = [tokenizer.encode(f" obs{k}:", add_special_tokens=False) for k in (1, 2)]
+        assert _env_segments(traj) == observations
+        for token_lp, version_of, mask in zip(
+            traj.rollout_logprobs, traj.token_versions, traj.loss_mask, strict=True
+        ):
+            assert (version_of, token_lp == 0.0) == ((version, False) if mask else (-1, True))
+        reference = _teacher_forced(hf_model, traj.prompt_ids, traj.response_ids)
+        model_rows = torch.tensor(traj.loss_mask, dtype=torch.bool)
+        diffs = (torch.tensor(traj.rollout_logprobs) - reference)[model_rows].abs()
+        assert diffs.mean() < MEAN_ABS_LOGPROB_TOL and diffs.max() < MAX_ABS_LOGPROB_TOL
+
+
 def test_weight_update_changes_greedy_outputs_and_reloading_restores_them(
     ray_for_module, worker, hf_model, rollout_model_path, tmp_path
 ):
@@ -260,3 +320,45 @@ def test_per_response_budgets_with_eos_ignored_give_exact_lengths(ray_for_module
     assert [t.num_response_tokens for t in group] == budgets
     assert all(t.finish_reason == "length" for t in group)
     assert all(len(t.rollout_logprobs) == t.num_response_tokens for t in group)
+
+
+def test_a_pause_inside_an_episode_turn_continues_it_on_the_new_weights(
+    ray_for_module, worker, hf_model, rollout_model_path, tmp_path
+):
+    """A weight update while an episode's model turn runs: the turn goes on after the
+    update from its tokens so far (one turn, two versions); the episode is not cut."""
+    ray = ray_for_module
+    eos_ids = HFModelConfig(rollout_model_path).eos_token_ids
+    version = ray.get(worker.get_version.remote())
+    ref = worker.generate.remote(_episode_request("ep-sync", 1000, seed=7))
+    time.sleep(1.0)
+    ray.get(worker.pause.remote(), timeout=60)
+    ready, _ = ray.wait([ref], timeout=1.0)
+    assert not ready, "an episode returned at a pause: its turn should wait for the weights"
+    perturbed = _perturbed_file(hf_model, tmp_path / "episode_next.safetensors")
+    ray.get(worker.update_weights_from_file.remote(str(perturbed), version + 1), timeout=120)
+    ray.get(worker.resume.remote())
+    group = ray.get(ref, timeout=120)
+    for traj in group:
+        assert (traj.finish_reason, traj.episode["turns"]) == ("stop", 3.0)
+        assert len(_env_segments(traj)) == 2
+        turns = _model_turns(traj)
+        assert len(turns) == 3  # the cut turn was not split into two
+        for ids, _ in turns:  # each ran to its end: its budget or EOS, also the cut one
+            assert len(ids) == TURN_TOKENS or ids[-1] in eos_ids
+        assert sum(set(versions) == {version, version + 1} for _, versions in turns) == 1
+        assert (traj.min_version, traj.max_version) == (version, version + 1)
+
+
+def _model_turns(traj) -> list[tuple[list[int], list[int]]]:
+    """(token ids, versions) of each model turn, turn by turn."""
+    turns: list[tuple[list[int], list[int]]] = [([], [])]
+    for token, version, mask in zip(
+        traj.response_ids, traj.token_versions, traj.loss_mask, strict=True
+    ):
+        if mask:
+            turns[-1][0].append(token)
+            turns[-1][1].append(version)
+        elif turns[-1][0]:
+            turns.append(([], []))
+    return turns

@@ -13,6 +13,10 @@ cover several shapes at once, so the tier costs three engine starts:
     one_step_off  jsonl, chat messages joined without a template, an ``async def`` reward
                   returning a float
 
+sync and one_step_off run every response as a two-turn episode of an environment loaded
+from a user's file (``rollout.multi_turn``): chat-message observations rendered as template
+deltas in sync, text observations without a template in one_step_off.
+
 Reward functions that fail (raise on one row, return NaN, return None) run on the ``hf``
 backend: the failure is the reward path's, and that backend starts in seconds. Every
 successful run must end with ``prompts/admitted == prompts/trained`` and one ledger line
@@ -87,6 +91,7 @@ def test_sync_chat_template_gsm8k_long_prompts_over_the_token_budget_dict_reward
     )
     val = shapes.write_jsonl(tmp_path / "gsm8k_test.jsonl", shapes.gsm8k_rows(8, 2))
     reward = shapes.write_reward(tmp_path / "dict_reward.py", shapes.DICT_REWARD)
+    env = shapes.write_source(tmp_path / "check_back_env.py", shapes.CHECK_BACK_ENV)
     run_dir = tmp_path / "run"
     summary, recipe = run(
         run_dir,
@@ -100,6 +105,7 @@ def test_sync_chat_template_gsm8k_long_prompts_over_the_token_budget_dict_reward
             "actor.ppo_mini_batch_size=12",
             "rollout.n=8",
             "rollout.response_length=256",
+            *multi_turn(env, max_turn_tokens=96, as_chat=True),
             "trainer.total_training_steps=2",
             "trainer.test_freq=2",
             *ENGINE,
@@ -121,6 +127,7 @@ def test_sync_chat_template_gsm8k_long_prompts_over_the_token_budget_dict_reward
         assert {"reward/acc", "reward/has_number"} <= record.keys()
         assert "reward/pred" not in record
     assert 0.0 <= steps[-1]["response/clip_ratio"] <= 1.0  # from the final validation
+    check_two_turn_episodes(steps)
 
 
 def test_fully_async_parquet_plain_strings_math_and_gsm8k_scorers_responses_cut_by_syncs(
@@ -161,6 +168,7 @@ def test_one_step_off_chat_messages_without_template_and_an_async_float_reward(
     train = shapes.write_jsonl(tmp_path / "chat_train.jsonl", shapes.gsm8k_rows(16, 5))
     val = shapes.write_jsonl(tmp_path / "chat_test.jsonl", shapes.gsm8k_rows(4, 6, chat="none"))
     reward = shapes.write_reward(tmp_path / "async_reward.py", shapes.ASYNC_REWARD)
+    env = shapes.write_source(tmp_path / "check_back_env.py", shapes.CHECK_BACK_ENV)
     run_dir = tmp_path / "run"
     summary, _ = run(
         run_dir,
@@ -172,7 +180,8 @@ def test_one_step_off_chat_messages_without_template_and_an_async_float_reward(
             "data.train_batch_size=4",
             "actor.ppo_mini_batch_size=4",
             "rollout.n=4",
-            "rollout.response_length=64",
+            "rollout.response_length=96",  # two turns of 16 around a 52-token observation
+            *multi_turn(env, max_turn_tokens=16, as_chat=False),
             "trainer.total_training_steps=3",
             "trainer.test_freq=0",
             *ENGINE,
@@ -187,6 +196,26 @@ def test_one_step_off_chat_messages_without_template_and_an_async_float_reward(
             "reward/accuracy",
         }
     assert summary["staleness/max"] == 1
+    check_two_turn_episodes(steps)
+
+
+def multi_turn(env: Path, *, max_turn_tokens: int, as_chat: bool) -> list[str]:
+    """Overrides that run each response as a CheckBack episode from the user's file."""
+    return [
+        "rollout.multi_turn.enable=true",
+        f"rollout.multi_turn.environment={env}:CheckBack",
+        f"+rollout.multi_turn.environment_kwargs.as_chat={str(as_chat).lower()}",
+        f"rollout.multi_turn.max_turn_tokens={max_turn_tokens}",
+    ]
+
+
+def check_two_turn_episodes(steps: list[dict[str, Any]]) -> None:
+    """Every episode took its check-back turn: two model turns around an observation that
+    is not trained on, and none failed."""
+    for record in steps:
+        assert record["agent/turns_mean"] == 2.0 and record["agent/finish_stop"] == 1.0, record
+        assert 0.0 < record["agent/model_token_ratio"] < 1.0
+        assert record["agent/env_errors"] == 0.0
 
 
 # ---- reward functions that fail: the run stops naming the function, its file and the row

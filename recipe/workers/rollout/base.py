@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recipe.observability.trace import RequestTrace
-from recipe.protocol import Trajectory
+from recipe.protocol import PromptRecord, Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +65,10 @@ class GenerationRequest:
     ``max_tokens``."""
     ignore_eos: bool = False
     """Keep generating past EOS until the budget is spent (fixed-length benchmark workloads)."""
+    record: PromptRecord | None = None
+    """The prompt's record; with ``rollout.multi_turn.enable`` each response is an episode
+    of the environment started from it (``recipe.agent``), ``max_tokens`` its budget of
+    tokens after the prompt."""
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -235,6 +239,12 @@ class RolloutWorker(ABC):
 
     def is_paused(self) -> bool:
         return self._paused
+
+    async def wait_until_running(self) -> None:
+        """Return once the worker is RUNNING (at once if it is)."""
+        while self._paused:
+            await self._running.wait()
+            self._check_open()
 
     async def check_health(self) -> None:
         """Return if the engine can serve; raise if it cannot (e.g. its process died). The

@@ -27,6 +27,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from recipe.agent.context import TurnOutput
+from recipe.agent.runner import EpisodeRunner
 from recipe.model import HFModelConfig, ModelConfig
 from recipe.protocol import Trajectory
 from recipe.workers.config import RolloutConfig
@@ -36,6 +38,7 @@ from recipe.workers.rollout.base import (
     SampleJob,
     finish_job,
     plan_group,
+    sample_seed,
 )
 from recipe.workers.rollout.engine_log import (
     engine_output_to,
@@ -70,6 +73,11 @@ class VLLMRolloutWorker(RolloutWorker):
         self._config = config
         self._in_flight: set[asyncio.Task] = set()
         self._log_path = Path(log_path) if log_path else None
+        self._episodes = (
+            EpisodeRunner(config.multi_turn, self._tokenizer, self._stop_ids)
+            if config.multi_turn.enable
+            else None
+        )
         _prepare_cpu_env(config)
         start = time.perf_counter()
         with engine_output_to(self._log_path):
@@ -117,6 +125,13 @@ class VLLMRolloutWorker(RolloutWorker):
         return AsyncEngineArgs(**{k: v for k, v in kwargs.items() if k in known})
 
     async def _generate_group(self, request: GenerationRequest) -> list[Trajectory]:
+        if self._episodes is not None and request.record is not None:
+            return await self._episodes.run_group(
+                _RequestTurns(self, request),
+                request.record,
+                budgets=[request.budget(i) for i in range(request.n)],
+                seeds=[sample_seed(request.seed, i, 0) for i in range(request.n)],
+            )
         plan = plan_group(request)
         tasks: dict[int, asyncio.Task] = {}
         for item in plan:
@@ -138,34 +153,47 @@ class VLLMRolloutWorker(RolloutWorker):
         ]
 
     async def _run_job(self, request: GenerationRequest, job: SampleJob) -> Trajectory:
+        ids, logprobs, versions, finish = await self._stream(
+            request, job.context_ids, job.max_new_tokens, job.seed, f"{job.sample_index}"
+        )
+        return finish_job(request, job, ids, logprobs, versions, finish, self._tokenizer)
+
+    async def _stream(
+        self,
+        request: GenerationRequest,
+        context_ids: list[int],
+        max_new_tokens: int,
+        seed: int | None,
+        tag: str,
+    ) -> tuple[list[int], list[float], list[int], str]:
+        """One engine request: (token ids, their log-probs, their versions, finish reason);
+        a pause ends it as ``aborted`` with the tokens it had."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         delta = self._config.stream_tokens
         params = SamplingParams(
             n=1,
-            max_tokens=job.max_new_tokens,
+            max_tokens=max_new_tokens,
             temperature=request.temperature,
             top_p=request.top_p,
             top_k=request.top_k,
-            seed=job.seed,
+            seed=seed,
             logprobs=0,  # only the sampled token's logprob
             stop_token_ids=[] if request.ignore_eos else self._stop_ids,
             ignore_eos=request.ignore_eos,
-            detokenize=False,  # finish_job decodes the whole response once
+            detokenize=False,  # the caller decodes once
             output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY,
         )
-        request_id = f"{request.prompt_uid}-{job.sample_index}-{uuid.uuid4().hex[:12]}"
+        request_id = f"{request.prompt_uid}-{tag}-{uuid.uuid4().hex[:12]}"
         ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
         finish = "aborted"
         try:
             if self._paused:  # paused between planning and this task's first step
-                return finish_job(request, job, ids, logprobs, versions, finish, self._tokenizer)
-            stream = self._engine.generate(
-                {"prompt_token_ids": job.context_ids}, params, request_id
-            )
+                return ids, logprobs, versions, finish
+            stream = self._engine.generate({"prompt_token_ids": context_ids}, params, request_id)
             async for out in stream:
                 completion = out.outputs[0]
                 new_ids = list(completion.token_ids)
@@ -184,7 +212,21 @@ class VLLMRolloutWorker(RolloutWorker):
             if not self._paused:
                 raise
             # Cancelled by pause(): keep the tokens received so far as an aborted partial.
-        return finish_job(request, job, ids, logprobs, versions, finish, self._tokenizer)
+        return ids, logprobs, versions, finish
+
+    async def _turn(
+        self, request: GenerationRequest, context_ids: list[int], max_tokens: int, seed: int | None
+    ) -> TurnOutput:
+        """One model turn of an episode (``recipe.agent``), tracked like any request so a
+        pause aborts it; waits first while the worker is paused."""
+        await self.wait_until_running()
+        task = asyncio.create_task(
+            self._stream(request, list(context_ids), max_tokens, seed, "turn")
+        )
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+        ids, logprobs, versions, finish = await task
+        return TurnOutput(ids, logprobs, versions, finish)
 
     async def _abort_in_flight(self) -> None:
         native = await self._pause_engine()
@@ -326,3 +368,18 @@ def _prepare_cpu_env(config: RolloutConfig) -> None:
             "rollout.cpu_kv_cache_gib=%s rounded up to %d GiB", config.cpu_kv_cache_gib, gib
         )
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
+
+
+class _RequestTurns:
+    """The ``TurnEngine`` of one request's episodes: turns sample with its settings."""
+
+    def __init__(self, worker: VLLMRolloutWorker, request: GenerationRequest):
+        self._worker, self._request = worker, request
+
+    async def generate_turn(
+        self, context_ids: list[int], max_tokens: int, seed: int | None
+    ) -> TurnOutput:
+        return await self._worker._turn(self._request, context_ids, max_tokens, seed)
+
+    async def wait_until_running(self) -> None:
+        await self._worker.wait_until_running()

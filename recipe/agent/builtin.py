@@ -1,0 +1,55 @@
+"""Built-in environments, named in ``rollout.multi_turn.environment``.
+
+``retry``: a wrong answer gets feedback and another turn (``RetryWithFeedback``). It scores
+with the reward registry's scorer of the record's ``data_source`` (the same scorer the
+single-turn task uses), so it runs on any dataset the registry knows, the default
+arithmetic one included: ``rollout.multi_turn.enable=true rollout.multi_turn.environment=retry``.
+"""
+
+from __future__ import annotations
+
+from recipe.agent.episode import Observation
+from recipe.agent.interface import Environment, StepResult
+from recipe.protocol import PromptRecord
+from recipe.reward.registry import get_scorer
+
+
+class RetryWithFeedback(Environment):
+    """Up to ``max_attempts`` answers; the first right one ends the episode with reward
+    ``decay ** (attempt - 1)``, a wrong one is answered with ``feedback`` (``{prompt}`` is
+    the question again, for plain-string prompts), and the last wrong one ends it with 0."""
+
+    def __init__(self, max_attempts: int = 3, decay: float = 0.5, feedback: str = "\n{prompt}"):
+        if max_attempts < 1:
+            raise ValueError(f"RetryWithFeedback(max_attempts={max_attempts}): allowed >= 1")
+        if not 0 <= decay <= 1:
+            raise ValueError(f"RetryWithFeedback(decay={decay}): allowed in [0, 1]")
+        self.max_attempts, self.decay, self.feedback = max_attempts, decay, feedback
+        self._record: PromptRecord | None = None
+        self._attempt = 0
+
+    async def reset(self, record: PromptRecord) -> Observation:
+        self._record, self._attempt = record, 0
+        return record.prompt
+
+    async def step(self, action: str) -> StepResult:
+        record = self._record
+        assert record is not None, "step() before reset()"
+        self._attempt += 1
+        score = get_scorer(record.data_source)(
+            record.data_source, action, record.ground_truth, record.extra_info
+        )
+        correct = float(score) >= 1.0
+        info = {"attempts": float(self._attempt), "correct": float(correct)}
+        if correct:
+            return StepResult(reward=self.decay ** (self._attempt - 1), done=True, info=info)
+        if self._attempt >= self.max_attempts:
+            return StepResult(reward=0.0, done=True, info=info)
+        question = record.prompt if isinstance(record.prompt, str) else "Wrong, try again."
+        return StepResult(observation=self.feedback.format(prompt=question), info=info)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"attempt": self._attempt}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._attempt = int(state["attempt"])

@@ -1,0 +1,59 @@
+"""Metrics of a step's multi-turn episodes, and the stop when too many environments fail.
+
+agent/turns_mean, agent/tool_calls_mean     per episode
+agent/tool_errors, agent/env_errors         counts over the step
+agent/env_s_p50, agent/env_s_p99            environment seconds per episode
+agent/finish_<reason>                       share of episodes per finish reason
+agent/model_token_ratio                     model tokens / all tokens after the prompts
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from recipe.protocol import Trajectory
+
+
+def agent_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """The ``agent/*`` metrics of the episodes among ``trajs`` (empty without episodes)."""
+    episodes = [t for t in trajs if t.episode]
+    if not episodes:
+        return {}
+    num = len(episodes)
+    env_s = sorted(t.episode.get("env_s", 0.0) for t in episodes)
+    model = sum(sum(t.loss_mask or []) for t in episodes)
+    total = sum(t.num_response_tokens for t in episodes)
+    out = {
+        "agent/turns_mean": sum(t.episode.get("turns", 0.0) for t in episodes) / num,
+        "agent/tool_calls_mean": sum(t.episode.get("tool_calls", 0.0) for t in episodes) / num,
+        "agent/tool_errors": sum(t.episode.get("tool_errors", 0.0) for t in episodes),
+        "agent/env_errors": float(sum(t.finish_reason == "env_error" for t in episodes)),
+        "agent/env_s_p50": _quantile(env_s, 0.5),
+        "agent/env_s_p99": _quantile(env_s, 0.99),
+        "agent/model_token_ratio": model / total if total else 0.0,
+    }
+    for reason, count in sorted(Counter(t.finish_reason for t in episodes).items()):
+        out[f"agent/finish_{reason}"] = count / num
+    return out
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+class EnvironmentFailureError(RuntimeError):
+    """Too many of one step's episodes ended in an environment error."""
+
+
+def check_env_errors(trajs: Sequence[Trajectory], max_ratio: float, environment: str) -> None:
+    """Raise (one line naming the environment and a prompt uid) when more than ``max_ratio``
+    of the episodes among ``trajs`` ended in ``env_error``."""
+    episodes = [t for t in trajs if t.episode]
+    failed = [t for t in episodes if t.finish_reason == "env_error"]
+    if episodes and len(failed) / len(episodes) > max_ratio:
+        raise EnvironmentFailureError(
+            f"{len(failed)} of {len(episodes)} episodes of this step ended in an error of "
+            f"environment {environment} (more than rollout.multi_turn.max_env_error_ratio="
+            f"{max_ratio:g}), e.g. on prompt {failed[0].prompt_uid!r}"
+        )

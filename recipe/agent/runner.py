@@ -1,0 +1,63 @@
+"""``EpisodeRunner``: the n episodes of one prompt group, on one engine, concurrently.
+
+    rollout worker --run_group(engine, record, budgets, seeds)--> n x (fresh AgentLoop, ctx)
+                   <--n Trajectories (one sequence each, loss mask, per-token versions)--
+
+Every episode gets its own agent loop (and so its own environment object), its own token
+budget (``rollout.response_length``, or a benchmark's per-sample budget) and sampling seed.
+The episodes of a group and of all groups on the worker interleave on its event loop: one
+episode's environment step never blocks another's model turn. An agent loop that raises ends
+only its own episode (``env_error``, reward 0); cancellation (the worker shutting down)
+propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from recipe.agent.config import MultiTurnConfig
+from recipe.agent.context import AgentContext, TurnEngine
+from recipe.agent.env_loop import one_line
+from recipe.agent.episode import Episode
+from recipe.agent.loading import agent_loop_factory
+from recipe.agent.render import ObservationRenderer
+from recipe.protocol import PromptRecord, Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+class EpisodeRunner:
+    """Builds agent loops from ``rollout.multi_turn`` and runs groups of episodes."""
+
+    def __init__(self, config: MultiTurnConfig, tokenizer: Any, eos_token_ids: list[int]):
+        self.config = config
+        self.make_loop = agent_loop_factory(config)
+        self.renderer = ObservationRenderer(tokenizer, eos_token_ids, config.observation_role)
+
+    async def run_group(
+        self,
+        engine: TurnEngine,
+        record: PromptRecord,
+        *,
+        budgets: list[int],
+        seeds: list[int | None],
+    ) -> list[Trajectory]:
+        episodes = await asyncio.gather(
+            *(self.run_episode(engine, record, b, s) for b, s in zip(budgets, seeds, strict=True))
+        )
+        return [ep.to_trajectory(record.uid, i) for i, ep in enumerate(episodes)]
+
+    async def run_episode(
+        self, engine: TurnEngine, record: PromptRecord, budget: int, seed: int | None
+    ) -> Episode:
+        ctx = AgentContext(engine, self.renderer, self.config, response_length=budget, seed=seed)
+        try:
+            await self.make_loop().run(ctx, record)
+        except Exception as exc:  # the user's loop: it ends this episode, not the run
+            logger.warning("agent loop failed on prompt %s: %s", record.uid, one_line(exc))
+            ctx.finish("env_error", f"agent loop: {one_line(exc)}")
+        if ctx.tokens is None:
+            ctx.start(record.prompt)
+        return ctx.episode()

@@ -1,0 +1,30 @@
+"""Environments the integration tests load by file path (``rollout.multi_turn.environment``),
+as a user's environment file would be."""
+
+from __future__ import annotations
+
+import asyncio
+
+from recipe.agent import Environment, StepResult
+
+PATH = __file__
+
+
+class FixedTurns(Environment):
+    """Answers every turn with `` obs<k>:`` until ``turns`` model turns were taken, then ends
+    with reward 1; a short sleep per step stands in for a tool's latency."""
+
+    def __init__(self, turns: int = 3, step_s: float = 0.01):
+        self.turns, self.step_s = turns, step_s
+        self._taken = 0
+
+    async def reset(self, record):
+        self._taken = 0
+        return record.prompt
+
+    async def step(self, action):
+        self._taken += 1
+        await asyncio.sleep(self.step_s)
+        if self._taken >= self.turns:
+            return StepResult(reward=1.0, done=True)
+        return StepResult(observation=f" obs{self._taken}:")
