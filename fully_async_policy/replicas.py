@@ -256,6 +256,11 @@ class ReplicaSupervisor:
         self.paused = False
         await self._each("resume")
 
+    async def cut_episodes_all(self) -> None:
+        """End the multi-turn episodes waiting in paused replicas, as ``aborted`` (the
+        run is stopping; ``RolloutWorker.cut_episodes``)."""
+        await self._each("cut_episodes")
+
     async def _each(self, method: str) -> None:
         """``method`` on every replica that is up, each within ``timeout_s``: a hung replica
         fails the call naming it (a sync must never wait silently)."""

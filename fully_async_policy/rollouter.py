@@ -17,9 +17,14 @@ and the prompt cursor. One event loop drives everything, so no state needs a loc
                  wait for in-flight groups to
                  finish on the old weights,
                  then pause
+               multi-turn episodes (partial_rollout=true) are not returned at a pause: the
+               engines stop serving them, their turns wait in the workers and continue on
+               the new weights (per-token versions); environment steps run on
 
 State machine: RUNNING --begin_sync--> PAUSED --end_sync--> RUNNING; any --stop()--> STOPPED.
-Invariant: while PAUSED nothing generates, so the trainer may change the engines' weights.
+Invariant: while PAUSED no engine request runs, so the trainer may change the engines'
+weights (episodes in flight wait inside the workers; single-turn groups came back as
+partials).
 Checkpoints use the same pause: ``snapshot()`` (after the push, before ``end_sync``) is then
 the rollouter's whole state; ``restore()`` loads it before ``run()``, and the trainer replays
 ``end_sync`` (fully_async_policy/snapshot.py).
@@ -266,7 +271,10 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         num_drained = 0
         if self.cfg.async_training.partial_rollout:
             await self.replicas.pause_all()
-            await self._quiet.wait()
+            if not self.cfg.rollout.multi_turn.enable:
+                await self._quiet.wait()
+            # Episodes (recipe.agent) stay in flight: their engine requests ended with the
+            # pause, their turns continue on the new weights, environment steps go on.
         else:
             num_drained = len(self._in_flight)
             await self._quiet.wait()
@@ -390,6 +398,8 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         self._wake.set()
         await self.validation.finish()
         await self.replicas.pause_all()
+        if self.cfg.rollout.multi_turn.enable:  # episodes wait in paused workers: end them
+            await self.replicas.cut_episodes_all()
         await self._loop_done.wait()
         await self.replicas.resume_all()
         unreleased = [t.uid for t in self.admission.unreleased()]

@@ -146,11 +146,15 @@ class RecipeConfig:
     def __post_init__(self) -> None:
         require_choice("mode", self.mode, MODES)
         require(
-            not (self.rollout.multi_turn.enable and self.mode == "fully_async"),
-            "mode",
-            self.mode,
-            "'sync' or 'one_step_off' with rollout.multi_turn.enable=true (episodes across the "
-            "weight syncs of mode=fully_async are not supported yet)",
+            not (
+                self.rollout.multi_turn.enable
+                and self.mode == "fully_async"
+                and self.trainer.save_freq > 0
+            ),
+            "trainer.save_freq",
+            self.trainer.save_freq,
+            "0 with rollout.multi_turn.enable=true in mode=fully_async (checkpoints of "
+            "episodes in flight are not supported yet)",
         )
         self._check_batches()
         self._warn_unused_knobs()

@@ -54,6 +54,11 @@ class TurnEngine(Protocol):
     async def wait_until_running(self) -> None: ...
 
 
+class EpisodeCut(Exception):
+    """Raised by ``TurnEngine.wait_until_running`` when the worker stops for good while an
+    episode waits for it: the episode ends as ``aborted`` (kept in the ledger, not lost)."""
+
+
 class EnvTimeoutError(TimeoutError):
     """An environment call ran past ``rollout.multi_turn.step_timeout_s``."""
 

@@ -18,7 +18,7 @@ import logging
 from typing import Any
 
 from recipe.agent.config import MultiTurnConfig
-from recipe.agent.context import AgentContext, TurnEngine
+from recipe.agent.context import AgentContext, EpisodeCut, TurnEngine
 from recipe.agent.env_loop import one_line
 from recipe.agent.episode import Episode
 from recipe.agent.loading import agent_loop_factory
@@ -55,6 +55,8 @@ class EpisodeRunner:
         ctx = AgentContext(engine, self.renderer, self.config, response_length=budget, seed=seed)
         try:
             await self.make_loop().run(ctx, record)
+        except EpisodeCut:
+            ctx.finish("aborted")
         except Exception as exc:  # the user's loop: it ends this episode, not the run
             logger.warning("agent loop failed on prompt %s: %s", record.uid, one_line(exc))
             ctx.finish("env_error", f"agent loop: {one_line(exc)}")

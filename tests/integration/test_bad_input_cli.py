@@ -164,8 +164,12 @@ def test_bad_file_or_path_fails_at_startup_naming_it(case, tmp_path):
         ),
         (["hydra.job.env_set.FOO=1"], "+hydra.job.env_set.FOO=1"),
         (
-            ["rollout.multi_turn.enable=true", "rollout.multi_turn.environment=retry"],
-            "'sync' or 'one_step_off' with rollout.multi_turn.enable=true",
+            [
+                "rollout.multi_turn.enable=true",
+                "rollout.multi_turn.environment=retry",
+                "trainer.save_freq=5",
+            ],
+            "trainer.save_freq=5 is invalid: allowed 0 with rollout.multi_turn.enable=true",
         ),
         (
             [
@@ -188,7 +192,7 @@ def test_bad_file_or_path_fails_at_startup_naming_it(case, tmp_path):
         "verl key",
         "verl key with no one-to-one equivalent",
         "missing + on a hydra key",
-        "multi-turn in fully_async",
+        "multi-turn checkpoints in fully_async",
         "unknown environment class",
     ],
 )

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.helpers import agent_envs
 from tests.helpers.runs import assert_ledger_balances, build_recipe, read_metrics, spy_on_groups
 from tests.helpers.trace_checks import TOLERANCE_US, load_checked, requests, slices
 
@@ -120,6 +121,57 @@ def test_partial_rollout_spans_versions_within_the_staleness_bound_and_loses_no_
     assert summary["partial/ratio"] > 0
     assert_ledger_balances(ledger)
     assert summary["prompts/admitted"] == len(ledger["admitted"]) == 32
+
+
+def test_multi_turn_episodes_span_syncs_with_cut_turns_continued_on_the_new_weights(
+    rollout_model_path, tmp_path
+):
+    """Three-turn episodes of an environment loaded from a file, on a slow engine: syncs
+    pause the engine mid-turn; the turn continues on the new weights (one turn, two
+    versions), observations stay masked and unversioned, and no prompt is lost."""
+    turn_tokens = 10
+    overrides = SMALL | {
+        "model.path": str(rollout_model_path),
+        "rollout.response_length": 3 * turn_tokens + 12,  # + two " obs<k>:" observations
+        "rollout.max_num_seqs": 4,
+        "rollout.multi_turn.enable": True,
+        "rollout.multi_turn.environment": f"{agent_envs.PATH}:FixedTurns",
+        "rollout.multi_turn.environment_kwargs": {"step_s": 0.0},
+        "rollout.multi_turn.max_turn_tokens": turn_tokens,
+        "trainer.total_training_steps": 6,
+    }
+    recipe = build_recipe(tmp_path / "run", PRESET, overrides)
+    seen = spy_on_groups(recipe)
+    try:
+        summary = recipe.fit()
+        ledger = recipe.ledger
+    finally:
+        recipe.close()
+    trajs = [t for _, groups in seen for g in groups for t in g.trajectories]
+    assert all(t.finish_reason == "stop" and t.episode["turns"] == 3.0 for t in trajs)
+    cut_turns = 0
+    for traj in trajs:
+        turns = _turn_versions(traj)
+        assert len(turns) == 3
+        cut_turns += sum(len(set(versions)) > 1 for versions in turns)
+        assert traj.model_versions == sorted(traj.model_versions)
+        env = [v for v, m in zip(traj.token_versions, traj.loss_mask, strict=True) if not m]
+        assert env and set(env) == {-1}
+    assert cut_turns > 0, "no model turn was cut by a sync"
+    assert summary["staleness/max"] <= summary["staleness/bound"]
+    assert_ledger_balances(ledger)
+    steps = read_metrics(tmp_path / "run")
+    assert all(r["agent/turns_mean"] == 3.0 and r["agent/env_errors"] == 0 for r in steps)
+
+
+def _turn_versions(traj) -> list[list[int]]:
+    turns: list[list[int]] = [[]]
+    for version, mask in zip(traj.token_versions, traj.loss_mask, strict=True):
+        if mask:
+            turns[-1].append(version)
+        elif turns[-1]:
+            turns.append([])
+    return turns
 
 
 def test_without_partial_rollout_a_sync_waits_for_groups_to_finish_on_the_old_weights(

@@ -32,6 +32,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+from recipe.agent.context import EpisodeCut
 from recipe.observability.trace import RequestTrace
 from recipe.protocol import PromptRecord, Trajectory
 
@@ -225,6 +226,7 @@ class RolloutWorker(ABC):
         # Set while RUNNING; generate() waits on it so a paused worker starts no new work.
         self._running = asyncio.Event()
         self._running.set()
+        self._cut = asyncio.Event()  # set by cut_episodes(): waiting episodes end
         self._requests = RequestTrace()  # one trace slice per generate() call
         self._num_finished = 0  # responses that ended at EOS or their budget (not aborted)
 
@@ -241,10 +243,24 @@ class RolloutWorker(ABC):
         return self._paused
 
     async def wait_until_running(self) -> None:
-        """Return once the worker is RUNNING (at once if it is)."""
+        """Return once the worker is RUNNING (at once if it is); ``EpisodeCut`` when
+        ``cut_episodes`` ends the wait instead."""
         while self._paused:
-            await self._running.wait()
+            if self._cut.is_set():
+                raise EpisodeCut("the rollout worker stopped while the episode waited")
+            running = asyncio.ensure_future(self._running.wait())
+            cut = asyncio.ensure_future(self._cut.wait())
+            _, pending = await asyncio.wait({running, cut}, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
             self._check_open()
+
+    async def cut_episodes(self) -> None:
+        """End the multi-turn episodes waiting for this PAUSED worker (they finish as
+        ``aborted``); the next ``resume`` lets new episodes wait again."""
+        self._check_open()
+        if self._paused:
+            self._cut.set()
 
     async def check_health(self) -> None:
         """Return if the engine can serve; raise if it cannot (e.g. its process died). The
@@ -317,6 +333,7 @@ class RolloutWorker(ABC):
         """Start scheduling again; generate() calls waiting on the pause go ahead."""
         self._check_open()
         self._paused = False
+        self._cut.clear()
         self._running.set()
 
     async def update_weights_from_file(self, path: str, version: int) -> None:
