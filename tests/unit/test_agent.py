@@ -5,6 +5,7 @@ chat-template deltas, budgets and loading from import paths."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -281,3 +282,22 @@ def test_an_episode_trains_on_model_tokens_only_and_its_versions_skip_observatio
     mask = batch.response_mask_bt[0, num_prompt : num_prompt + len(traj.response_ids)]
     assert mask.tolist() == [bool(m) for m in traj.loss_mask] and not all(mask.tolist())
     assert not batch.response_mask_bt[0, :num_prompt].any()
+
+
+def test_the_readme_environment_runs_its_tool_and_counts_a_tool_error(tmp_path, tokenizer):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    source = readme.split("```python\n# my_env.py\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "my_env.py"
+    path.write_text(source)
+    config = MultiTurnConfig(
+        enable=True, environment=f"{path}:Calculator", environment_kwargs={"max_calls": 2}
+    )
+    record = PromptRecord("p-1", "What is 12*7?", "84", "arithmetic")
+    renderer = ObservationRenderer(tokenizer, [tokenizer.eos_token_id])
+    engine = ScriptedEngine(tokenizer, ["calc: 1/0", "calc: 12*7", "answer: 84"])
+    ctx = AgentContext(engine, renderer, config, response_length=200)
+    asyncio.run(agent_loop_factory(config)().run(ctx, record))
+    episode = ctx.episode()
+    assert (episode.finish_reason, episode.reward, episode.num_tool_errors) == ("stop", 1.0, 1)
+    shown = tokenizer.decode([t for t, m in zip(*_pair(episode), strict=True) if m == 0])
+    assert "error: division by zero" in shown and "= 84" in shown
