@@ -78,7 +78,8 @@ class SyncPause:
     """The rollouter's answer to ``begin_sync``: generation is paused, weights may change."""
 
     num_partial_groups: int
-    """Groups cut mid-generation, to be resumed on the new weights (partial rollout)."""
+    """Groups cut mid-generation, to be resumed on the new weights (partial rollout; with
+    multi-turn episodes, the groups waiting in the workers)."""
     num_drained_groups: int
     """Groups the sync waited for to finish on the old weights (``partial_rollout=false``)."""
     pause_s: float

@@ -279,7 +279,10 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
             num_drained = len(self._in_flight)
             await self._quiet.wait()
             await self.replicas.pause_all()
-        return SyncPause(len(self._partials), num_drained, time.perf_counter() - start)
+        num_partial = len(self._partials)
+        if self.cfg.rollout.multi_turn.enable and self.cfg.async_training.partial_rollout:
+            num_partial += len(self._in_flight)  # episodes waiting in the workers
+        return SyncPause(num_partial, num_drained, time.perf_counter() - start)
 
     @traced("end_sync (resume)", tid=ROLLOUTER_TIDS["sync"], cat="sync")
     async def end_sync(self, version: int, num_trained: int) -> None:

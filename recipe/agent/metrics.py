@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from recipe.faults import RunFailure
 from recipe.protocol import Trajectory
 
 
@@ -42,8 +43,9 @@ def _quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-class EnvironmentFailureError(RuntimeError):
-    """Too many of one step's episodes ended in an environment error."""
+class EnvironmentFailureError(RunFailure):
+    """Too many of one step's episodes ended in an environment error (the run stops with
+    this one line, as for any ``RunFailure``)."""
 
 
 def check_env_errors(trajs: Sequence[Trajectory], max_ratio: float, environment: str) -> None:

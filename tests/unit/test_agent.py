@@ -301,3 +301,26 @@ def test_the_readme_environment_runs_its_tool_and_counts_a_tool_error(tmp_path, 
     assert (episode.finish_reason, episode.reward, episode.num_tool_errors) == ("stop", 1.0, 1)
     shown = tokenizer.decode([t for t, m in zip(*_pair(episode), strict=True) if m == 0])
     assert "error: division by zero" in shown and "= 84" in shown
+
+
+def test_agent_metrics_count_episodes_and_too_many_environment_errors_stop_the_run(tokenizer):
+    from recipe.agent.metrics import EnvironmentFailureError, agent_metrics, check_env_errors
+    from recipe.faults import RunFailure
+
+    ok = _run(Calculator(), ScriptedEngine(tokenizer, ["calc: 2+3", "answer: 5"]), tokenizer)
+
+    class Broken(Calculator):
+        async def step(self, action):
+            raise OSError("sandbox down")
+
+    bad = _run(Broken(), ScriptedEngine(tokenizer, ["calc: 1+1"]), tokenizer)
+    trajs = [ok.to_trajectory("p-0", 0), bad.to_trajectory("p-1", 0)]
+    metrics = agent_metrics(trajs)
+    assert metrics["agent/turns_mean"] == 1.5 and metrics["agent/env_errors"] == 1.0
+    assert metrics["agent/finish_env_error"] == metrics["agent/finish_stop"] == 0.5
+    assert 0 < metrics["agent/model_token_ratio"] < 1
+    check_env_errors(trajs, 0.5, "my_env.py:Calc")  # 1 of 2 is not more than half
+    with pytest.raises(EnvironmentFailureError, match=r"my_env\.py:Calc.*prompt 'p-1'") as err:
+        check_env_errors(trajs, 0.25, "my_env.py:Calc")
+    assert isinstance(err.value, RunFailure)
+    assert agent_metrics([]) == {}
