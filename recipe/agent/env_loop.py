@@ -6,13 +6,18 @@
             reward += result.reward; done -> "stop"; else append result.observation
 
 An environment that raises ends its episode as ``env_error`` with reward 0 and the error on
-the episode (counted by the caller); nothing else is affected. ``SingleTurnEnvironment`` is
+the episode (counted by the caller); nothing else is affected. ``reset``/``step`` written as
+plain (blocking) functions run in a worker thread. ``SingleTurnEnvironment`` is
 the one-step case: the prompt, one model turn, done, scored by the reward function.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from recipe.agent.context import AgentContext, EnvTimeoutError
 from recipe.agent.interface import AgentLoop, Environment, Observation, StepResult
@@ -34,7 +39,7 @@ class EnvironmentLoop(AgentLoop):
 
     async def run(self, ctx: AgentContext, record: PromptRecord) -> None:
         try:
-            first = await ctx.call_env(self.environment.reset(record))
+            first = await ctx.call_env(_call(self.environment.reset, record))
         except Exception as exc:  # the environment's failure ends only its own episode
             ctx.start(_fallback_prompt(record))
             ctx.finish("env_error", f"reset: {one_line(exc)}")
@@ -60,7 +65,7 @@ class EnvironmentLoop(AgentLoop):
         """One environment step; None when the environment failed (the episode is over)."""
         ctx.num_tool_calls += 1
         try:
-            result = await ctx.call_env(self.environment.step(action))
+            result = await ctx.call_env(_call(self.environment.step, action))
         except EnvTimeoutError as exc:
             ctx.num_tool_errors += 1
             return StepResult(observation=f"Error: {exc}", tool_error=True)
@@ -75,6 +80,15 @@ class EnvironmentLoop(AgentLoop):
             return None
         ctx.num_tool_errors += int(result.tool_error)
         return result
+
+
+def _call(method: Callable[[Any], Any], arg: Any) -> Awaitable[Any]:
+    """``method(arg)`` as an awaitable: a coroutine method runs on the event loop, a plain
+    (blocking) one in a worker thread, so it never stalls other episodes or the engine. A
+    thread past ``step_timeout_s`` is abandoned, not stopped: it finishes in the background."""
+    if inspect.iscoroutinefunction(method):
+        return method(arg)
+    return asyncio.to_thread(method, arg)
 
 
 def _fallback_prompt(record: PromptRecord) -> Observation:

@@ -56,8 +56,8 @@ class StepResult:
 class Environment(ABC):
     """One episode at a time: ``reset`` then ``step`` until ``done`` (see module docstring).
 
-    Methods are coroutines; a blocking tool should run in ``ctx``-free code through
-    ``asyncio.to_thread`` (or the environment's own pool) so it never blocks other episodes
+    Methods are coroutines, or plain functions when they block (a subprocess, a sandbox, a
+    synchronous client): those run in a worker thread, so they never block other episodes
     or the engine. Raising from ``reset`` or ``step`` ends the episode with finish reason
     ``env_error`` and reward 0 (counted); it does not stop the run unless more than
     ``rollout.multi_turn.max_env_error_ratio`` of a step's episodes fail.

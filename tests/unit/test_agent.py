@@ -324,3 +324,35 @@ def test_agent_metrics_count_episodes_and_too_many_environment_errors_stop_the_r
         check_env_errors(trajs, 0.25, "my_env.py:Calc")
     assert isinstance(err.value, RunFailure)
     assert agent_metrics([]) == {}
+
+
+def test_a_blocking_environment_runs_in_a_thread_and_never_stalls_other_episodes(tokenizer):
+    import threading
+    import time
+
+    loop_threads: set[int] = set()
+
+    class Blocking(Environment):
+        def reset(self, record):  # plain functions: a blocking tool
+            return record.prompt
+
+        def step(self, action):
+            loop_threads.add(threading.get_ident())
+            time.sleep(0.2)
+            return StepResult(reward=1.0, done=True)
+
+    async def both():
+        config = MultiTurnConfig(enable=True, environment="single_turn")
+        renderer = ObservationRenderer(tokenizer, [tokenizer.eos_token_id])
+        ctxs = [
+            AgentContext(ScriptedEngine(tokenizer, ["x"]), renderer, config, response_length=50)
+            for _ in range(4)
+        ]
+        start = time.perf_counter()
+        await asyncio.gather(*(EnvironmentLoop(Blocking()).run(c, RECORD) for c in ctxs))
+        return time.perf_counter() - start, [c.episode() for c in ctxs]
+
+    elapsed, episodes = asyncio.run(both())
+    assert all(e.reward == 1.0 for e in episodes)
+    assert elapsed < 0.6  # four 0.2 s steps side by side, not one after another
+    assert threading.get_ident() not in loop_threads
