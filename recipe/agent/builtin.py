@@ -4,9 +4,16 @@
 with the reward registry's scorer of the record's ``data_source`` (the same scorer the
 single-turn task uses), so it runs on any dataset the registry knows, the default
 arithmetic one included: ``rollout.multi_turn.enable=true rollout.multi_turn.environment=retry``.
+
+``tool_latency``: a fixed number of tool turns whose latency has a long tail
+(``ToolLatency``), the multi-turn workload of ``recipe.bench.e2e workload=multiturn``.
 """
 
 from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
 
 from recipe.agent.episode import Observation
 from recipe.agent.interface import Environment, StepResult
@@ -53,3 +60,40 @@ class RetryWithFeedback(Environment):
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self._attempt = int(state["attempt"])
+
+
+class ToolLatency(Environment):
+    """``turns`` model turns, each answered after a tool latency drawn per (prompt, turn,
+    episode): ``long_s`` with probability ``long_p``, else ``short_s`` (x uniform 0.5..1.5).
+    No reward of its own: the reward function scores the episode's text."""
+
+    _episodes: dict[str, int] = {}  # noqa: RUF012 - per-process draw counter, seeds only
+
+    def __init__(
+        self, turns: int = 3, short_s: float = 0.05, long_s: float = 1.0, long_p: float = 0.1
+    ):
+        if turns < 1 or short_s < 0 or long_s < 0 or not 0 <= long_p <= 1:
+            raise ValueError(
+                f"ToolLatency(turns={turns}, short_s={short_s}, long_s={long_s}, "
+                f"long_p={long_p}): allowed turns >= 1, latencies >= 0, long_p in [0, 1]"
+            )
+        self.turns, self.short_s, self.long_s, self.long_p = turns, short_s, long_s, long_p
+        self._rng = random.Random(0)
+        self._taken = 0
+
+    async def reset(self, record: PromptRecord) -> Observation:
+        episode = ToolLatency._episodes.get(record.uid, 0)
+        ToolLatency._episodes[record.uid] = episode + 1
+        digest = hashlib.blake2b(f"{record.uid}/{episode}".encode(), digest_size=8).digest()
+        self._rng, self._taken = random.Random(int.from_bytes(digest, "little")), 0
+        return record.prompt
+
+    async def step(self, action: str) -> StepResult:
+        self._taken += 1
+        long = self._rng.random() < self.long_p
+        latency = (self.long_s if long else self.short_s) * self._rng.uniform(0.5, 1.5)
+        await asyncio.sleep(latency)
+        info = {"latency_s": latency, "long": float(long)}
+        if self._taken >= self.turns:
+            return StepResult(done=True, info=info)
+        return StepResult(observation=f" tool[{self._taken}]={len(action)}.", info=info)

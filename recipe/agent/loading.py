@@ -20,6 +20,7 @@ from recipe.utils.import_path import load_attribute
 BUILTIN_ENVIRONMENTS: dict[str, str] = {
     "single_turn": "recipe.agent.env_loop:SingleTurnEnvironment",
     "retry": "recipe.agent.builtin:RetryWithFeedback",
+    "tool_latency": "recipe.agent.builtin:ToolLatency",
 }
 """Names ``rollout.multi_turn.environment`` accepts besides import paths."""
 

@@ -15,8 +15,10 @@ Bench keys (everything else is a config override, ``key=value``):
 
     model=tiny|20M|0.5B|1.5B|7B|PATH   tiny: the embedded default; a size: random-init
                                         Qwen2.5-shaped model (recipe/bench/models.py)
-    workload=longtail|natural           longtail: rollout.length_profile=longtail (most
-                                        responses short, ~1 in 10 near rollout.response_length)
+    workload=longtail|natural|multiturn longtail: rollout.length_profile=longtail (most
+                                        responses short, ~1 in 10 near rollout.response_length);
+                                        multiturn: 3-turn tool episodes whose tool latency has a
+                                        long tail (``multiturn_overrides``)
     steps=N                             trainer steps per mode (default 20)
     modes=sync,one_step_off,fully_async
     json=PATH                           also write the results there
@@ -176,10 +178,28 @@ def run_mode(mode: str, steps: int, overrides: dict[str, Any], out_dir: Path) ->
         "staleness_max": summary.get("staleness/max", 0),
         "response_length_mean": sum(lengths) / len(lengths) if lengths else None,
         "final_val_accuracy": summary.get("final/val_accuracy"),
+        "turns_mean": _median(rows, "agent/turns_mean"),
+        "env_s_p50": _median(rows, "agent/env_s_p50"),
         **trainer_rates(rows, flops, peak),
         "phase_shares": phase_shares(rows),
         "run_dir": str(run_dir),
     }
+
+
+WORKLOADS = ("longtail", "natural", "multiturn")
+
+
+def multiturn_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """``workload=multiturn``: episodes of the built-in ``tool_latency`` environment (3 tool
+    turns, latencies 0.05 s, ~1 in 10 of 1 s), a model turn a quarter of the response budget
+    (64 tokens unless ``rollout.response_length`` is given); keys given win."""
+    length = int(overrides.get("rollout.response_length", 64))
+    return {
+        "rollout.response_length": length,
+        "rollout.multi_turn.enable": True,
+        "rollout.multi_turn.environment": "tool_latency",
+        "rollout.multi_turn.max_turn_tokens": max(1, length // 4),
+    } | overrides
 
 
 SYNC_KEYS = ("pause_window_s", "pause_s", "total_s", "gbps")
@@ -208,7 +228,11 @@ def main(argv: list[str]) -> dict[str, float]:
     json_path = args.pop("json", None)
     overrides = {key: yaml.safe_load(value) for key, value in args.items()}
     overrides["model.path"] = str(resolve_bench_model(model))
+    if workload not in WORKLOADS:
+        raise SystemExit(f"workload={workload}: allowed {', '.join(WORKLOADS)}")
     overrides["rollout.length_profile"] = "longtail" if workload == "longtail" else "natural"
+    if workload == "multiturn":
+        overrides = multiturn_overrides(overrides)
     out_dir = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
     results = [run_mode(mode, steps, overrides, out_dir) for mode in modes]
     base = results[0]["samples_per_s"]
@@ -216,14 +240,15 @@ def main(argv: list[str]) -> dict[str, float]:
     print(
         f"{'mode':<13} {'samples/s':>10} {'x sync':>7} {'wall s':>8} {'build s':>8} "
         f"{'trainer idle':>13} {'rollout idle':>13} {'stale mean':>11} {'stale max':>10} "
-        f"{'resp len':>9}"
+        f"{'resp len':>9} {'turns':>6} {'env s/ep':>9}"
     )
     for r in results:
         print(
             f"{r['mode']:<13} {r['samples_per_s']:>10.1f} {r['samples_per_s'] / base:>7.2f} "
             f"{r['wall_s']:>8.1f} {r['build_s']:>8.1f} {_fmt(r['trainer_idle'], '.2f'):>13} "
             f"{_fmt(r['rollouter_idle'], '.2f'):>13} {r['staleness_mean']:>11.2f} "
-            f"{r['staleness_max']:>10} {_fmt(r['response_length_mean'], '.1f'):>9}"
+            f"{r['staleness_max']:>10} {_fmt(r['response_length_mean'], '.1f'):>9} "
+            f"{_fmt(r['turns_mean'], '.2f'):>6} {_fmt(r['env_s_p50'], '.3f'):>9}"
         )
     print(
         f"{'mode':<13} {'trainer tok/s':>14} {'trainer MFU':>12}  step shares: "

@@ -75,3 +75,43 @@ def test_trainer_rates_count_tokens_over_busy_time(tmp_path):
     assert rates["trainer_tokens_per_s"] == pytest.approx(2000.0 / 4.0)
     assert rates["trainer_mfu"] == pytest.approx(8 * flops.matmul_params * 2000 / 4.0 / 1e15)
     assert trainer_rates([], flops, None)["trainer_tokens_per_s"] is None
+
+
+def test_the_multiturn_workload_composes_in_every_mode_with_given_keys_winning():
+    from recipe.bench.e2e import MODES, bench_config, multiturn_overrides
+
+    overrides = multiturn_overrides({"rollout.response_length": 96})
+    assert overrides["rollout.multi_turn.max_turn_tokens"] == 24
+    assert (
+        multiturn_overrides({"rollout.multi_turn.max_turn_tokens": 7})[
+            "rollout.multi_turn.max_turn_tokens"
+        ]
+        == 7
+    )
+    for mode in MODES:
+        cfg = bench_config(mode, 4, overrides)
+        assert cfg.rollout.multi_turn.enable and cfg.rollout.response_length == 96
+        assert cfg.rollout.multi_turn.environment == "tool_latency"
+
+
+def test_tool_latency_draws_a_long_tail_seeded_per_prompt_and_episode():
+    import asyncio
+
+    from recipe.agent.builtin import ToolLatency
+    from recipe.protocol import PromptRecord
+
+    async def latencies(uid: str, episodes: int) -> list[list[float]]:
+        out = []
+        for _ in range(episodes):
+            env = ToolLatency(turns=3, short_s=0.0, long_s=0.0, long_p=0.1)
+            await env.reset(PromptRecord(uid, "q", "1", "arithmetic"))
+            steps = [await env.step("a") for _ in range(3)]
+            assert [s.done for s in steps] == [False, False, True]
+            out.append([s.info["long"] for s in steps])
+        return out
+
+    many = asyncio.run(latencies("bench-uid", 400))
+    share = sum(sum(x) for x in many) / (3 * len(many))
+    assert 0.05 < share < 0.15  # about one step in ten is long
+    ToolLatency._episodes.pop("bench-uid")
+    assert asyncio.run(latencies("bench-uid", 400)) == many  # same prompt, same draws
