@@ -40,14 +40,19 @@ def load_class(key: str, spec: str, base: type) -> type:
     return cls
 
 
-def check_kwargs(
-    key: str, cls: type, kwargs: dict[str, Any], reserved: tuple[str, ...] = ()
-) -> None:
-    """``cls(*reserved, **kwargs)`` must bind; ``ValueError`` naming ``key`` otherwise."""
+def check_kwargs(key: str, cls: type, kwargs: dict[str, Any]) -> None:
+    """``cls(**kwargs)`` must bind and construct; ``ValueError`` naming ``key`` otherwise
+    (one probe object is built and dropped, so a constructor's own checks run at startup)."""
     try:
-        inspect.signature(cls).bind(*reserved, **kwargs)
+        inspect.signature(cls).bind(**kwargs)
     except TypeError as exc:
         raise ValueError(f"{key}={kwargs!r}: {cls.__name__}(...) rejects them: {exc}") from exc
+    try:
+        cls(**kwargs)
+    except Exception as exc:
+        raise ValueError(
+            f"{key}={kwargs!r}: {cls.__name__}(...) failed: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def agent_loop_factory(config: MultiTurnConfig) -> Callable[[], AgentLoop]:

@@ -356,3 +356,11 @@ def test_a_blocking_environment_runs_in_a_thread_and_never_stalls_other_episodes
     assert all(e.reward == 1.0 for e in episodes)
     assert elapsed < 0.6  # four 0.2 s steps side by side, not one after another
     assert threading.get_ident() not in loop_threads
+
+
+def test_a_constructor_that_rejects_its_arguments_fails_at_startup_naming_the_key():
+    config = MultiTurnConfig(
+        enable=True, environment="retry", environment_kwargs={"max_attempts": 0}
+    )
+    with pytest.raises(ValueError, match=r"environment_kwargs=.*max_attempts=0\): allowed >= 1"):
+        agent_loop_factory(config)
