@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from recipe.agent.config import MultiTurnConfig
 from recipe.agent.episode import Episode, EpisodeTokens, Observation
 from recipe.agent.render import ObservationRenderer
+from recipe.observability.trace import now_us
 
 T = TypeVar("T")
+SliceSink = Callable[[str, float, float, dict[str, Any]], None]
+"""``(name, start_us, end_us, args)`` of one trace slice."""
 
 
 @dataclass(slots=True)
@@ -74,9 +77,13 @@ class AgentContext:
         *,
         response_length: int,
         seed: int | None = None,
+        on_slice: SliceSink | None = None,
     ):
+        """``on_slice(name, start_us, end_us, args)``: receives one trace slice per model
+        turn (``turn``) and environment call (``env``), when given."""
         self._engine, self._renderer, self._config = engine, renderer, config
         self._response_length, self._seed = response_length, seed
+        self._on_slice = on_slice
         self.tokens: EpisodeTokens | None = None
         self._texts: list[str] = []
         self._last_turn: list[int] = []
@@ -108,6 +115,7 @@ class AgentContext:
         if self._config.max_turn_tokens is not None:
             budget = min(budget, self._config.max_turn_tokens)
         turn: list[int] = []
+        start_us, num_cuts = now_us(), 0
         while True:
             seed = None if self._seed is None else self._seed + tokens.num_response_tokens
             out = await self._engine.generate_turn(tokens.context_ids, budget - len(turn), seed)
@@ -115,9 +123,14 @@ class AgentContext:
             turn += out.ids
             if out.finish_reason != "aborted" or len(turn) >= budget:
                 break
+            num_cuts += 1
             await self._engine.wait_until_running()  # the sync loads; then continue the turn
         self.num_turns += 1
         self._last_turn = turn
+        if self._on_slice is not None:
+            versions = sorted(set(tokens.versions[len(tokens.versions) - len(turn) :]))
+            args = {"turn": self.num_turns, "tokens": len(turn), "versions": versions}
+            self._on_slice("turn", start_us, now_us(), args | {"cuts": num_cuts})
         text = self._renderer.tokenizer.decode(turn, skip_special_tokens=True)
         self._texts.append(text)
         return text
@@ -159,16 +172,23 @@ class AgentContext:
 
     async def call_env(self, call: Awaitable[T]) -> T:
         """Await an environment call under ``step_timeout_s``, timing it."""
-        start = time.perf_counter()
+        start, start_us, outcome = time.perf_counter(), now_us(), "ok"
         try:
             return await asyncio.wait_for(call, self._config.step_timeout_s)
         except TimeoutError as exc:
+            outcome = "timeout"
             raise EnvTimeoutError(
                 f"no answer within rollout.multi_turn.step_timeout_s="
                 f"{self._config.step_timeout_s:g} s"
             ) from exc
+        except Exception as exc:
+            outcome = type(exc).__name__
+            raise
         finally:
             self.env_s.append(time.perf_counter() - start)
+            if self._on_slice is not None:
+                args = {"call": len(self.env_s), "outcome": outcome}
+                self._on_slice("env", start_us, now_us(), args)
 
     def add_reward(self, reward: float) -> None:
         self._rewards.append(float(reward))

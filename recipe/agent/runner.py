@@ -18,7 +18,7 @@ import logging
 from typing import Any
 
 from recipe.agent.config import MultiTurnConfig
-from recipe.agent.context import AgentContext, EpisodeCut, TurnEngine
+from recipe.agent.context import AgentContext, EpisodeCut, SliceSink, TurnEngine
 from recipe.agent.env_loop import one_line
 from recipe.agent.episode import Episode
 from recipe.agent.loading import agent_loop_factory
@@ -43,16 +43,56 @@ class EpisodeRunner:
         *,
         budgets: list[int],
         seeds: list[int | None],
+        trace: Any = None,
     ) -> list[Trajectory]:
+        """``trace``: a ``RequestTrace`` that gets each episode's turns and environment calls
+        as slices on an episode track (None: no slices)."""
         episodes = await asyncio.gather(
-            *(self.run_episode(engine, record, b, s) for b, s in zip(budgets, seeds, strict=True))
+            *(
+                self._traced(engine, record, i, budget, seed, trace)
+                for i, (budget, seed) in enumerate(zip(budgets, seeds, strict=True))
+            )
         )
         return [ep.to_trajectory(record.uid, i) for i, ep in enumerate(episodes)]
 
-    async def run_episode(
-        self, engine: TurnEngine, record: PromptRecord, budget: int, seed: int | None
+    async def _traced(
+        self,
+        engine: TurnEngine,
+        record: PromptRecord,
+        index: int,
+        budget: int,
+        seed: int | None,
+        trace: Any,
     ) -> Episode:
-        ctx = AgentContext(engine, self.renderer, self.config, response_length=budget, seed=seed)
+        if trace is None:
+            return await self.run_episode(engine, record, budget, seed)
+        slot = trace.begin_episode()
+        tags = {"prompt_uid": record.uid, "sample": index}
+
+        def on_slice(name: str, start_us: float, end_us: float, args: dict[str, Any]) -> None:
+            trace.episode_slice(name, start_us, end_us, slot, tags | args)
+
+        try:
+            return await self.run_episode(engine, record, budget, seed, on_slice)
+        finally:
+            trace.end_episode(slot)
+
+    async def run_episode(
+        self,
+        engine: TurnEngine,
+        record: PromptRecord,
+        budget: int,
+        seed: int | None,
+        on_slice: SliceSink | None = None,
+    ) -> Episode:
+        ctx = AgentContext(
+            engine,
+            self.renderer,
+            self.config,
+            response_length=budget,
+            seed=seed,
+            on_slice=on_slice,
+        )
         try:
             await self.make_loop().run(ctx, record)
         except EpisodeCut:

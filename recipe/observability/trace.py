@@ -43,6 +43,8 @@ TRACE_FILE = "trace.json"
 TRAINER_PID = 1
 ROLLOUTER_PID = 2
 ENGINE_PID_BASE = 10
+EPISODE_TID_BASE = 1000
+"""Tracks of multi-turn episodes on an engine replica's process (after its request slots)."""
 """Engine replica r is process ``ENGINE_PID_BASE + r`` in the trace."""
 STEPS_TID = 1
 PHASES_TID = 2
@@ -234,6 +236,8 @@ class RequestTrace:
         self._tracer = Tracer(ENGINE_PID_BASE, None)  # pid and names are set per drain
         self._busy: set[int] = set()
         self._num_slots = 0
+        self._episodes_busy: set[int] = set()
+        self._num_episode_slots = 0
 
     def begin(self) -> tuple[float, int]:
         """Start of a request: (start time in us, its slot)."""
@@ -278,12 +282,35 @@ class RequestTrace:
             args=args,
         )
 
+    # Multi-turn episodes: each takes an episode track for its life; its model turns and
+    # environment steps follow one another there, so they never overlap on it.
+
+    def begin_episode(self) -> int:
+        """An episode starts: its track (the lowest free one)."""
+        slot = next(i for i in range(len(self._episodes_busy) + 1) if i not in self._episodes_busy)
+        self._episodes_busy.add(slot)
+        self._num_episode_slots = max(self._num_episode_slots, slot + 1)
+        return slot
+
+    def end_episode(self, slot: int) -> None:
+        self._episodes_busy.discard(slot)
+
+    def episode_slice(
+        self, name: str, start_us: float, end_us: float, slot: int, args: dict[str, Any]
+    ) -> None:
+        """One model turn (``turn``) or environment call (``env ...``) of an episode."""
+        self._tracer.complete(
+            name, start_us, end_us, tid=EPISODE_TID_BASE + slot, cat="agent", args=args
+        )
+
     def drain(self, replica: int) -> list[dict[str, Any]]:
         """Buffered slices with pid ``ENGINE_PID_BASE + replica`` and the track names."""
         pid = ENGINE_PID_BASE + replica
         self._tracer.name_process(f"engine replica {replica}", pid=pid, sort_index=pid)
         for slot in range(self._num_slots):
             self._tracer.name_thread(slot + 1, f"slot {slot}", pid=pid)
+        for slot in range(self._num_episode_slots):
+            self._tracer.name_thread(EPISODE_TID_BASE + slot, f"episode {slot}", pid=pid)
         events = self._tracer.drain()
         for event in events:
             event["pid"] = pid

@@ -226,6 +226,9 @@ def test_episodes_append_observations_unrendered_and_logprobs_match_over_the_who
         model_rows = torch.tensor(traj.loss_mask, dtype=torch.bool)
         diffs = (torch.tensor(traj.rollout_logprobs) - reference)[model_rows].abs()
         assert diffs.mean() < MEAN_ABS_LOGPROB_TOL and diffs.max() < MAX_ABS_LOGPROB_TOL
+    slices = [e for e in ray.get(worker.drain_trace.remote(0)) if e["ph"] == "X"]
+    mine = [e for e in slices if e.get("args", {}).get("prompt_uid") == "ep"]
+    assert sorted(e["name"] for e in mine) == ["env"] * 8 + ["turn"] * 6  # 2 x (reset + 3 steps)
 
 
 def test_weight_update_changes_greedy_outputs_and_reloading_restores_them(

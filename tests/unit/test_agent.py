@@ -5,6 +5,7 @@ chat-template deltas, budgets and loading from import paths."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from pathlib import Path
 
 import pytest
@@ -364,3 +365,31 @@ def test_a_constructor_that_rejects_its_arguments_fails_at_startup_naming_the_ke
     )
     with pytest.raises(ValueError, match=r"environment_kwargs=.*max_attempts=0\): allowed >= 1"):
         agent_loop_factory(config)
+
+
+def test_each_turn_and_environment_call_is_a_trace_slice_on_its_episode_track(tokenizer):
+    from recipe.agent.runner import EpisodeRunner
+    from recipe.observability.trace import EPISODE_TID_BASE, RequestTrace
+
+    runner = EpisodeRunner(
+        MultiTurnConfig(enable=True, environment="retry"), tokenizer, [tokenizer.eos_token_id]
+    )
+    trace = RequestTrace()
+    record = PromptRecord("p-2", "2+3=", "5", "arithmetic")
+    cut = ScriptedEngine(tokenizer, ["4", "5"], cut_after=1)  # a sync inside the first turn
+    (traj,) = asyncio.run(runner.run_group(cut, record, budgets=[64], seeds=[1], trace=trace))
+    assert traj.episode["turns"] == 2.0 and traj.reward == 0.5  # right at the second attempt
+    events = [e for e in trace.drain(0) if e["ph"] == "X"]
+    turns = [e["args"] for e in events if e["name"] == "turn"]
+    assert [(t["cuts"], t["versions"]) for t in turns] == [(1, [0, 1]), (0, [1])]
+    assert [e["args"]["call"] for e in events if e["name"] == "env"] == [1, 2, 3]  # reset, 2 steps
+    assert {e["tid"] for e in events} == {EPISODE_TID_BASE}
+
+    both = ScriptedEngine(tokenizer, ["5", "5"])
+    asyncio.run(runner.run_group(both, record, budgets=[64, 64], seeds=[1, 2], trace=trace))
+    events = [e for e in trace.drain(0) if e["ph"] == "X"]
+    assert sorted(e["args"]["sample"] for e in events if e["name"] == "turn") == [0, 1]
+    assert {e["tid"] for e in events} == {EPISODE_TID_BASE, EPISODE_TID_BASE + 1}
+    for track in (EPISODE_TID_BASE, EPISODE_TID_BASE + 1):  # a track's slices never overlap
+        mine = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["tid"] == track)
+        assert all(end <= nxt for (_, end), (nxt, _) in itertools.pairwise(mine))
