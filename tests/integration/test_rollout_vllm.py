@@ -227,7 +227,11 @@ def test_episodes_append_observations_unrendered_and_logprobs_match_over_the_who
         diffs = (torch.tensor(traj.rollout_logprobs) - reference)[model_rows].abs()
         assert diffs.mean() < MEAN_ABS_LOGPROB_TOL and diffs.max() < MAX_ABS_LOGPROB_TOL
     slices = [e for e in ray.get(worker.drain_trace.remote(0)) if e["ph"] == "X"]
-    mine = [e for e in slices if e.get("args", {}).get("prompt_uid") == "ep"]
+    mine = [
+        e
+        for e in slices
+        if e["name"] in ("turn", "env") and e.get("args", {}).get("prompt_uid") == "ep"
+    ]
     assert sorted(e["name"] for e in mine) == ["env"] * 8 + ["turn"] * 6  # 2 x (reset + 3 steps)
 
 
