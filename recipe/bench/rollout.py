@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from recipe.bench.models import resolve_bench_model
-from recipe.workers.rollout.base import longtail_lengths
+from recipe.workers.rollout.requests import longtail_lengths
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def run_ours(args: argparse.Namespace, model_path: str, groups: list) -> dict[st
 
     from recipe.model import ModelConfig
     from recipe.workers.config import RolloutConfig
-    from recipe.workers.rollout.base import GenerationRequest
+    from recipe.workers.rollout.requests import GenerationRequest
     from recipe.workers.rollout.vllm_worker import VLLMRolloutWorker
 
     ray.init(

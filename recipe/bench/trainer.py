@@ -41,7 +41,7 @@ from recipe.bench.plain_trainer import PlainTrainer
 from recipe.protocol import Trajectory
 from recipe.workers.batch import TrainBatch
 from recipe.workers.micro_batches import fixed_plan, token_budget_plan
-from recipe.workers.rollout.base import longtail_lengths
+from recipe.workers.rollout.requests import longtail_lengths
 
 logger = logging.getLogger(__name__)
 

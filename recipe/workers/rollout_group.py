@@ -29,8 +29,8 @@ from recipe.protocol import PromptRecord, Trajectory
 from recipe.utils.ray_errors import remote_cause
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout import make_rollout_worker_cls
-from recipe.workers.rollout.base import GenerationRequest, longtail_lengths
 from recipe.workers.rollout.engine_log import describe_engine_failure
+from recipe.workers.rollout.requests import GenerationRequest, longtail_lengths
 
 logger = logging.getLogger(__name__)
 

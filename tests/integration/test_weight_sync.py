@@ -34,7 +34,7 @@ from recipe.checkpoint_engine import (
 )
 from recipe.model import HFModelConfig
 from recipe.workers.config import ActorConfig, RolloutConfig
-from recipe.workers.rollout.base import GenerationRequest
+from recipe.workers.rollout.requests import GenerationRequest
 
 pytestmark = pytest.mark.integration
 logger = logging.getLogger(__name__)

@@ -7,7 +7,12 @@ import pytest
 from recipe.protocol import Trajectory
 from recipe.utils.config_check import ConfigError
 from recipe.workers.config import RolloutConfig
-from recipe.workers.rollout.base import GenerationRequest, SampleJob, longtail_lengths, plan_group
+from recipe.workers.rollout.requests import (
+    GenerationRequest,
+    SampleJob,
+    longtail_lengths,
+    plan_group,
+)
 
 
 def test_longtail_lengths_are_seeded_bounded_and_long_tailed():

@@ -69,7 +69,7 @@ def test_request_rejects_a_resume_group_of_the_wrong_size(model_dir):
 
 def test_resume_plan_passes_finished_responses_through_and_closes_spent_budgets():
     from recipe.protocol import Trajectory
-    from recipe.workers.rollout.base import SampleJob, plan_group
+    from recipe.workers.rollout.requests import SampleJob, plan_group
 
     def traj(i: int, num_tokens: int, reason: str) -> Trajectory:
         return Trajectory(

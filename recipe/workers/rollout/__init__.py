@@ -8,7 +8,8 @@ Backends import lazily so a machine without vLLM can still use the ``hf`` backen
 from __future__ import annotations
 
 from recipe.workers.config import ROLLOUT_BACKENDS
-from recipe.workers.rollout.base import GenerationRequest, RolloutWorker
+from recipe.workers.rollout.base import RolloutWorker
+from recipe.workers.rollout.requests import GenerationRequest
 
 __all__ = ["GenerationRequest", "RolloutWorker", "make_rollout_worker_cls"]
 

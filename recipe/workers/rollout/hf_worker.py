@@ -22,13 +22,8 @@ import torch
 from recipe.model import HFModelConfig, ModelConfig
 from recipe.protocol import Trajectory
 from recipe.workers.config import RolloutConfig
-from recipe.workers.rollout.base import (
-    GenerationRequest,
-    RolloutWorker,
-    SampleJob,
-    finish_job,
-    plan_group,
-)
+from recipe.workers.rollout.base import RolloutWorker
+from recipe.workers.rollout.requests import GenerationRequest, SampleJob, finish_job, plan_group
 
 logger = logging.getLogger(__name__)
 

@@ -32,18 +32,18 @@ from recipe.agent.runner import EpisodeRunner
 from recipe.model import HFModelConfig, ModelConfig
 from recipe.protocol import Trajectory
 from recipe.workers.config import RolloutConfig
-from recipe.workers.rollout.base import (
-    GenerationRequest,
-    RolloutWorker,
-    SampleJob,
-    finish_job,
-    plan_group,
-    sample_seed,
-)
+from recipe.workers.rollout.base import RolloutWorker
 from recipe.workers.rollout.engine_log import (
     engine_output_to,
     read_root_error,
     route_vllm_logging,
+)
+from recipe.workers.rollout.requests import (
+    GenerationRequest,
+    SampleJob,
+    finish_job,
+    plan_group,
+    sample_seed,
 )
 
 logger = logging.getLogger(__name__)
