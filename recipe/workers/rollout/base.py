@@ -47,7 +47,7 @@ class RolloutWorker(ABC):
         # Set while RUNNING; generate() waits on it so a paused worker starts no new work.
         self._running = asyncio.Event()
         self._running.set()
-        self._cut = asyncio.Event()  # set by cut_episodes(): waiting episodes end
+        self._episodes_cut = asyncio.Event()  # set by cut_episodes(): waiting episodes end
         self._requests = RequestTrace()  # one trace slice per generate() call
         self._num_finished = 0  # responses that ended at EOS or their budget (not aborted)
 
@@ -67,10 +67,10 @@ class RolloutWorker(ABC):
         """Return once the worker is RUNNING (at once if it is); ``EpisodeCut`` when
         ``cut_episodes`` ends the wait instead."""
         while self._paused:
-            if self._cut.is_set():
+            if self._episodes_cut.is_set():
                 raise EpisodeCut("the rollout worker stopped while the episode waited")
             running = asyncio.ensure_future(self._running.wait())
-            cut = asyncio.ensure_future(self._cut.wait())
+            cut = asyncio.ensure_future(self._episodes_cut.wait())
             _, pending = await asyncio.wait({running, cut}, return_when=asyncio.FIRST_COMPLETED)
             for task in pending:
                 task.cancel()
@@ -81,7 +81,7 @@ class RolloutWorker(ABC):
         ``aborted``); the next ``resume`` lets new episodes wait again."""
         self._check_open()
         if self._paused:
-            self._cut.set()
+            self._episodes_cut.set()
 
     async def check_health(self) -> None:
         """Return if the engine can serve; raise if it cannot (e.g. its process died). The
@@ -154,7 +154,7 @@ class RolloutWorker(ABC):
         """Start scheduling again; generate() calls waiting on the pause go ahead."""
         self._check_open()
         self._paused = False
-        self._cut.clear()
+        self._episodes_cut.clear()
         self._running.set()
 
     async def update_weights_from_file(self, path: str, version: int) -> None:
