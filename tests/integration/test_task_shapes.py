@@ -106,6 +106,7 @@ def test_sync_chat_template_gsm8k_long_prompts_over_the_token_budget_dict_reward
             "rollout.n=8",
             "rollout.response_length=256",
             *multi_turn(env, max_turn_tokens=96, as_chat=True),
+            "algorithm.rollout_correction.bypass_mode=false",
             "trainer.total_training_steps=2",
             "trainer.test_freq=2",
             *ENGINE,
@@ -128,6 +129,10 @@ def test_sync_chat_template_gsm8k_long_prompts_over_the_token_budget_dict_reward
         assert "reward/pred" not in record
     assert 0.0 <= steps[-1]["response/clip_ratio"] <= 1.0  # from the final validation
     check_two_turn_episodes(steps)
+    for record in steps:  # the trainer's old log-probs over whole episodes (bypass off) equal
+        # the engine's on the model tokens: the masks and the token alignment hold
+        assert record["mismatch/logprob_abs_diff_mean"] < 1e-4, record
+        assert record["mismatch/logprob_abs_diff_max"] < 1e-3, record
 
 
 def test_fully_async_parquet_plain_strings_math_and_gsm8k_scorers_responses_cut_by_syncs(
