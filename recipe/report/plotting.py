@@ -151,10 +151,35 @@ def plot_sync_times(runs: list[RunData], out: Path) -> bool:
     return save_figure(fig, out)
 
 
+def plot_agent(runs: list[RunData], out: Path) -> bool:
+    """Multi-turn episodes: model turns per episode (left) and environment seconds per
+    episode, p50 and p99 (right), per step; nothing for runs without episodes."""
+    if not any(run.series("agent/turns_mean") for run in runs):
+        return False
+    plt = pyplot()
+    fig, (turns, env) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for run in runs:
+        points = run.series("agent/turns_mean")
+        if points:
+            turns.plot([p[0] for p in points], [p[1] for p in points], label=run.label)
+        for key, style in (("agent/env_s_p50", "-"), ("agent/env_s_p99", "--")):
+            points = run.series(key)
+            if points:
+                label = f"{run.label} {key.rsplit('_', 1)[1]}"
+                env.plot([p[0] for p in points], [p[1] for p in points], style, label=label)
+    turns.set(xlabel="trainer step", ylabel="model turns", title="turns per episode (mean)")
+    env.set(xlabel="trainer step", ylabel="seconds", title="environment time per episode")
+    for ax in (turns, env):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return save_figure(fig, out)
+
+
 PLOTS = {
     "val_accuracy": plot_val_accuracy,
     "reward": plot_reward,
     "staleness": plot_staleness,
     "idle_ratios": plot_idle_ratios,
     "sync_times": plot_sync_times,
+    "agent": plot_agent,
 }

@@ -102,6 +102,19 @@ def test_report_of_one_run_writes_every_plot_and_a_table(tmp_path):
         assert f"]({name})" in text  # every image is linked from the report
 
 
+def test_a_run_with_episodes_gets_a_plot_of_turns_and_environment_time(tmp_path):
+    run = write_run(tmp_path / "run", "fully_async")
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    for record in records[1:]:
+        record |= {"agent/turns_mean": 2.5, "agent/env_s_p50": 0.2, "agent/env_s_p99": 1.1}
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main([str(run)]) == 0
+    pngs = _pngs(run / "report")
+    assert pngs["agent.png"].startswith(PNG_MAGIC) and len(pngs["agent.png"]) > 5000
+    assert "](agent.png)" in (run / "report" / "report.md").read_text()
+
+
 def test_report_of_several_runs_overlays_them_in_one_table(tmp_path):
     runs = [
         write_run(tmp_path / "a", "sync"),
