@@ -55,12 +55,6 @@ class RetryWithFeedback(Environment):
         question = record.prompt if isinstance(record.prompt, str) else "Wrong, try again."
         return StepResult(observation=self.feedback.format(prompt=question), info=info)
 
-    def state_dict(self) -> dict[str, int]:
-        return {"attempt": self._attempt}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self._attempt = int(state["attempt"])
-
 
 class ToolLatency(Environment):
     """``turns`` model turns, each answered after a tool latency drawn per (prompt, turn,

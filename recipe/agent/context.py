@@ -215,6 +215,7 @@ class AgentContext:
             num_turns=self.num_turns,
             num_tool_calls=self.num_tool_calls,
             num_tool_errors=self.num_tool_errors,
+            num_truncated_observations=self.num_truncated_observations,
             env_s=list(self.env_s),
             error=error,
             info={k: sum(v) / len(v) for k, v in self._info.items()},

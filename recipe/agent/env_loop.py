@@ -22,13 +22,9 @@ from typing import Any
 from recipe.agent.context import AgentContext, EnvTimeoutError
 from recipe.agent.interface import AgentLoop, Environment, Observation, StepResult
 from recipe.protocol import PromptRecord
+from recipe.utils.ray_errors import error_line
 
 logger = logging.getLogger(__name__)
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 class EnvironmentLoop(AgentLoop):
@@ -41,8 +37,8 @@ class EnvironmentLoop(AgentLoop):
         try:
             first = await ctx.call_env(_call(self.environment.reset, record))
         except Exception as exc:  # the environment's failure ends only its own episode
-            ctx.start(_fallback_prompt(record))
-            ctx.finish("env_error", f"reset: {one_line(exc)}")
+            ctx.start(record.prompt)  # so the failed episode still has a sequence
+            ctx.finish("env_error", f"reset: {error_line(exc)}")
             return
         ctx.start(first)
         while True:
@@ -70,7 +66,7 @@ class EnvironmentLoop(AgentLoop):
             ctx.num_tool_errors += 1
             return StepResult(observation=f"Error: {exc}", tool_error=True)
         except Exception as exc:
-            ctx.finish("env_error", f"step: {one_line(exc)}")
+            ctx.finish("env_error", f"step: {error_line(exc)}")
             return None
         if not isinstance(result, StepResult):
             ctx.finish(
@@ -89,11 +85,6 @@ def _call(method: Callable[[Any], Any], arg: Any) -> Awaitable[Any]:
     if inspect.iscoroutinefunction(method):
         return method(arg)
     return asyncio.to_thread(method, arg)
-
-
-def _fallback_prompt(record: PromptRecord) -> Observation:
-    """The record's own prompt, so an episode whose reset failed still has a sequence."""
-    return record.prompt
 
 
 class SingleTurnEnvironment(Environment):

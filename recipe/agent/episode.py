@@ -97,6 +97,8 @@ class Episode:
     """Environment steps taken (each model turn answered by the environment)."""
     num_tool_errors: int = 0
     """Steps whose tool failed (or ran past ``rollout.multi_turn.step_timeout_s``)."""
+    num_truncated_observations: int = 0
+    """Observations cut to ``rollout.multi_turn.max_tool_response_length`` tokens."""
     env_s: list[float] = field(default_factory=list)
     """Wall seconds of each ``reset``/``step`` call."""
     error: str | None = None
@@ -128,7 +130,7 @@ class Episode:
                 "turns": float(self.num_turns),
                 "tool_calls": float(self.num_tool_calls),
                 "tool_errors": float(self.num_tool_errors),
-                "env_errors": float(self.finish_reason == "env_error"),
+                "truncated_observations": float(self.num_truncated_observations),
                 "env_s": float(sum(self.env_s)),
                 "env_reward": float(self.reward is not None),
             },

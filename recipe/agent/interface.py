@@ -71,14 +71,6 @@ class Environment(ABC):
     async def step(self, action: str) -> StepResult:
         """Answer the model's turn ``action`` (its decoded text)."""
 
-    def state_dict(self) -> dict[str, Any] | None:
-        """The episode's state for a checkpoint; None: an episode in flight is re-admitted
-        from scratch on resume."""
-        return None
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
-        """Restore what ``state_dict`` returned."""
-
 
 class AgentLoop(ABC):
     """Full control over one episode (see module docstring)."""

@@ -1,7 +1,8 @@
 """Metrics of a step's multi-turn episodes, and the stop when too many environments fail.
 
 agent/turns_mean, agent/tool_calls_mean     per episode
-agent/tool_errors, agent/env_errors         counts over the step
+agent/tool_errors, agent/env_errors,
+agent/truncated_observations                counts over the step
 agent/env_s_p50, agent/env_s_p99            environment seconds per episode
 agent/finish_<reason>                       share of episodes per finish reason
 agent/model_token_ratio                     model tokens / all tokens after the prompts
@@ -30,6 +31,9 @@ def agent_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "agent/tool_calls_mean": sum(t.episode.get("tool_calls", 0.0) for t in episodes) / num,
         "agent/tool_errors": sum(t.episode.get("tool_errors", 0.0) for t in episodes),
         "agent/env_errors": float(sum(t.finish_reason == "env_error" for t in episodes)),
+        "agent/truncated_observations": sum(
+            t.episode.get("truncated_observations", 0.0) for t in episodes
+        ),
         "agent/env_s_p50": _quantile(env_s, 0.5),
         "agent/env_s_p99": _quantile(env_s, 0.99),
         "agent/model_token_ratio": model / total if total else 0.0,

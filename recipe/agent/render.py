@@ -59,12 +59,6 @@ class ObservationRenderer:
         close = self._close_after_eos if stopped else self._full_close
         return self.encode(close + self._delta(self._messages(observation)))
 
-    def content_of(self, observation: Observation) -> list[str]:
-        """The texts a length cut applies to, in order."""
-        if isinstance(observation, str):
-            return [observation]
-        return [m["content"] for m in observation]
-
     def _messages(self, observation: Observation) -> list[dict[str, str]]:
         if isinstance(observation, str):
             return [{"role": self.role, "content": observation}]

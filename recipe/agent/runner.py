@@ -19,11 +19,11 @@ from typing import Any
 
 from recipe.agent.config import MultiTurnConfig
 from recipe.agent.context import AgentContext, EpisodeCut, SliceSink, TurnEngine
-from recipe.agent.env_loop import one_line
 from recipe.agent.episode import Episode
 from recipe.agent.loading import agent_loop_factory
 from recipe.agent.render import ObservationRenderer
 from recipe.protocol import PromptRecord, Trajectory
+from recipe.utils.ray_errors import error_line
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +98,8 @@ class EpisodeRunner:
         except EpisodeCut:
             ctx.finish("aborted")
         except Exception as exc:  # the user's loop: it ends this episode, not the run
-            logger.warning("agent loop failed on prompt %s: %s", record.uid, one_line(exc))
-            ctx.finish("env_error", f"agent loop: {one_line(exc)}")
+            logger.warning("agent loop failed on prompt %s: %s", record.uid, error_line(exc))
+            ctx.finish("env_error", f"agent loop: {error_line(exc)}")
         if ctx.tokens is None:
             ctx.start(record.prompt)
         return ctx.episode()

@@ -26,7 +26,7 @@ from typing import Any
 from recipe.faults import RolloutWorkerError, describe_death, is_actor_death
 from recipe.model import HFModelConfig, ModelConfig
 from recipe.protocol import PromptRecord, Trajectory
-from recipe.utils.ray_errors import remote_cause
+from recipe.utils.ray_errors import error_line
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout import make_rollout_worker_cls
 from recipe.workers.rollout.engine_log import describe_engine_failure
@@ -68,7 +68,7 @@ def failed_health_check(health: BaseException, failure: dict[str, Any] | None) -
     if death is not None:
         return death
     failure = failure or {}
-    reason = describe_engine_failure(failure, _first_line(health))
+    reason = describe_engine_failure(failure, error_line(health))
     return ReplicaDeath(reason, failure.get("error"), failure.get("num_finished"))
 
 
@@ -319,9 +319,3 @@ class RolloutGroup:
             for worker in self.workers:
                 ray.kill(worker)
             self.workers = []
-
-
-def _first_line(exc: BaseException) -> str:
-    cause = remote_cause(exc)
-    lines = [ln for ln in str(cause).splitlines() if ln.strip()]
-    return f"{type(cause).__name__}: {lines[0]}" if lines else type(cause).__name__

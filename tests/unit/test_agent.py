@@ -187,6 +187,8 @@ def test_budgets_end_an_episode_as_length_and_long_observations_are_cut(tokenize
     assert episode.finish_reason == "length" and episode.num_turns == 2
     env_tokens = [t for t, m in zip(*_pair(episode), strict=True) if m == 0]
     assert len(env_tokens) == 7 and tokenizer.decode(env_tokens) == "x" * 7
+    assert episode.num_truncated_observations == 1
+    assert episode.to_trajectory("p-0", 0).episode["truncated_observations"] == 1.0
     short = _run(Chatty(), ScriptedEngine(tokenizer, ["calc: 2+3"] * 9), tokenizer, length=12)
     assert short.tokens.num_response_tokens <= 12 and short.finish_reason == "length"
 
