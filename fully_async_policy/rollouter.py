@@ -130,6 +130,8 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         self._error: BaseException | None = None
         self._wake = asyncio.Event()
         self._released = asyncio.Event()
+        self._puts_open = asyncio.Event()  # cleared while snapshot() reads the queue
+        self._puts_open.set()
         self._quiet = asyncio.Event()
         self._quiet.set()
         self._loop_done = asyncio.Event()
@@ -234,6 +236,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         try:
             while True:
                 while self._releases:
+                    await self._puts_open.wait()
                     start_us = now_us()
                     if not await self.queue.put.remote(self._releases[0]):
                         return  # queue closed: what is left stays unreleased in the ledger
@@ -339,21 +342,37 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
 
     async def snapshot(self) -> dict[str, Any]:
         """This side's checkpoint state (fully_async_policy/snapshot.py), taken while PAUSED
-        for a sync, after the push and before ``end_sync``: nothing generates, so it is
-        complete."""
-        if self._in_flight:
+        for a sync, after the push and before ``end_sync``. Single responses: nothing
+        generates, so it is complete. Episodes (``rollout.multi_turn``) go on in the workers
+        through a sync (their environment steps are never cut); their groups are recorded as
+        ``restart``: a resume admits those prompts again, generated from scratch.
+
+        Consistency: no put into the queue starts while the queue is read, and everything
+        else is read in one go after it, so a group that finishes meanwhile is either in
+        ``restart`` (still generating then) or among the releases, never both or neither."""
+        if self._in_flight and not self.cfg.rollout.multi_turn.enable:
             raise RuntimeError(f"snapshot() with {len(self._in_flight)} groups generating")
-        releases = list(self._releases)
-        queued = await self.queue.snapshot.remote()
-        return {
-            "cursor": self.cursor.state_dict(),
-            "admission": self.admission.state_dict(encode_group),
-            "partials": encode_partials(self._partials),
-            "num_resumes": {str(k): v for k, v in self._num_resumes.items()},
-            "deferred": [encode_ticket(t) for t in self._deferred],
-            "releases": [encode_group(g) for g in merge_releases(queued, releases)],
-            "rng": capture_rng(),
-        }
+        self._puts_open.clear()
+        try:
+            before = list(self._releases)  # the head may be put (and popped) meanwhile
+            queued = await self.queue.snapshot.remote()
+            live = {t.ticket: t for t in self.admission.unreleased()}
+            restart = [live[k] for k in sorted(self._in_flight)]
+            pending = {g.ticket: g for g in [*before, *self._releases]}
+            return {
+                "cursor": self.cursor.state_dict(),
+                "admission": self.admission.state_dict(encode_group),
+                "partials": encode_partials(self._partials),
+                "num_resumes": {str(k): v for k, v in self._num_resumes.items()},
+                "deferred": [encode_ticket(t) for t in self._deferred],
+                "restart": [encode_ticket(t) for t in restart],
+                "releases": [
+                    encode_group(g) for g in merge_releases(queued, list(pending.values()))
+                ],
+                "rng": capture_rng(),
+            }
+        finally:
+            self._puts_open.set()
 
     def restore(self, checkpoint: str) -> None:
         """Load ``snapshot()``'s state from ``checkpoint`` before ``run()``; the trainer then
@@ -367,6 +386,16 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         self._deferred = [decode_ticket(t) for t in state["deferred"]]
         self._releases = deque(decode_group(g) for g in state["releases"])
         restore_rng(state["rng"])
+        restart = [decode_ticket(t) for t in state.get("restart", [])]
+        for ticket in restart:  # started at end_sync with the other deferred admissions
+            self._deferred.append(self.admission.readmit(ticket.ticket, ticket.uid))
+        if restart:
+            logger.info(
+                "%d prompt groups were generating episodes at the checkpoint; episodes are "
+                "not resumed mid-way, so these prompts start again from scratch (counted in "
+                "prompts/readmitted)",
+                len(restart),
+            )
         logger.info(
             "rollouter restored: %d admitted, %d partial groups, %d finished groups to train",
             self.admission.num_admitted,

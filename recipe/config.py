@@ -145,17 +145,6 @@ class RecipeConfig:
 
     def __post_init__(self) -> None:
         require_choice("mode", self.mode, MODES)
-        require(
-            not (
-                self.rollout.multi_turn.enable
-                and self.mode == "fully_async"
-                and self.trainer.save_freq > 0
-            ),
-            "trainer.save_freq",
-            self.trainer.save_freq,
-            "0 with rollout.multi_turn.enable=true in mode=fully_async (checkpoints of "
-            "episodes in flight are not supported yet)",
-        )
         self._check_batches()
         self._warn_unused_knobs()
 

@@ -22,6 +22,8 @@ from recipe.utils.config_check import require_choice
 logger = logging.getLogger(__name__)
 
 DTYPES = ("float32", "bfloat16", "float16")
+TINY_WARM_STARTS = ("arithmetic", "calculator")
+"""Tasks the embedded default model can come warm-started on (``recipe.tiny``)."""
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
 """Weight files transformers' ``from_pretrained`` (the trainer) and vLLM both load; sharded
 checkpoints list theirs in ``*.index.json``."""
@@ -42,6 +44,10 @@ MAX_FILES_SHOWN = 8
 class ModelConfig:
     path: str = ""
     """Local HF causal-LM directory. Empty: the embedded tiny default (built and cached)."""
+    tiny_warm_start: str = "arithmetic"
+    """With ``path`` empty: the task the embedded tiny model is warm-started on,
+    ``arithmetic`` (the default task) or ``calculator`` (the calculator environment's
+    episodes; ``env=calculator`` sets it). Ignored when ``path`` is given."""
     dtype: str = "float32"
     """Parameter dtype of the trainer's master weights and of the rollout engine."""
     trust_remote_code: bool = False
@@ -49,6 +55,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         require_choice("model.dtype", self.dtype, DTYPES)
+        require_choice("model.tiny_warm_start", self.tiny_warm_start, TINY_WARM_STARTS)
 
 
 class ModelPathError(ValueError):
@@ -143,6 +150,10 @@ class HFModelConfig:
         """Resolve ``model.*``: the given path, or the embedded default built on first use."""
         if cfg.path:
             path = Path(cfg.path)
+        elif cfg.tiny_warm_start == "calculator":
+            from recipe.tiny.calculator import ensure_calculator_model
+
+            path = ensure_calculator_model()
         else:
             from recipe.tiny import ensure_tiny_model
 

@@ -18,7 +18,7 @@ import pytest
 from tests.helpers.models import build_random_qwen2
 
 INTEGRATION_DIR = Path(__file__).parent / "integration"
-MODEL_FIXTURES = frozenset({"tiny_model_path", "rollout_model_path"})
+MODEL_FIXTURES = frozenset({"tiny_model_path", "rollout_model_path", "calculator_model_path"})
 """Fixtures that hand a test a model directory: a test that asks for one loads a model."""
 
 
@@ -28,6 +28,14 @@ def tiny_model_path() -> Path:
     from recipe.tiny import ensure_tiny_model
 
     return ensure_tiny_model()
+
+
+@pytest.fixture(scope="session")
+def calculator_model_path() -> Path:
+    """The tiny model warm-started on calculator episodes (built once per cache)."""
+    from recipe.tiny.calculator import ensure_calculator_model
+
+    return ensure_calculator_model()
 
 
 @pytest.fixture(scope="session")

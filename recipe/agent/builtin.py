@@ -1,5 +1,9 @@
 """Built-in environments, named in ``rollout.multi_turn.environment``.
 
+``calculator``: multi-step arithmetic with a one-operation calculator tool (``Calculator``),
+on the ``calculator`` data task; ``python -m recipe env=calculator`` sets it all up (the data
+task, the environment, the budgets and the tiny model warm-started on the format).
+
 ``retry``: a wrong answer gets feedback and another turn (``RetryWithFeedback``). It scores
 with the reward registry's scorer of the record's ``data_source`` (the same scorer the
 single-turn task uses), so it runs on any dataset the registry knows, the default
@@ -17,8 +21,35 @@ import random
 
 from recipe.agent.episode import Observation
 from recipe.agent.interface import Environment, StepResult
+from recipe.data.calculator import calculator_step
 from recipe.protocol import PromptRecord
 from recipe.reward.registry import get_scorer
+
+
+class Calculator(Environment):
+    """Each model turn is a call (``A+B`` / ``A-B``, answered ``=VALUE``), a final answer (a
+    bare integer: reward 1 when it equals the record's ground truth, else 0; the episode
+    ends), or malformed (``=error``, a tool error). Calls score 0, so an episode that runs
+    out of turns before answering has reward 0 from the environment itself. The tool is
+    ``recipe.data.calculator.calculator_step``."""
+
+    def __init__(self) -> None:
+        self._truth: str | None = None
+        self._calls = 0
+
+    async def reset(self, record: PromptRecord) -> Observation:
+        self._truth, self._calls = record.ground_truth.strip(), 0
+        return record.prompt
+
+    async def step(self, action: str) -> StepResult:
+        assert self._truth is not None, "step() before reset()"
+        step = calculator_step(action)
+        if step.answer is not None:
+            correct = str(step.answer) == self._truth
+            info = {"calls": float(self._calls), "correct": float(correct)}
+            return StepResult(reward=float(correct), done=True, info=info)
+        self._calls += 1
+        return StepResult(observation=step.observation, reward=0.0, tool_error=step.error)
 
 
 class RetryWithFeedback(Environment):

@@ -21,6 +21,8 @@ from recipe.protocol import ENV_TOKEN_VERSION, FINISH_REASONS, ChatMessages, Tra
 Observation = str | ChatMessages
 """Text appended as it is, or chat messages rendered by the chat template."""
 
+INFO_PREFIX = "info/"
+"""Episode keys of the environment's ``StepResult.info`` means (``agent/info/<key>``)."""
 ENV_VERSION = ENV_TOKEN_VERSION
 """``versions`` entry of a token no policy produced (an observation)."""
 
@@ -133,5 +135,6 @@ class Episode:
                 "truncated_observations": float(self.num_truncated_observations),
                 "env_s": float(sum(self.env_s)),
                 "env_reward": float(self.reward is not None),
+                **{f"{INFO_PREFIX}{key}": value for key, value in self.info.items()},
             },
         )

@@ -19,6 +19,7 @@ from recipe.utils.import_path import load_attribute
 
 BUILTIN_ENVIRONMENTS: dict[str, str] = {
     "single_turn": "recipe.agent.env_loop:SingleTurnEnvironment",
+    "calculator": "recipe.agent.builtin:Calculator",
     "retry": "recipe.agent.builtin:RetryWithFeedback",
     "tool_latency": "recipe.agent.builtin:ToolLatency",
 }

@@ -6,6 +6,8 @@ agent/truncated_observations                counts over the step
 agent/env_s_p50, agent/env_s_p99            environment seconds per episode
 agent/finish_<reason>                       share of episodes per finish reason
 agent/model_token_ratio                     model tokens / all tokens after the prompts
+agent/info/<key>                            mean of the environment's ``StepResult.info``
+                                            numbers over the episodes that report the key
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from recipe.agent.episode import INFO_PREFIX
 from recipe.faults import RunFailure
 from recipe.protocol import Trajectory
 
@@ -40,6 +43,13 @@ def agent_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     }
     for reason, count in sorted(Counter(t.finish_reason for t in episodes).items()):
         out[f"agent/finish_{reason}"] = count / num
+    info: dict[str, list[float]] = {}
+    for traj in episodes:
+        for key, value in traj.episode.items():
+            if key.startswith(INFO_PREFIX):
+                info.setdefault(key, []).append(value)
+    for key, values in sorted(info.items()):
+        out[f"agent/{key}"] = sum(values) / len(values)
     return out
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from recipe.utils.config_check import require, require_choice, require_positive
 
-TASKS = ("arithmetic",)
+TASKS = ("arithmetic", "calculator")
 
 
 @dataclass
@@ -17,9 +17,12 @@ class DataConfig:
     """Validation files in the same schema. Empty: a held-out synthetic set when the train set
     is synthetic too, else no validation (warned)."""
     task: str = "arithmetic"
-    """Synthetic task used when no files are given."""
+    """Synthetic task used when no files are given: ``arithmetic`` (``a+b=``, one answer) or
+    ``calculator`` (multi-step problems for the calculator environment, ``env=calculator``)."""
     difficulty: int = 2
     """Synthetic task difficulty: the number of digits of each operand (1-6)."""
+    num_operands: int = 3
+    """Operands per problem of the ``calculator`` task (2-8)."""
     num_train_prompts: int = 8000
     """Size of the synthetic train set (prompts)."""
     num_val_prompts: int = 256
@@ -38,6 +41,12 @@ class DataConfig:
     def __post_init__(self) -> None:
         require_choice("data.task", self.task, TASKS)
         require(1 <= self.difficulty <= 6, "data.difficulty", self.difficulty, "an integer in 1..6")
+        require(
+            2 <= self.num_operands <= 8,
+            "data.num_operands",
+            self.num_operands,
+            "an integer in 2..8",
+        )
         require_positive("data.num_train_prompts", self.num_train_prompts)
         require_positive("data.num_val_prompts", self.num_val_prompts)
         require_positive("data.train_batch_size", self.train_batch_size)

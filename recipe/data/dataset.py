@@ -39,10 +39,20 @@ def build_datasets(cfg: DataConfig) -> tuple[list[PromptRecord], list[PromptReco
 
 
 def _synthetic(cfg: DataConfig, *, split: str, num: int) -> list[PromptRecord]:
-    if cfg.task != "arithmetic":
-        # DataConfig validates data.task; reaching here means a task was added there only.
-        raise ValueError(f"data.task={cfg.task!r} has no generator in recipe.data.dataset")
-    # Imported here so that file-based runs never pay for (or depend on) the generator.
-    from recipe.data.arithmetic import make_arithmetic_records
+    # Imported here so that file-based runs never pay for (or depend on) the generators.
+    if cfg.task == "arithmetic":
+        from recipe.data.arithmetic import make_arithmetic_records
 
-    return make_arithmetic_records(num, difficulty=cfg.difficulty, seed=cfg.seed, split=split)
+        return make_arithmetic_records(num, difficulty=cfg.difficulty, seed=cfg.seed, split=split)
+    if cfg.task == "calculator":
+        from recipe.data.calculator import make_calculator_records
+
+        return make_calculator_records(
+            num,
+            difficulty=cfg.difficulty,
+            num_operands=cfg.num_operands,
+            seed=cfg.seed,
+            split=split,
+        )
+    # DataConfig validates data.task; reaching here means a task was added there only.
+    raise ValueError(f"data.task={cfg.task!r} has no generator in recipe.data.dataset")

@@ -78,5 +78,6 @@ def _qualified_name(fn: Scorer) -> str:
 
 
 register_scorer("arithmetic")(scorers.arithmetic_score)
+register_scorer("calculator")(scorers.calculator_score)
 register_scorer(*MATH_SOURCES)(scorers.math_score)
 register_scorer(*GSM8K_SOURCES)(scorers.gsm8k_score)

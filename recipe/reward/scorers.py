@@ -7,6 +7,11 @@ only (no prompt, special tokens already skipped). They are pure functions: the r
 
 - ``arithmetic_score``: the synthetic task. The first number in the response must be the
   integer answer ("68" or " 68 " score 1, "6 8" or "68.5" score 0).
+- ``calculator_score``: the calculator task (``recipe.data.calculator``). The text after the
+  last newline must be the bare integer answer: ``"41"``, or an episode's model turns (joined
+  by newlines) ``"12+34\\n46-5\\n41"``, score 1; a call or ``"41 apples"`` score 0. The built-in
+  calculator environment rewards its episodes itself; this scores single-turn responses and
+  episodes of other agent loops.
 - ``math_score``: MATH; the last ``\\boxed{...}`` or ``\\fbox{...}`` (nested braces allowed;
   verl finds a last ``\\fbox`` but then scores it 0) against the ground truth (the dataset's
   ``answer``, or a whole ``solution`` whose last box is taken), by the MATH benchmark's
@@ -35,6 +40,7 @@ from recipe.reward.math_normalize import answers_match, normalize_math_answer
 __all__ = [
     "answers_match",
     "arithmetic_score",
+    "calculator_score",
     "gsm8k_score",
     "last_boxed",
     "math_score",
@@ -62,6 +68,13 @@ def arithmetic_score(
         return float(int(match.group()) == int(ground_truth.strip()))
     except ValueError:
         return float(match.group() == ground_truth.strip())
+
+
+def calculator_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
+) -> float:
+    answer = solution_str.rsplit("\n", 1)[-1].strip()
+    return float(answer.isdigit() and answer == ground_truth.strip())
 
 
 def math_score(

@@ -16,11 +16,16 @@ from typing import Any
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
+from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE
+from recipe.checkpoint import read_ledger
+from recipe.checkpoint.store import RUN_STATE_DIR
 from tests.helpers import agent_envs
 from tests.helpers.runs import assert_ledger_balances, build_recipe, read_metrics, spy_on_groups
 from tests.helpers.trace_checks import TOLERANCE_US, load_checked, requests, slices
 
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_for_module")]
 
 # configs/mode/fully_async.yaml, spelled out: load_config does not compose presets.
@@ -128,7 +133,9 @@ def test_multi_turn_episodes_span_syncs_with_cut_turns_continued_on_the_new_weig
 ):
     """Three-turn episodes of an environment loaded from a file, on a slow engine: syncs
     pause the engine mid-turn; the turn continues on the new weights (one turn, two
-    versions), observations stay masked and unversioned, and no prompt is lost."""
+    versions), observations stay masked and unversioned, and no prompt is lost. Checkpoints
+    are taken at syncs with episodes in flight; a run resumed from one admits those prompts
+    again and trains every prompt of its steps exactly once."""
     turn_tokens = 10
     overrides = SMALL | {
         "model.path": str(rollout_model_path),
@@ -139,8 +146,11 @@ def test_multi_turn_episodes_span_syncs_with_cut_turns_continued_on_the_new_weig
         "rollout.multi_turn.environment_kwargs": {"step_s": 0.0},
         "rollout.multi_turn.max_turn_tokens": turn_tokens,
         "trainer.total_training_steps": 6,
+        "trainer.save_freq": 1,  # every sync: steps 2, 4 and 6
+        "trainer.max_ckpt_to_keep": 3,
     }
-    recipe = build_recipe(tmp_path / "run", PRESET, overrides)
+    run_dir = tmp_path / "run"
+    recipe = build_recipe(run_dir, PRESET, overrides)
     seen = spy_on_groups(recipe)
     try:
         summary = recipe.fit()
@@ -160,8 +170,84 @@ def test_multi_turn_episodes_span_syncs_with_cut_turns_continued_on_the_new_weig
     assert cut_turns > 0, "no model turn was cut by a sync"
     assert summary["staleness/max"] <= summary["staleness/bound"]
     assert_ledger_balances(ledger)
-    steps = read_metrics(tmp_path / "run")
+    steps = read_metrics(run_dir)
     assert all(r["agent/turns_mean"] == 3.0 and r["agent/env_errors"] == 0 for r in steps)
+    _resume_with_episodes_in_flight(run_dir, overrides, summary)
+
+
+def _resume_with_episodes_in_flight(run_dir: Path, overrides: dict, first: dict) -> None:
+    restarts = {}
+    for step in (2, 4):
+        state_file = run_dir / "checkpoints" / f"step_{step}" / RUN_STATE_DIR
+        state = json.loads((state_file / ROLLOUTER_STATE_FILE).read_text())
+        restarts[step] = {uid for _, uid, _ in state["restart"]}
+        in_flight = {ticket for ticket, _, _ in state["restart"]}
+        assert not in_flight & {g["ticket"] for g in state["releases"]}
+    step = next((s for s in (2, 4) if restarts[s]), None)
+    assert step is not None, f"no checkpoint had episodes in flight: {restarts}"
+    resume_from = run_dir / "checkpoints" / f"step_{step}"
+    recipe = build_recipe(run_dir, PRESET, overrides | {"trainer.resume_mode": str(resume_from)})
+    try:
+        summary = recipe.fit()
+    finally:
+        recipe.close()
+    ledger = read_ledger(run_dir)
+    assert [r["step"] for r in ledger] == list(range(1, 7))
+    trained = [uid for r in ledger for uid in r["trained"]]
+    assert len(trained) == len(set(trained)), "a prompt was trained twice"
+    assert summary["steps"] == first["steps"]
+    assert summary["prompts/readmitted"] >= len(restarts[step])
+    later = {uid for r in ledger[step:] for uid in r["trained"]}
+    assert restarts[step] <= later  # the prompts in flight were trained after the resume
+
+
+def test_calculator_environment_trains_on_tool_episodes_with_exact_old_log_probs(
+    calculator_model_path, tmp_path
+):
+    """``env=calculator`` (its preset file) on the tiny model warm-started on its episodes:
+    the model calls the tool before it answers, tool answers are masked and unversioned,
+    rewards come from the environment, and the trainer's old log-probs over whole episodes
+    (bypass off) equal the engine's on the model tokens."""
+    env = OmegaConf.load(REPO / "configs" / "env" / "calculator.yaml")
+    preset = OmegaConf.to_container(OmegaConf.merge(PRESET, env))
+    overrides = SMALL | {
+        "rollout.max_num_seqs": 8,
+        "trainer.total_training_steps": 6,
+        "trainer.test_freq": 3,
+        "trainer.val_before_train": True,
+        "data.num_val_prompts": 32,
+        "algorithm.rollout_correction.bypass_mode": False,
+    }
+    run_dir = tmp_path / "run"
+    recipe = build_recipe(run_dir, preset, overrides)
+    assert recipe.trainer.model.path == calculator_model_path
+    seen = spy_on_groups(recipe)
+    try:
+        summary = recipe.fit()
+        ledger = recipe.ledger
+    finally:
+        recipe.close()
+    assert_ledger_balances(ledger)
+    trajs = [t for _, groups in seen for g in groups for t in g.trajectories]
+    assert {t.reward for t in trajs} <= {0.0, 1.0} and any(t.reward == 1.0 for t in trajs)
+    assert sum(t.episode["tool_calls"] > 1 for t in trajs) > len(trajs) / 2
+    for traj in trajs:
+        env_versions = [
+            v for v, m in zip(traj.token_versions, traj.loss_mask, strict=True) if not m
+        ]
+        assert set(env_versions) <= {-1}
+        assert len(env_versions) >= 3 * (traj.episode["turns"] - 1)  # "=VALUE\n" per call
+    steps = [r for r in read_metrics(run_dir) if r["step"] > 0]
+    # Old log-probs come from the pushed version; where every token of a step was sampled by
+    # that version (staleness 0: steps 1-2 at least), they must equal the engine's.
+    fresh = [r for r in steps if r["staleness/max"] == 0]
+    assert len(fresh) >= 2, [r["staleness/max"] for r in steps]
+    for record in fresh:
+        assert record["mismatch/logprob_abs_diff_mean"] < 1e-4, record
+        assert record["mismatch/logprob_abs_diff_max"] < 1e-3, record
+    for record in steps:
+        assert record["agent/env_errors"] == 0 and record["agent/turns_mean"] > 2.0
+    assert summary["initial/val_accuracy"] is not None and summary["final/val_accuracy"] > 0
 
 
 def _turn_versions(traj) -> list[list[int]]:

@@ -322,11 +322,33 @@ def test_agent_metrics_count_episodes_and_too_many_environment_errors_stop_the_r
     assert metrics["agent/turns_mean"] == 1.5 and metrics["agent/env_errors"] == 1.0
     assert metrics["agent/finish_env_error"] == metrics["agent/finish_stop"] == 0.5
     assert 0 < metrics["agent/model_token_ratio"] < 1
+    assert metrics["agent/info/calls"] == 1.0  # the one episode that reported it
     check_env_errors(trajs, 0.5, "my_env.py:Calc")  # 1 of 2 is not more than half
     with pytest.raises(EnvironmentFailureError, match=r"my_env\.py:Calc.*prompt 'p-1'") as err:
         check_env_errors(trajs, 0.25, "my_env.py:Calc")
     assert isinstance(err.value, RunFailure)
     assert agent_metrics([]) == {}
+
+
+def test_builtin_calculator_episodes_are_the_token_sequences_its_warm_start_trains_on(tokenizer):
+    from recipe.agent.builtin import Calculator as BuiltinCalculator
+    from recipe.tiny.calculator import encode_episodes
+
+    record = PromptRecord("c-0", "12+34-5=", "41", "calculator")
+    engine = ScriptedEngine(tokenizer, ["12+34", "46-5", "41"])
+    config = MultiTurnConfig(enable=True, environment="calculator", max_turn_tokens=8)
+    renderer = ObservationRenderer(tokenizer, [tokenizer.eos_token_id])
+    ctx = AgentContext(engine, renderer, config, response_length=48)
+    asyncio.run(EnvironmentLoop(BuiltinCalculator()).run(ctx, record))
+    episode = ctx.episode()
+    assert episode.finish_reason == "stop" and episode.reward == 1.0
+    assert (episode.num_turns, episode.num_tool_calls, episode.num_tool_errors) == (3, 3, 0)
+    input_ids, labels, _ = encode_episodes([record], tokenizer)
+    tokens = episode.tokens
+    assert [*tokens.prompt_ids, *tokens.response_ids] == input_ids[0].tolist()
+    trained = [int(label != -100) for label in labels[0].tolist()]
+    assert trained == [0] * len(tokens.prompt_ids) + list(tokens.loss_mask)
+    assert episode.to_trajectory("c-0", 0).episode["info/calls"] == 2.0
 
 
 def test_a_blocking_environment_runs_in_a_thread_and_never_stalls_other_episodes(tokenizer):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from recipe import tiny
+from recipe.tiny import arithmetic, cache
 
 
 class _FakeRun:
@@ -44,21 +45,38 @@ def test_build_child_gets_build_env_over_the_callers_environment(
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
     fake = _FakeRun(returncode=0)
-    monkeypatch.setattr(tiny.subprocess, "run", fake)
-    tiny.build_in_child(tmp_path)
+    monkeypatch.setattr(cache.subprocess, "run", fake)
+    cache.build_in_child(tmp_path)
     [(cmd, env)] = fake.calls
     assert cmd == [sys.executable, "-m", "recipe.tiny", "--build-into", str(tmp_path)]
     assert {k: env[k] for k in tiny.BUILD_ENV} == tiny.BUILD_ENV
-    package_root = str(Path(tiny.__file__).resolve().parent.parent)
+    package_root = str(Path(tiny.__file__).resolve().parents[2])
     assert env["PYTHONPATH"].split(os.pathsep) == [package_root, "/somewhere/else"]
 
 
 def test_failed_build_child_raises_with_the_command(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(tiny.subprocess, "run", _FakeRun(returncode=3))
+    monkeypatch.setattr(cache.subprocess, "run", _FakeRun(returncode=3))
     with pytest.raises(RuntimeError, match=r"exit 3.*--build-into"):
-        tiny.build_in_child(tmp_path)
+        cache.build_in_child(tmp_path)
+
+
+def test_a_variant_builder_gets_its_module_and_arguments(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake = _FakeRun(returncode=0)
+    monkeypatch.setattr(cache.subprocess, "run", fake)
+    cache.build_in_child(tmp_path, "recipe.tiny.calculator", ("--base", "/b"))
+    [(cmd, _)] = fake.calls
+    assert cmd[1:] == [
+        "-m",
+        "recipe.tiny.calculator",
+        "--build-into",
+        str(tmp_path),
+        "--base",
+        "/b",
+    ]
 
 
 @pytest.mark.model  # a child process that imports torch
@@ -84,8 +102,8 @@ def test_seeded_init_and_sft_give_the_same_weights_twice(tmp_path: Path) -> None
     try:
         runs = []
         for _ in range(2):
-            model = tiny._init_model(spec, tokenizer)
-            tiny._sft(spec, model, tokenizer)
+            model = arithmetic._init_model(spec, tokenizer)
+            arithmetic._sft(spec, model, tokenizer)
             runs.append([p.detach().clone() for p in model.parameters()])
     finally:
         torch.set_num_threads(prev_threads)

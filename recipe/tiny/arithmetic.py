@@ -33,45 +33,27 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from recipe.data.arithmetic import make_arithmetic_records, sft_text
+from recipe.tiny.cache import (
+    META_FILE,
+    check_build_env,
+    ensure_cached,
+    read_tiny_meta,
+    weights_sha256,
+)
+from recipe.tiny.tokenizer import build_tokenizer
+from recipe.tiny.train import generate_answers, sft_loop
 
 logger = logging.getLogger(__name__)
 
 # 3: numerics pinned by BUILD_ENV and a fused AdamW, so hosts build the same weights (v1's
 # depended on the host's CPU; v2 folders come from a draft of v3 and hold other weights).
 BUILDER_VERSION = 3
-EOS_TOKEN = "<|endoftext|>"
-PAD_TOKEN = "<|pad|>"
-META_FILE = "tiny_meta.json"
-DEFAULT_CACHE_DIR = Path("~/.cache/fully_async_rl")
-LOCK_TIMEOUT_S = 900.0
-# Qwen2's pre-tokenizer split: digits are isolated, punctuation runs are grouped.
-_SPLIT_REGEX = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# Read when torch, OpenMP and MKL initialise, hence set for a child process, not in this one.
-BUILD_ENV = {
-    # ATen's vectorised kernels (softmax, norms, exp, attention): AVX2, not the host's best
-    # (AVX-512 where present), whose different reduction widths change the low bits.
-    "ATEN_CPU_CAPABILITY": "avx2",
-    # MKL's GEMMs dispatch on CPU vendor and ISA, also in its CNR mode's ISA branches (on AMD
-    # those fall back to AUTO); COMPATIBLE (SSE2) is the branch that is the same everywhere.
-    # It doubles the SFT's time.
-    "MKL_CBWR": "COMPATIBLE",
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "PYTHONHASHSEED": "0",  # no set order is known to reach the model; pinned so none can
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,128 +104,13 @@ class TinySpec:
         return f"tiny-qwen2-v{BUILDER_VERSION}-{self.fingerprint}"
 
 
-def default_cache_dir() -> Path:
-    """``$RECIPE_CACHE_DIR`` if set, else ``~/.cache/fully_async_rl``."""
-    return Path(os.environ.get("RECIPE_CACHE_DIR") or DEFAULT_CACHE_DIR).expanduser()
-
-
 def ensure_tiny_model(cache_dir: Path | None = None, *, force: bool = False) -> Path:
     """Path of the cached tiny model, built on first use (or rebuilt with ``force``).
 
     Safe to call from many processes at once: one builds under a file lock, the others wait
     and reuse its result. A directory only appears, by atomic rename, once it is complete.
     """
-    from filelock import FileLock, Timeout
-
-    spec = TinySpec()
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / spec.dir_name
-    if (final / META_FILE).is_file() and not force:
-        return final
-    lock = FileLock(str(root / f"{spec.dir_name}.lock"))
-    try:
-        with lock.acquire(timeout=LOCK_TIMEOUT_S):
-            if (final / META_FILE).is_file() and not force:
-                return final  # another process built it while we waited
-            tmp = Path(tempfile.mkdtemp(prefix=f".{spec.dir_name}-", dir=root))
-            try:
-                build_in_child(tmp)
-                publish_dir(tmp, final)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-    except Timeout as exc:
-        raise RuntimeError(
-            f"waited {LOCK_TIMEOUT_S:.0f}s for {lock.lock_file}: another process holds it; "
-            "if none is building the tiny model, delete the lock file"
-        ) from exc
-    return final
-
-
-def build_in_child(out_dir: Path) -> None:
-    """Build the default model into ``out_dir`` in a fresh Python process with ``BUILD_ENV``."""
-    package_root = str(Path(__file__).resolve().parent.parent)
-    python_path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, **BUILD_ENV, "PYTHONPATH": python_path}
-    cmd = [sys.executable, "-m", "recipe.tiny", "--build-into", str(out_dir)]
-    proc = subprocess.run(cmd, env=env, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"building the tiny model failed (exit {proc.returncode}); its log is above. "
-            f"To retry by hand: {' '.join(cmd)}"
-        )
-
-
-def publish_dir(src: Path, dst: Path) -> None:
-    """Make ``src`` world-readable (workers may run as other users) and rename it to ``dst``."""
-    src.chmod(0o755)
-    for child in src.iterdir():
-        child.chmod(0o644)
-    old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
-    if dst.exists():  # only with force: a reader may briefly miss the folder, never see half
-        os.rename(dst, old)
-    os.rename(src, dst)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def read_tiny_meta(model_dir: Path) -> dict[str, Any]:
-    """The build record (``tiny_meta.json``) of a tiny-model directory."""
-    return json.loads((Path(model_dir) / META_FILE).read_text())
-
-
-def _byte_alphabet() -> dict[int, str]:
-    # Byte-level BPE maps each byte to a printable character; printable Latin-1 bytes map to
-    # themselves and the rest are shifted above 255 (the usual GPT-2 convention).
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    shifted = (b for b in range(256) if b not in printable)
-    table = {b: chr(b) for b in printable}
-    table.update({b: chr(256 + i) for i, b in enumerate(shifted)})
-    return dict(sorted(table.items()))
-
-
-def build_tokenizer(out_dir: Path, *, model_max_length: int) -> Any:
-    """Write a byte-level BPE tokenizer (256 byte tokens + eos + pad) and reload it through
-    ``AutoTokenizer``, as every component will, checking the round trip."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
-    from tokenizers.models import BPE
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    vocab = {char: byte for byte, char in _byte_alphabet().items()}
-    tok = Tokenizer(BPE(vocab=vocab, merges=[], continuing_subword_prefix="", fuse_unk=False))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(_SPLIT_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(
-        [AddedToken(EOS_TOKEN, special=True), AddedToken(PAD_TOKEN, special=True)]
-    )
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN)
-    fast.save_pretrained(out_dir)
-    # AutoTokenizer rebuilds a qwen2 folder's tokenizer as Qwen2Tokenizer (vocab + merges +
-    # Qwen2's pre-tokenizer); the tokenizer above is built to be exactly that.
-    cfg_path = out_dir / "tokenizer_config.json"
-    tok_cfg = json.loads(cfg_path.read_text())
-    tok_cfg.update(
-        tokenizer_class="Qwen2Tokenizer",
-        unk_token=None,
-        add_prefix_space=False,
-        model_max_length=model_max_length,
-    )
-    cfg_path.write_text(json.dumps(tok_cfg, indent=2) + "\n")
-    tokenizer = AutoTokenizer.from_pretrained(out_dir)
-    # The task relies on exact round trips and on one token per digit and operator.
-    for text in ("0123456789", "12+34=46", "99-9=90", "hello world"):
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        if tokenizer.decode(ids) != text:
-            raise RuntimeError(f"tiny tokenizer does not round-trip {text!r}: {ids}")
-    for char in "0123456789+-=":
-        if len(tokenizer.encode(char, add_special_tokens=False)) != 1:
-            raise RuntimeError(f"tiny tokenizer splits {char!r} into several tokens")
-    return tokenizer
+    return ensure_cached(TinySpec().dir_name, "recipe.tiny", cache_dir, force=force)
 
 
 def _build(spec: TinySpec, out_dir: Path) -> None:
@@ -252,15 +119,7 @@ def _build(spec: TinySpec, out_dir: Path) -> None:
 
     started = time.perf_counter()
     logger.info("building the tiny default model in %s (one-time, 2-3 min)", out_dir)
-    pinned = {k: os.environ.get(k) for k in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")}
-    cpu_capability = torch.backends.cpu.get_cpu_capability()
-    if pinned != {k: BUILD_ENV[k] for k in pinned} or cpu_capability != "AVX2":
-        logger.warning(
-            "tiny model built with %s and ATen CPU capability %s, not BUILD_ENV's: its weights "
-            "may differ from other hosts' builds",
-            pinned,
-            cpu_capability,
-        )
+    cpu_capability = check_build_env(logger, "tiny model")
     tokenizer = build_tokenizer(out_dir, model_max_length=spec.max_position_embeddings)
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(spec.num_threads)
@@ -287,7 +146,7 @@ def _build(spec: TinySpec, out_dir: Path) -> None:
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
         "cpu_capability": cpu_capability,
-        "mkl_cbwr": pinned["MKL_CBWR"],
+        "mkl_cbwr": os.environ.get("MKL_CBWR"),
     }
     (out_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     logger.info(
@@ -299,21 +158,6 @@ def _build(spec: TinySpec, out_dir: Path) -> None:
         meta["sampled_mixed_fraction"],
         meta["build_seconds"],
     )
-
-
-def weights_sha256(model_dir: Path) -> str:
-    """sha256 over the saved tensors' names and raw bytes in name order (not the file's bytes,
-    whose header layout may change with the safetensors version)."""
-    import torch
-    from safetensors import safe_open
-
-    digest = hashlib.sha256()
-    with safe_open(str(Path(model_dir) / "model.safetensors"), "pt") as f:
-        for name in sorted(f.keys()):
-            tensor = f.get_tensor(name).contiguous()
-            digest.update(name.encode())
-            digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 def _init_model(spec: TinySpec, tokenizer: Any) -> Any:
@@ -367,74 +211,16 @@ def _encode_sft(spec: TinySpec, tokenizer: Any) -> tuple[Any, Any, Any]:
 
 
 def _sft(spec: TinySpec, model: Any, tokenizer: Any) -> dict[str, Any]:
-    import torch
-
     input_ids, labels, attention_mask = _encode_sft(spec, tokenizer)
-    gen = torch.Generator().manual_seed(spec.seed)
-    # fused: ATen's vectorised kernel. The default per-tensor step takes sqrt from MKL's VML,
-    # whose last bit differs between hosts whatever MKL_CBWR says.
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr, betas=(0.9, 0.98), fused=True)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda step: min(1.0, (step + 1) / spec.sft_warmup_steps)
+    return sft_loop(
+        model,
+        (input_ids, labels, attention_mask),
+        steps=spec.sft_steps,
+        batch_size=spec.sft_batch_size,
+        lr=spec.sft_lr,
+        warmup_steps=spec.sft_warmup_steps,
+        seed=spec.seed,
     )
-    started = time.perf_counter()
-    order = torch.empty(0, dtype=torch.long)
-    recent_losses: list[float] = []
-    model.train()
-    for _ in range(spec.sft_steps):
-        # Epoch-wise permutations from a seeded generator: a fixed data order.
-        if len(order) < spec.sft_batch_size:
-            order = torch.cat([order, torch.randperm(len(input_ids), generator=gen)])
-        idx, order = order[: spec.sft_batch_size], order[spec.sft_batch_size :]
-        out = model(
-            input_ids=input_ids[idx], attention_mask=attention_mask[idx], labels=labels[idx]
-        )
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        recent_losses = [*recent_losses[-19:], out.loss.item()]
-    model.eval()
-    return {
-        "sft_steps": spec.sft_steps,
-        "sft_seconds": round(time.perf_counter() - started, 2),
-        "sft_final_loss": round(sum(recent_losses) / max(len(recent_losses), 1), 4),
-    }
-
-
-def generate_answers(
-    model: Any, tokenizer: Any, prompts: list[str], *, max_new_tokens: int, generator: Any = None
-) -> list[str | None]:
-    """Decode each prompt greedily (``generator`` None) or by sampling at temperature 1.
-
-    Returns the text before eos, or None when no eos came within ``max_new_tokens``. Prompts
-    are batched by token length, so no padding (and no position shift) is ever needed.
-    """
-    import torch
-
-    encoded = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-    by_len: dict[int, list[int]] = {}
-    for i, ids in enumerate(encoded):
-        by_len.setdefault(len(ids), []).append(i)
-    answers: list[str | None] = [None] * len(prompts)
-    eos = tokenizer.eos_token_id
-    with torch.no_grad():
-        for idxs in by_len.values():
-            seq_bt = torch.tensor([encoded[i] for i in idxs])
-            for _ in range(max_new_tokens):
-                logits_bv = model(input_ids=seq_bt).logits[:, -1].float()
-                if generator is None:
-                    nxt_b = logits_bv.argmax(-1)
-                else:
-                    probs_bv = torch.softmax(logits_bv, -1)
-                    nxt_b = torch.multinomial(probs_bv, 1, generator=generator)[:, 0]
-                seq_bt = torch.cat([seq_bt, nxt_b[:, None]], dim=1)
-            for row, i in zip(seq_bt.tolist(), idxs, strict=True):
-                response = row[len(encoded[i]) :]
-                if eos in response:
-                    answers[i] = tokenizer.decode(response[: response.index(eos)])
-    return answers
 
 
 def _evaluate(spec: TinySpec, model: Any, tokenizer: Any) -> dict[str, Any]:
@@ -489,7 +275,3 @@ def main(argv: list[str] | None = None) -> None:
     path = ensure_tiny_model(args.cache_dir, force=args.force)
     print(path)
     print(json.dumps(read_tiny_meta(path), indent=2))
-
-
-if __name__ == "__main__":
-    main()
