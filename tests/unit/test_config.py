@@ -45,6 +45,17 @@ def test_every_mode_preset_composes_and_validates():
         assert cfg.prompts_per_step > 0
 
 
+def test_every_env_preset_composes_with_every_mode():
+    for env in ("calculator", "retry"):
+        for mode in MODES:
+            cfg = _compose([f"env={env}", f"mode={mode}"])
+            assert cfg.mode == mode and cfg.rollout.multi_turn.enable
+            assert cfg.rollout.multi_turn.environment == env
+    calculator = _compose(["env=calculator"])
+    assert calculator.data.task == "calculator"
+    assert calculator.model.tiny_warm_start == "calculator"
+
+
 def test_default_mode_is_fully_async():
     assert _compose([]).mode == "fully_async"
 
