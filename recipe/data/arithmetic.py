@@ -58,7 +58,9 @@ def sft_text(record: PromptRecord) -> str:
     return record.prompt + record.ground_truth
 
 
-def _check_args(num: int, difficulty: int, split: str) -> None:
+def check_split_and_difficulty(split: str, difficulty: int) -> None:
+    """``ValueError`` naming the argument when ``split`` or ``difficulty`` is out of range
+    (shared by the synthetic tasks)."""
     if split not in SPLITS:
         raise ValueError(f"split={split!r} is invalid: allowed one of {', '.join(SPLITS)}")
     if not MIN_DIFFICULTY <= difficulty <= MAX_DIFFICULTY:
@@ -66,6 +68,10 @@ def _check_args(num: int, difficulty: int, split: str) -> None:
             f"data.difficulty={difficulty!r} is invalid: allowed an integer in "
             f"{MIN_DIFFICULTY}..{MAX_DIFFICULTY}"
         )
+
+
+def _check_args(num: int, difficulty: int, split: str) -> None:
+    check_split_and_difficulty(split, difficulty)
     if num < 0:
         raise ValueError(f"{_NUM_KEYS[split]}={num!r} is invalid: allowed a number >= 0")
 

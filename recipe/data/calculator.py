@@ -23,7 +23,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from recipe.data.arithmetic import MAX_DIFFICULTY, MIN_DIFFICULTY, SPLITS, split_of
+from recipe.data.arithmetic import check_split_and_difficulty, split_of
 from recipe.protocol import PromptRecord
 
 DATA_SOURCE = "calculator"
@@ -102,13 +102,7 @@ def make_calculator_records(
 ) -> list[PromptRecord]:
     """``num`` distinct problems of ``split``, deterministic for the arguments (a shorter
     list is a prefix of a longer one). ``ValueError`` when the split is too small."""
-    if split not in SPLITS:
-        raise ValueError(f"split={split!r} is invalid: allowed one of {', '.join(SPLITS)}")
-    if not MIN_DIFFICULTY <= difficulty <= MAX_DIFFICULTY:
-        raise ValueError(
-            f"data.difficulty={difficulty!r} is invalid: allowed an integer in "
-            f"{MIN_DIFFICULTY}..{MAX_DIFFICULTY}"
-        )
+    check_split_and_difficulty(split, difficulty)
     if not MIN_OPERANDS <= num_operands <= MAX_OPERANDS:
         raise ValueError(
             f"data.num_operands={num_operands!r} is invalid: allowed an integer in "

@@ -27,25 +27,17 @@ vLLM's CPU attention supports only 32/64/128.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from recipe.data.arithmetic import make_arithmetic_records, sft_text
-from recipe.tiny.cache import (
-    META_FILE,
-    check_build_env,
-    ensure_cached,
-    read_tiny_meta,
-    weights_sha256,
-)
+from recipe.tiny.cache import builder_main, check_build_env, ensure_cached, save_built_model
 from recipe.tiny.tokenizer import build_tokenizer
 from recipe.tiny.train import generate_answers, sft_loop
 
@@ -115,7 +107,6 @@ def ensure_tiny_model(cache_dir: Path | None = None, *, force: bool = False) -> 
 
 def _build(spec: TinySpec, out_dir: Path) -> None:
     import torch
-    import transformers
 
     started = time.perf_counter()
     logger.info("building the tiny default model in %s (one-time, 2-3 min)", out_dir)
@@ -131,8 +122,6 @@ def _build(spec: TinySpec, out_dir: Path) -> None:
             evals = _evaluate(spec, model, tokenizer)
     finally:
         torch.set_num_threads(prev_threads)
-    model.save_pretrained(out_dir)
-    model.generation_config.save_pretrained(out_dir)
     meta = {
         "builder_version": BUILDER_VERSION,
         "fingerprint": spec.fingerprint,
@@ -141,14 +130,8 @@ def _build(spec: TinySpec, out_dir: Path) -> None:
         "vocab_size": len(tokenizer),
         **sft,
         **evals,
-        "weights_sha256": weights_sha256(out_dir),
-        "build_seconds": round(time.perf_counter() - started, 2),
-        "torch_version": torch.__version__,
-        "transformers_version": transformers.__version__,
-        "cpu_capability": cpu_capability,
-        "mkl_cbwr": os.environ.get("MKL_CBWR"),
     }
-    (out_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    meta = save_built_model(model, out_dir, meta, started=started, cpu_capability=cpu_capability)
     logger.info(
         "built the tiny model: %d params, greedy val accuracy %.3f, sampled %.3f "
         "(mixed groups %.2f), %.1fs",
@@ -255,23 +238,10 @@ def _evaluate(spec: TinySpec, model: Any, tokenizer: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m recipe.tiny", description="Build (once) and show the tiny default model."
+    builder_main(
+        argv,
+        prog="python -m recipe.tiny",
+        description="Build (once) and show the tiny default model.",
+        ensure=ensure_tiny_model,
+        build=lambda args: _build(TinySpec(), args.build_into),
     )
-    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
-    parser.add_argument("--cache-dir", type=Path, default=None, help="default: $RECIPE_CACHE_DIR")
-    parser.add_argument(
-        "--build-into",
-        type=Path,
-        default=None,
-        help="build into this empty folder in this process, as ensure_tiny_model's child does "
-        "(set BUILD_ENV first for a reproducible build)",
-    )
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    if args.build_into is not None:
-        _build(TinySpec(), args.build_into)
-        return
-    path = ensure_tiny_model(args.cache_dir, force=args.force)
-    print(path)
-    print(json.dumps(read_tiny_meta(path), indent=2))

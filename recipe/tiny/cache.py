@@ -7,13 +7,17 @@ process with pinned numerics (``BUILD_ENV``), under a file lock, published by at
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -143,3 +147,63 @@ def check_build_env(logger: Any, what: str) -> str:
             cpu_capability,
         )
     return cpu_capability
+
+
+def save_built_model(
+    model: Any, out_dir: Path, meta: dict[str, Any], *, started: float, cpu_capability: str
+) -> dict[str, Any]:
+    """Save ``model`` (weights, generation config) into ``out_dir``, then ``META_FILE``: ``meta``
+    plus the build's own record (weights digest, seconds, versions, numerics). The meta file
+    is written last: a folder that has one is complete."""
+    import torch
+    import transformers
+
+    model.save_pretrained(out_dir)
+    model.generation_config.save_pretrained(out_dir)
+    meta = {
+        **meta,
+        "weights_sha256": weights_sha256(out_dir),
+        "build_seconds": round(time.perf_counter() - started, 2),
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "cpu_capability": cpu_capability,
+        "mkl_cbwr": os.environ.get("MKL_CBWR"),
+    }
+    (out_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def builder_main(
+    argv: list[str] | None,
+    *,
+    prog: str,
+    description: str,
+    ensure: Callable[..., Path],
+    build: Callable[[argparse.Namespace], None],
+    child_args: tuple[str, ...] = (),
+) -> None:
+    """The command line of a builder module: show the cached model (built once), or, with
+    ``--build-into`` (and ``child_args``, all paths), build as ``ensure_cached``'s child."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="default: $RECIPE_CACHE_DIR")
+    parser.add_argument(
+        "--build-into",
+        type=Path,
+        default=None,
+        help="build into this empty folder in this process, as the cache's child does "
+        "(set BUILD_ENV first for a reproducible build)",
+    )
+    for name in child_args:
+        parser.add_argument(name, type=Path, default=None, help="(with --build-into)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.build_into is not None:
+        missing = [n for n in child_args if getattr(args, n.lstrip("-").replace("-", "_")) is None]
+        if missing:
+            parser.error(f"--build-into needs {', '.join(missing)}")
+        build(args)
+        return
+    path = ensure(args.cache_dir, force=args.force)
+    print(path)
+    print(json.dumps(read_tiny_meta(path), indent=2))

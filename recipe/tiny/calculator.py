@@ -16,7 +16,6 @@ answer before the last call) and GRPO groups have reward variance from step 0.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -30,11 +29,11 @@ from recipe.data.calculator import calculator_step, make_calculator_records, tra
 from recipe.protocol import PromptRecord
 from recipe.tiny.arithmetic import TinySpec, ensure_tiny_model
 from recipe.tiny.cache import (
-    META_FILE,
+    builder_main,
     check_build_env,
     ensure_cached,
     read_tiny_meta,
-    weights_sha256,
+    save_built_model,
 )
 from recipe.tiny.train import generate_ids, sft_loop
 
@@ -207,7 +206,6 @@ def build(spec: CalculatorSpec, base: Path, out_dir: Path) -> None:
     import shutil
 
     import torch
-    import transformers
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
     started = time.perf_counter()
@@ -236,8 +234,6 @@ def build(spec: CalculatorSpec, base: Path, out_dir: Path) -> None:
             seed=spec.seed,
         )
         evals = evaluate(spec, model, tokenizer)
-    model.save_pretrained(out_dir)
-    model.generation_config.save_pretrained(out_dir)
     meta = {
         "builder_version": BUILDER_VERSION,
         "fingerprint": spec.fingerprint,
@@ -245,13 +241,8 @@ def build(spec: CalculatorSpec, base: Path, out_dir: Path) -> None:
         "base": read_tiny_meta(base)["fingerprint"],
         **sft,
         **evals,
-        "weights_sha256": weights_sha256(out_dir),
-        "build_seconds": round(time.perf_counter() - started, 2),
-        "torch_version": torch.__version__,
-        "transformers_version": transformers.__version__,
-        "cpu_capability": cpu_capability,
     }
-    (out_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    meta = save_built_model(model, out_dir, meta, started=started, cpu_capability=cpu_capability)
     logger.info(
         "built the calculator warm start: greedy val accuracy %.3f, sampled %.3f "
         "(mixed groups %.2f), %.1fs",
@@ -263,24 +254,14 @@ def build(spec: CalculatorSpec, base: Path, out_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    builder_main(
+        argv,
         prog="python -m recipe.tiny.calculator",
         description="Build (once) and show the tiny model warm-started on calculator episodes.",
+        ensure=ensure_calculator_model,
+        build=lambda args: build(CalculatorSpec(), args.base, args.build_into),
+        child_args=("--base",),
     )
-    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
-    parser.add_argument("--cache-dir", type=Path, default=None, help="default: $RECIPE_CACHE_DIR")
-    parser.add_argument("--build-into", type=Path, default=None, help="(the builder child's)")
-    parser.add_argument("--base", type=Path, default=None, help="(the builder child's)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    if args.build_into is not None:
-        if args.base is None:
-            parser.error("--build-into needs --base")
-        build(CalculatorSpec(), args.base, args.build_into)
-        return
-    path = ensure_calculator_model(args.cache_dir, force=args.force)
-    print(path)
-    print(json.dumps(read_tiny_meta(path), indent=2))
 
 
 if __name__ == "__main__":

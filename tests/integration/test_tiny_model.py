@@ -25,6 +25,9 @@ MAX_NEW_TOKENS = 6
 REFERENCE_VERSIONS = {("2.13.0+cpu", "5.19.0"), ("2.11.0+cu130", "5.19.0")}
 REFERENCE_WEIGHTS_SHA256 = "8ffb16e67a803281a6cf542c5db3bbefe92ed91e47b49ea0dd0c1f691b77feaf"
 REFERENCE_GREEDY_VAL_ACCURACY = 0.3672
+# The calculator warm start on top of it (recipe/tiny/calculator.py), same pinned numerics.
+CALCULATOR_WEIGHTS_SHA256 = "39b445c6319131b32e277d170d04f61bf07e84178023c22a8f4e3856487e954f"
+CALCULATOR_GREEDY_VAL_ACCURACY = 0.4258
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +146,23 @@ def test_build_ran_pinned_and_matches_the_reference_bits(tiny_model_path: Path) 
         "a source of host dependence is left (compare tiny_meta.json across hosts)"
     )
     assert meta["greedy_val_accuracy"] == REFERENCE_GREEDY_VAL_ACCURACY
+
+
+def test_calculator_warm_start_is_pinned_and_leaves_room_for_rl(
+    calculator_model_path: Path,
+) -> None:
+    from recipe.tiny.calculator import CalculatorSpec
+
+    meta = read_tiny_meta(calculator_model_path)
+    assert meta["fingerprint"] == CalculatorSpec().fingerprint
+    assert meta["base"] == TinySpec().fingerprint
+    assert 0.1 <= meta["greedy_val_accuracy"] <= 0.7 and meta["sampled_mixed_fraction"] >= 0.3
+    assert weights_sha256(calculator_model_path) == meta["weights_sha256"]
+    versions = (meta["torch_version"], meta["transformers_version"])
+    if meta["cpu_capability"] != "AVX2" or versions not in REFERENCE_VERSIONS:
+        pytest.skip(f"reference bits known for AVX2 and {sorted(REFERENCE_VERSIONS)}")
+    assert meta["weights_sha256"] == CALCULATOR_WEIGHTS_SHA256
+    assert meta["greedy_val_accuracy"] == CALCULATOR_GREEDY_VAL_ACCURACY
 
 
 def test_transformers_greedy_answers_are_numbers_then_eos(
