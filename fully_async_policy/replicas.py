@@ -257,8 +257,8 @@ class ReplicaSupervisor:
         await self._each("resume")
 
     async def cut_episodes_all(self) -> None:
-        """End the multi-turn episodes waiting in paused replicas, as ``aborted`` (the
-        run is stopping; ``RolloutWorker.cut_episodes``)."""
+        """End the multi-turn episodes waiting in paused replicas, as ``aborted`` (the run
+        is stopping, or a checkpoint saves them; ``RolloutWorker.cut_episodes``)."""
         await self._each("cut_episodes")
 
     async def _each(self, method: str) -> None:

@@ -59,6 +59,7 @@ from fully_async_policy.snapshot import (
     merge_releases,
 )
 from fully_async_policy.validation import VersionValidation
+from recipe.agent.loading import episodes_save_state
 from recipe.checkpoint.rng import capture_rng, restore_rng
 from recipe.checkpoint.store import RUN_STATE_DIR
 from recipe.config import RecipeConfig
@@ -104,6 +105,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
     def __init__(self, cfg: RecipeConfig, run_dir: Path, queue: ActorHandle, plan: RunPlan) -> None:
         """``queue``: the MessageQueue actor released groups go into."""
         super().__init__(cfg, run_dir)
+        multi_turn = cfg.rollout.multi_turn
         self.tracer = Tracer(ROLLOUTER_PID, "rollouter", sort_index=ROLLOUTER_PID)
         """This actor's trace events; the trainer pulls them (``drain_trace``)."""
         self.queue = queue
@@ -121,6 +123,8 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
             timeout_s=cfg.checkpoint_engine.timeout_s,
         )
         self._in_flight: dict[int, asyncio.Task] = {}
+        self._episodes_save_state = multi_turn.enable and episodes_save_state(multi_turn)
+        """A checkpoint cuts episodes in flight with their state instead of restarting them."""
         self._partials: list[tuple[Ticket, list[Trajectory]]] = []
         self._num_resumes: dict[int, int] = {}
         self._deferred: list[Ticket] = []  # re-admissions that arrived while paused
@@ -344,12 +348,19 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         """This side's checkpoint state (fully_async_policy/snapshot.py), taken while PAUSED
         for a sync, after the push and before ``end_sync``. Single responses: nothing
         generates, so it is complete. Episodes (``rollout.multi_turn``) go on in the workers
-        through a sync (their environment steps are never cut); their groups are recorded as
-        ``restart``: a resume admits those prompts again, generated from scratch.
+        through a sync (their environment steps are never cut). When their environment
+        saves its state, each is cut where it next waits for the paused engine (after the
+        environment step it may be in: at most ``step_timeout_s``) and its group comes back
+        as a partial carrying that state, resumed at ``end_sync`` like any partial. Else
+        their groups are recorded as ``restart``: a resume admits those prompts again,
+        generated from scratch, while this run goes on with them.
 
         Consistency: no put into the queue starts while the queue is read, and everything
         else is read in one go after it, so a group that finishes meanwhile is either in
         ``restart`` (still generating then) or among the releases, never both or neither."""
+        if self._episodes_save_state:
+            await self.replicas.cut_episodes_all()
+            await self._quiet.wait()
         if self._in_flight and not self.cfg.rollout.multi_turn.enable:
             raise RuntimeError(f"snapshot() with {len(self._in_flight)} groups generating")
         self._puts_open.clear()

@@ -6,6 +6,10 @@ generation. Nothing generates then, so the rollouter's whole state is
     cursor            where fresh prompts continue (epoch, offset)
     admission         window, allowance, counters, live tickets, held (finished) groups
     partials          groups cut by the pause: tokens, per-token versions and log-probs so far
+                      (multi-turn episodes cut for the checkpoint also carry their agent
+                      state: counters and the environment's ``state_dict``)
+    restart           prompts whose episodes were in flight and cannot be saved (their
+                      environment has no state hooks): admitted again on resume
     num_resumes       pauses each partial group went through
     deferred          re-admissions waiting for the window to open
     releases          finished groups not yet trained: the message queue's contents, then

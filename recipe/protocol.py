@@ -79,6 +79,10 @@ class Trajectory:
     episode: dict[str, float] = field(default_factory=dict)
     """Multi-turn counts of this episode (``turns``, ``tool_calls``, ``tool_errors``,
     ``env_s``), logged as ``agent/*``; empty for single-turn responses."""
+    agent_state: dict[str, Any] | None = None
+    """An episode cut for a checkpoint (``aborted``) whose environment saves its state: what
+    continues it mid-way (``recipe.agent.context.AgentContext.state_dict``; JSON values).
+    None otherwise: an aborted episode without it starts again from scratch."""
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)

@@ -11,6 +11,9 @@ arithmetic one included: ``rollout.multi_turn.enable=true rollout.multi_turn.env
 
 ``tool_latency``: a fixed number of tool turns whose latency has a long tail
 (``ToolLatency``), the multi-turn workload of ``recipe.bench.e2e workload=multiturn``.
+
+All three save their state (``state_dict``/``load_state_dict``), so a fully_async
+checkpoint keeps their episodes in flight.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+from typing import Any
 
 from recipe.agent.episode import Observation
 from recipe.agent.interface import Environment, StepResult
@@ -50,6 +54,12 @@ class Calculator(Environment):
             return StepResult(reward=float(correct), done=True, info=info)
         self._calls += 1
         return StepResult(observation=step.observation, reward=0.0, tool_error=step.error)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"calls": self._calls}
+
+    def load_state_dict(self, state: dict[str, Any], record: PromptRecord) -> None:
+        self._truth, self._calls = record.ground_truth.strip(), int(state["calls"])
 
 
 class RetryWithFeedback(Environment):
@@ -85,6 +95,12 @@ class RetryWithFeedback(Environment):
             return StepResult(reward=0.0, done=True, info=info)
         question = record.prompt if isinstance(record.prompt, str) else "Wrong, try again."
         return StepResult(observation=self.feedback.format(prompt=question), info=info)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"attempt": self._attempt}
+
+    def load_state_dict(self, state: dict[str, Any], record: PromptRecord) -> None:
+        self._record, self._attempt = record, int(state["attempt"])
 
 
 class ToolLatency(Environment):
@@ -122,3 +138,12 @@ class ToolLatency(Environment):
         if self._taken >= self.turns:
             return StepResult(done=True, info=info)
         return StepResult(observation=f" tool[{self._taken}]={len(action)}.", info=info)
+
+    def state_dict(self) -> dict[str, Any]:
+        version, internal, gauss = self._rng.getstate()
+        return {"taken": self._taken, "rng": [version, list(internal), gauss]}
+
+    def load_state_dict(self, state: dict[str, Any], record: PromptRecord) -> None:
+        version, internal, gauss = state["rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
+        self._taken = int(state["taken"])

@@ -8,6 +8,10 @@
     await ctx.call_env(awaitable)   timed (step_timeout_s); the engine keeps serving others
     ctx.finish(reason) / ctx.episode()
 
+A checkpoint may end an episode while it waits for a paused engine (the only place one is
+cut); ``state_dict`` / ``load_state_dict`` carry it, with the cut trajectory's tokens, to a
+fresh context that continues that same turn.
+
 Invariant: a model turn is never split into two turns by a sync (the agent sees one action
 text), and an environment call is never cut by one (a sync only pauses engine requests).
 Budgets: ``response_length`` bounds all tokens after the prompt, ``max_assistant_turns`` the
@@ -87,6 +91,8 @@ class AgentContext:
         self.tokens: EpisodeTokens | None = None
         self._texts: list[str] = []
         self._last_turn: list[int] = []
+        self._turn: list[int] | None = None  # the model turn being generated, ids so far
+        self._turn_budget = self._turn_cuts = 0
         self._rewards: list[float] = []
         self._info: dict[str, list[float]] = {}
         self._finish: tuple[str, str | None] | None = None
@@ -109,13 +115,15 @@ class AgentContext:
     async def generate(self) -> str | None:
         """The next model turn's text; None when a budget is spent (see module docstring)."""
         tokens = self._require_tokens()
-        if self.num_turns >= self._config.max_assistant_turns or self.remaining_tokens <= 0:
-            return None
-        budget = self.remaining_tokens
-        if self._config.max_turn_tokens is not None:
-            budget = min(budget, self._config.max_turn_tokens)
-        turn: list[int] = []
-        start_us, num_cuts = now_us(), 0
+        if self._turn is None:  # a new turn (else: one cut for a checkpoint continues)
+            if self.num_turns >= self._config.max_assistant_turns or self.remaining_tokens <= 0:
+                return None
+            budget = self.remaining_tokens
+            if self._config.max_turn_tokens is not None:
+                budget = min(budget, self._config.max_turn_tokens)
+            self._turn, self._turn_budget, self._turn_cuts = [], budget, 0
+        turn, budget = self._turn, self._turn_budget
+        start_us = now_us()
         while True:
             seed = None if self._seed is None else self._seed + tokens.num_response_tokens
             out = await self._engine.generate_turn(tokens.context_ids, budget - len(turn), seed)
@@ -123,14 +131,15 @@ class AgentContext:
             turn += out.ids
             if out.finish_reason != "aborted" or len(turn) >= budget:
                 break
-            num_cuts += 1
+            self._turn_cuts += 1
             await self._engine.wait_until_running()  # the sync loads; then continue the turn
+        self._turn = None
         self.num_turns += 1
         self._last_turn = turn
         if self._on_slice is not None:
             versions = sorted(set(tokens.versions[len(tokens.versions) - len(turn) :]))
             args = {"turn": self.num_turns, "tokens": len(turn), "versions": versions}
-            self._on_slice("turn", start_us, now_us(), args | {"cuts": num_cuts})
+            self._on_slice("turn", start_us, now_us(), args | {"cuts": self._turn_cuts})
         text = self._renderer.tokenizer.decode(turn, skip_special_tokens=True)
         self._texts.append(text)
         return text
@@ -221,6 +230,52 @@ class AgentContext:
             info={k: sum(v) / len(v) for k, v in self._info.items()},
             response_text="\n".join(self._texts),
         )
+
+    # ---- checkpoints (an episode cut while it waited for a paused engine) ---------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything but the token sequence (the cut trajectory carries that) needed to
+        continue this episode where it waited: inside a model turn, ``turn`` its ids so far.
+        JSON values."""
+        return {
+            "turn": None if self._turn is None else list(self._turn),
+            "turn_budget": self._turn_budget,
+            "turn_cuts": self._turn_cuts,
+            "texts": list(self._texts),
+            "last_turn": list(self._last_turn),
+            "rewards": list(self._rewards),
+            "info": {k: list(v) for k, v in self._info.items()},
+            "counts": [
+                self.num_turns,
+                self.num_observations,
+                self.num_tool_calls,
+                self.num_tool_errors,
+                self.num_truncated_observations,
+            ],
+            "env_s": list(self.env_s),
+            "seed": self._seed,
+        }
+
+    def load_state_dict(self, tokens: EpisodeTokens, state: dict[str, Any]) -> None:
+        """Continue a cut episode: ``tokens`` as the cut trajectory had them, ``state`` from
+        ``state_dict``; the next ``generate`` continues the turn that was cut."""
+        if self.tokens is not None:
+            raise RuntimeError("AgentContext.load_state_dict() on an episode already started")
+        self.tokens = tokens
+        self._turn = None if state["turn"] is None else list(state["turn"])
+        self._turn_budget, self._turn_cuts = state["turn_budget"], state["turn_cuts"]
+        self._texts, self._last_turn = list(state["texts"]), list(state["last_turn"])
+        self._rewards = [float(r) for r in state["rewards"]]
+        self._info = {k: [float(x) for x in v] for k, v in state["info"].items()}
+        (
+            self.num_turns,
+            self.num_observations,
+            self.num_tool_calls,
+            self.num_tool_errors,
+            self.num_truncated_observations,
+        ) = state["counts"]
+        self.env_s = [float(x) for x in state["env_s"]]
+        self._seed = state["seed"]
 
     def _require_tokens(self) -> EpisodeTokens:
         if self.tokens is None:

@@ -1,6 +1,6 @@
 """The default agent loop: drive an ``Environment`` turn by turn.
 
-    obs = reset(record) -> prompt
+    obs = reset(record) -> prompt        (a continued episode: load_state_dict instead)
     repeat: action = model turn          (None: a budget is spent -> "length")
             result = step(action)        (timed out: a tool error the model is told about)
             reward += result.reward; done -> "stop"; else append result.observation
@@ -34,13 +34,16 @@ class EnvironmentLoop(AgentLoop):
         self.environment = environment
 
     async def run(self, ctx: AgentContext, record: PromptRecord) -> None:
-        try:
-            first = await ctx.call_env(_call(self.environment.reset, record))
-        except Exception as exc:  # the environment's failure ends only its own episode
-            ctx.start(record.prompt)  # so the failed episode still has a sequence
-            ctx.finish("env_error", f"reset: {error_line(exc)}")
-            return
-        ctx.start(first)
+        """``ctx`` already started: an episode continued from a checkpoint, its environment
+        restored (``load_state_dict``) instead of reset."""
+        if ctx.tokens is None:
+            try:
+                first = await ctx.call_env(_call(self.environment.reset, record))
+            except Exception as exc:  # the environment's failure ends only its own episode
+                ctx.start(record.prompt)  # so the failed episode still has a sequence
+                ctx.finish("env_error", f"reset: {error_line(exc)}")
+                return
+            ctx.start(first)
         while True:
             action = await ctx.generate()
             if action is None:

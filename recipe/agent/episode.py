@@ -15,6 +15,7 @@ carrying the newer version (``versions`` is per token).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from recipe.protocol import ENV_TOKEN_VERSION, FINISH_REASONS, ChatMessages, Trajectory
 
@@ -65,6 +66,18 @@ class EpisodeTokens:
         self.logprobs += [0.0] * len(ids)
         self.versions += [ENV_VERSION] * len(ids)
 
+    @classmethod
+    def from_trajectory(cls, traj: Trajectory) -> EpisodeTokens:
+        """The sequence of an episode cut for a checkpoint, to continue it."""
+        mask = traj.loss_mask if traj.loss_mask is not None else [1] * traj.num_response_tokens
+        return cls(
+            list(traj.prompt_ids),
+            list(traj.response_ids),
+            list(mask),
+            list(traj.rollout_logprobs),
+            list(traj.token_versions),
+        )
+
     @property
     def context_ids(self) -> list[int]:
         """What the engine continues from: the prompt and everything appended."""
@@ -109,6 +122,8 @@ class Episode:
     """Means of the steps' numeric ``info`` values."""
     response_text: str = ""
     """Decoded text of the model turns, joined (what a reward function scores)."""
+    agent_state: dict[str, Any] | None = None
+    """With ``aborted``: what continues the episode mid-way (``Trajectory.agent_state``)."""
 
     def __post_init__(self) -> None:
         assert self.finish_reason in EPISODE_FINISH_REASONS, self.finish_reason
@@ -137,4 +152,5 @@ class Episode:
                 "env_reward": float(self.reward is not None),
                 **{f"{INFO_PREFIX}{key}": value for key, value in self.info.items()},
             },
+            agent_state=self.agent_state,
         )

@@ -23,6 +23,12 @@ Both are loaded from the config by import path (``rollout.multi_turn.environment
 once per rollout worker with the keyword arguments of ``..._kwargs``; ``reset`` starts a
 fresh episode, so one environment object serves one episode at a time and the worker builds
 one per concurrent episode.
+
+Checkpoints (``mode=fully_async``): an environment that implements ``state_dict`` and
+``load_state_dict`` has its episodes in flight saved mid-way (the tokens so far, the
+context's counters and its state) and continued after a resume; one that does not has them
+started again from scratch (``prompts/readmitted``). A custom ``AgentLoop`` is a coroutine
+the framework cannot re-enter, so its episodes always start again.
 """
 
 from __future__ import annotations
@@ -70,6 +76,36 @@ class Environment(ABC):
     @abstractmethod
     async def step(self, action: str) -> StepResult:
         """Answer the model's turn ``action`` (its decoded text)."""
+
+    # Optional, both or neither: an environment that saves its state lets a checkpoint keep
+    # its episodes in flight; one that does not has them started again from scratch.
+
+    def state_dict(self) -> dict[str, Any]:
+        """This episode's state between two steps, as JSON values (dicts, lists, strings,
+        numbers). Called only while no ``reset``/``step`` runs, before the next model turn."""
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict[str, Any], record: PromptRecord) -> None:
+        """Continue the episode of ``record`` from ``state`` (what ``state_dict`` returned),
+        on a fresh object instead of ``reset``; the next call is ``step``."""
+        raise NotImplementedError
+
+
+def saves_state(cls: type[Environment]) -> bool:
+    """Whether ``cls`` implements the optional state hooks; ``ValueError`` when it
+    implements only one of them."""
+    own = [
+        name
+        for name in ("state_dict", "load_state_dict")
+        if getattr(cls, name) is not getattr(Environment, name)
+    ]
+    if len(own) == 1:
+        missing = ({"state_dict", "load_state_dict"} - set(own)).pop()
+        raise ValueError(
+            f"rollout.multi_turn.environment: {cls.__name__} implements {own[0]} but not "
+            f"{missing}; an environment saves its state with both or neither"
+        )
+    return bool(own)
 
 
 class AgentLoop(ABC):

@@ -14,7 +14,7 @@ from typing import Any
 
 from recipe.agent.config import MultiTurnConfig
 from recipe.agent.env_loop import EnvironmentLoop, SingleTurnEnvironment
-from recipe.agent.interface import AgentLoop, Environment
+from recipe.agent.interface import AgentLoop, Environment, saves_state
 from recipe.utils.import_path import load_attribute
 
 BUILTIN_ENVIRONMENTS: dict[str, str] = {
@@ -74,3 +74,10 @@ def environment_class(spec: str | None) -> type[Environment]:
         return SingleTurnEnvironment
     spec = BUILTIN_ENVIRONMENTS.get(spec, spec)
     return load_class("rollout.multi_turn.environment", spec, Environment)
+
+
+def episodes_save_state(config: MultiTurnConfig) -> bool:
+    """Whether a checkpoint can keep this config's episodes in flight: the default loop
+    over an environment with ``state_dict``/``load_state_dict`` (``ValueError`` when it has
+    only one of them)."""
+    return not config.agent_loop and saves_state(environment_class(config.environment))

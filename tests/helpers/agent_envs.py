@@ -28,3 +28,34 @@ class FixedTurns(Environment):
         if self._taken >= self.turns:
             return StepResult(reward=1.0, done=True)
         return StepResult(observation=f" obs{self._taken}:")
+
+
+class SavedTurns(FixedTurns):
+    """``FixedTurns`` that saves its state: a checkpoint keeps its episodes in flight."""
+
+    def state_dict(self):
+        return {"taken": self._taken}
+
+    def load_state_dict(self, state, record):
+        self._taken = state["taken"]
+
+
+class HalfSaved(FixedTurns):
+    """Saves its state but cannot load it: rejected at startup."""
+
+    def state_dict(self):
+        return {"taken": self._taken}
+
+
+class UnsaveableTurns(SavedTurns):
+    """Its state is not JSON: a checkpoint starts its episodes again."""
+
+    def state_dict(self):
+        return {"taken": object()}
+
+
+class UnloadableTurns(SavedTurns):
+    """Rejects its saved state: the continued episode ends as ``env_error``."""
+
+    def load_state_dict(self, state, record):
+        raise KeyError("taken")

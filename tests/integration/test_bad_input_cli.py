@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import agent_envs
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -166,10 +168,10 @@ def test_bad_file_or_path_fails_at_startup_naming_it(case, tmp_path):
         (
             [
                 "rollout.multi_turn.enable=true",
-                "rollout.multi_turn.environment=retry",
-                "trainer.save_freq=5",
+                f"rollout.multi_turn.environment={agent_envs.PATH}:HalfSaved",
             ],
-            "trainer.save_freq=5 is invalid: allowed 0 with rollout.multi_turn.enable=true",
+            "rollout.multi_turn.environment: HalfSaved implements state_dict but not "
+            "load_state_dict",
         ),
         (
             [
@@ -192,7 +194,7 @@ def test_bad_file_or_path_fails_at_startup_naming_it(case, tmp_path):
         "verl key",
         "verl key with no one-to-one equivalent",
         "missing + on a hydra key",
-        "multi-turn checkpoints in fully_async",
+        "environment with one state hook",
         "unknown environment class",
     ],
 )

@@ -128,21 +128,24 @@ def test_partial_rollout_spans_versions_within_the_staleness_bound_and_loses_no_
     assert summary["prompts/admitted"] == len(ledger["admitted"]) == 32
 
 
+@pytest.mark.parametrize("environment", ["SavedTurns", "FixedTurns"], ids=["saved", "unsaved"])
 def test_multi_turn_episodes_span_syncs_with_cut_turns_continued_on_the_new_weights(
-    rollout_model_path, tmp_path
+    rollout_model_path, tmp_path, environment
 ):
     """Three-turn episodes of an environment loaded from a file, on a slow engine: syncs
     pause the engine mid-turn; the turn continues on the new weights (one turn, two
     versions), observations stay masked and unversioned, and no prompt is lost. Checkpoints
-    are taken at syncs with episodes in flight; a run resumed from one admits those prompts
-    again and trains every prompt of its steps exactly once."""
+    are taken at syncs with episodes in flight. An environment that saves its state has them
+    cut with it and continued (in this run, and mid-way after a resume); one that does not
+    has them admitted again after a resume. Either way every prompt of the steps is trained
+    exactly once."""
     turn_tokens = 10
     overrides = SMALL | {
         "model.path": str(rollout_model_path),
         "rollout.response_length": 3 * turn_tokens + 12,  # + two " obs<k>:" observations
         "rollout.max_num_seqs": 4,
         "rollout.multi_turn.enable": True,
-        "rollout.multi_turn.environment": f"{agent_envs.PATH}:FixedTurns",
+        "rollout.multi_turn.environment": f"{agent_envs.PATH}:{environment}",
         "rollout.multi_turn.environment_kwargs": {"step_s": 0.0},
         "rollout.multi_turn.max_turn_tokens": turn_tokens,
         "trainer.total_training_steps": 6,
@@ -158,6 +161,7 @@ def test_multi_turn_episodes_span_syncs_with_cut_turns_continued_on_the_new_weig
     finally:
         recipe.close()
     trajs = [t for _, groups in seen for g in groups for t in g.trajectories]
+    # A continued episode that lost its environment's count would take a fourth turn.
     assert all(t.finish_reason == "stop" and t.episode["turns"] == 3.0 for t in trajs)
     cut_turns = 0
     for traj in trajs:
@@ -172,21 +176,23 @@ def test_multi_turn_episodes_span_syncs_with_cut_turns_continued_on_the_new_weig
     assert_ledger_balances(ledger)
     steps = read_metrics(run_dir)
     assert all(r["agent/turns_mean"] == 3.0 and r["agent/env_errors"] == 0 for r in steps)
-    _resume_with_episodes_in_flight(run_dir, overrides, summary)
+    if environment == "SavedTurns":
+        assert summary["prompts/readmitted"] == 0
+        _resume_with_episodes_saved(run_dir, overrides, summary)
+    else:
+        _resume_with_episodes_in_flight(run_dir, overrides, summary)
 
 
-def _resume_with_episodes_in_flight(run_dir: Path, overrides: dict, first: dict) -> None:
-    restarts = {}
-    for step in (2, 4):
-        state_file = run_dir / "checkpoints" / f"step_{step}" / RUN_STATE_DIR
-        state = json.loads((state_file / ROLLOUTER_STATE_FILE).read_text())
-        restarts[step] = {uid for _, uid, _ in state["restart"]}
-        in_flight = {ticket for ticket, _, _ in state["restart"]}
-        assert not in_flight & {g["ticket"] for g in state["releases"]}
-    step = next((s for s in (2, 4) if restarts[s]), None)
-    assert step is not None, f"no checkpoint had episodes in flight: {restarts}"
-    resume_from = run_dir / "checkpoints" / f"step_{step}"
-    recipe = build_recipe(run_dir, PRESET, overrides | {"trainer.resume_mode": str(resume_from)})
+def _rollouter_state(run_dir: Path, step: int) -> dict[str, Any]:
+    state_dir = run_dir / "checkpoints" / f"step_{step}" / RUN_STATE_DIR
+    return json.loads((state_dir / ROLLOUTER_STATE_FILE).read_text())
+
+
+def _resume(run_dir: Path, overrides: dict, step: int) -> tuple[dict, list]:
+    """Resume the run from ``step``'s checkpoint to its end; (summary, groups trained)."""
+    resume_from = str(run_dir / "checkpoints" / f"step_{step}")
+    recipe = build_recipe(run_dir, PRESET, overrides | {"trainer.resume_mode": resume_from})
+    seen = spy_on_groups(recipe)
     try:
         summary = recipe.fit()
     finally:
@@ -195,6 +201,43 @@ def _resume_with_episodes_in_flight(run_dir: Path, overrides: dict, first: dict)
     assert [r["step"] for r in ledger] == list(range(1, 7))
     trained = [uid for r in ledger for uid in r["trained"]]
     assert len(trained) == len(set(trained)), "a prompt was trained twice"
+    return summary, [g for _, groups in seen for g in groups]
+
+
+def _resume_with_episodes_saved(run_dir: Path, overrides: dict, first: dict) -> None:
+    cut: dict[str, list[dict]] = {}
+    for step in (2, 4):
+        state = _rollouter_state(run_dir, step)
+        assert state["restart"] == []  # nothing in flight: cut episodes are partials
+        cut[step] = [
+            traj
+            for _, group in state["partials"]
+            for traj in group
+            if traj["finish_reason"] == "aborted"
+        ]
+        assert all(t["agent_state"] is not None for t in cut[step])
+    step = next((s for s in (2, 4) if cut[s]), None)
+    assert step is not None, f"no checkpoint had episodes in flight: {cut}"
+    summary, groups = _resume(run_dir, overrides, step)
+    assert summary["steps"] == first["steps"] and summary["prompts/readmitted"] == 0
+    trained = {(t.prompt_uid, t.sample_index): t for g in groups for t in g.trajectories}
+    for saved in cut[step]:  # continued mid-way: the saved tokens begin the trained episode
+        traj = trained[(saved["prompt_uid"], saved["sample_index"])]
+        assert traj.response_ids[: len(saved["response_ids"])] == saved["response_ids"]
+        assert traj.finish_reason == "stop" and traj.episode["turns"] == 3.0
+
+
+def _resume_with_episodes_in_flight(run_dir: Path, overrides: dict, first: dict) -> None:
+    restarts = {}
+    for step in (2, 4):
+        state = _rollouter_state(run_dir, step)
+        restarts[step] = {uid for _, uid, _ in state["restart"]}
+        in_flight = {ticket for ticket, _, _ in state["restart"]}
+        assert not in_flight & {g["ticket"] for g in state["releases"]}
+    step = next((s for s in (2, 4) if restarts[s]), None)
+    assert step is not None, f"no checkpoint had episodes in flight: {restarts}"
+    summary, _ = _resume(run_dir, overrides, step)
+    ledger = read_ledger(run_dir)
     assert summary["steps"] == first["steps"]
     assert summary["prompts/readmitted"] >= len(restarts[step])
     later = {uid for r in ledger[step:] for uid in r["trained"]}

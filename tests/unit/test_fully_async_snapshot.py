@@ -124,6 +124,9 @@ def test_groups_partials_and_totals_round_trip_through_json():
     assert back == group and back.min_version == 1
     partials = [(AdmissionController(budget=2, window_demand=1, max_fresh=None).admit("u"), [])]
     partials[0][1].extend(group.trajectories)
+    cut = Trajectory("u", 2, [1, 2], [3, 5], [-0.5, 0.0], [1, -1], "aborted", loss_mask=[1, 0])
+    cut.agent_state = {"turn": [7], "counts": [1, 1, 1, 0, 0], "environment": {"calls": 1}}
+    partials[0][1].append(cut)  # an episode cut for a checkpoint, with its state
     assert decode_partials(json.loads(json.dumps(encode_partials(partials)))) == partials
     totals = RunTotals()
     totals.add(group.trajectories, trainer_version=3)

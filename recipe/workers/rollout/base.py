@@ -77,8 +77,10 @@ class RolloutWorker(ABC):
             self._check_open()
 
     async def cut_episodes(self) -> None:
-        """End the multi-turn episodes waiting for this PAUSED worker (they finish as
-        ``aborted``); the next ``resume`` lets new episodes wait again."""
+        """End the multi-turn episodes waiting for this PAUSED worker, and those that come to
+        wait before the next ``resume`` (after their environment step): they finish as
+        ``aborted`` (with their state, when their environment saves one); the next
+        ``resume`` lets new episodes wait again."""
         self._check_open()
         if self._paused:
             self._episodes_cut.set()

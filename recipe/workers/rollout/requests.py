@@ -87,7 +87,9 @@ class GenerationRequest:
                 f"GenerationRequest.resume has {len(resume)} trajectories, expected n={self.n}"
             )
         for traj in resume:
-            if traj.prompt_uid != self.prompt_uid or traj.prompt_ids != self.prompt_ids:
+            # An episode's prompt is its environment's first observation, not prompt_ids.
+            same_prompt = self.record is not None or traj.prompt_ids == self.prompt_ids
+            if traj.prompt_uid != self.prompt_uid or not same_prompt:
                 raise ValueError(
                     f"GenerationRequest.resume: trajectory {traj.sample_index} belongs to "
                     f"prompt {traj.prompt_uid!r}, not to {self.prompt_uid!r}"

@@ -132,6 +132,7 @@ class VLLMRolloutWorker(RolloutWorker):
                 budgets=[request.budget(i) for i in range(request.n)],
                 seeds=[sample_seed(request.seed, i, 0) for i in range(request.n)],
                 trace=self._requests,
+                resume=request.resume,
             )
         plan = plan_group(request)
         tasks: dict[int, asyncio.Task] = {}
