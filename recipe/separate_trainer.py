@@ -43,6 +43,7 @@ from recipe.run.metrics import clip_warning, response_clip_ratio
 from recipe.run.placement import Placement, init_ray
 from recipe.run.training_run import TraceSource, TrainingRun
 from recipe.workers.batch import TrainBatch
+from recipe.workers.correction import correct_batch
 
 if TYPE_CHECKING:
     from recipe.checkpoint_engine.base import WeightSyncError
@@ -129,7 +130,8 @@ class SeparateRayPPOTrainer:
         spec = TrainerSpec(
             model_path=str(self.model.path),
             total_optimizer_steps=total_optimizer_steps,
-            rollout_correction=self.cfg.algorithm.rollout_correction,
+            policy_loss=self.cfg.algorithm.policy_loss,
+            response_length=self.cfg.rollout.response_length,
             compute_dtype=self.cfg.model.dtype,
             seed=self.cfg.trainer.seed,
         )
@@ -194,9 +196,9 @@ class SeparateRayPPOTrainer:
             float(diff.max()) if diff.numel() else 0.0,
             reduce="max",
         )
-        if self.cfg.algorithm.rollout_correction.bypass_mode:
-            return batch
-        batch.old_logprobs_bt = logprobs_bt
+        batch = correct_batch(batch, logprobs_bt, self.cfg.algorithm.rollout_correction, metrics)
+        if not self.cfg.algorithm.rollout_correction.bypass_mode:
+            batch.old_logprobs_bt = logprobs_bt
         return batch
 
     @traced("advantages")

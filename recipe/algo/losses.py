@@ -12,7 +12,6 @@ SUM) then reproduces the single-process gradient, whatever the world size.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -104,7 +103,7 @@ def ppo_clip_loss(
 ) -> tuple[torch.Tensor, PolicyLossStats]:
     """PPO clipped surrogate ``max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))`` with
     ``r = exp(logprob - old_logprob)``, optionally times per-token importance weights
-    (decoupled PPO: ``pi_old / pi_rollout``), aggregated with ``agg_loss``."""
+    (rollout correction, ``recipe.algo.correction``), aggregated with ``agg_loss``."""
     log_ratio_bt = (logprobs_bt - old_logprobs_bt).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     ratio_bt = torch.exp(log_ratio_bt)
     unclipped_bt = -advantages_bt * ratio_bt
@@ -142,21 +141,6 @@ def kl_penalty(logprobs_bt: torch.Tensor, ref_logprobs_bt: torch.Tensor, kind: s
         k3_bt = torch.exp(log_ratio_bt) - log_ratio_bt - 1.0
         return k3_bt.clamp(-10.0, 10.0)
     raise ValueError(f"actor.kl_loss_type={kind!r}: choose one of {KL_KINDS}")
-
-
-def truncated_is_weights(
-    old_logprobs_bt: torch.Tensor,
-    rollout_logprobs_bt: torch.Tensor,
-    mask_bt: torch.Tensor,
-    cap: float,
-) -> torch.Tensor:
-    """Truncated importance weights ``min(pi_old / pi_rollout, cap)`` (B, T), detached, 0 off
-    the mask. They correct for the rollout engine's policy differing from PPO's old policy."""
-    if cap <= 0:
-        raise ValueError(f"algorithm.rollout_correction.tis_cap={cap!r}: must be > 0")
-    with torch.no_grad():
-        log_ratio_bt = (old_logprobs_bt - rollout_logprobs_bt).clamp(max=math.log(cap))
-        return torch.exp(log_ratio_bt) * mask_bt.to(log_ratio_bt.dtype)
 
 
 def entropy_from_logits(logits_nv: torch.Tensor) -> torch.Tensor:

@@ -56,6 +56,11 @@ VERL_KEYS: tuple[VerlKey, ...] = (
         ("actor.ppo_micro_batch_size_per_gpu",),
         "set the per-GPU size, {0}",
     ),
+    VerlKey(
+        _ARA + "policy_loss.loss_mode",
+        ("algorithm.policy_loss",),
+        "set {0}=ppo|gspo|cispo (verl's vanilla is ppo)",
+    ),
     _renamed(_ARA + "use_dynamic_bsz", "actor.use_dynamic_bsz"),
     _renamed(_ARA + "ppo_max_token_len_per_gpu", "actor.ppo_max_token_len_per_gpu"),
     _renamed(_ARR + "log_prob_max_token_len_per_gpu", "actor.log_prob_max_token_len_per_gpu"),

@@ -8,14 +8,24 @@ and one all-reduce per update brings every rank's sums together.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
-from recipe.algo.config import RolloutCorrectionConfig
-from recipe.algo.losses import agg_loss, kl_penalty, ppo_clip_loss, truncated_is_weights
+from recipe.algo.losses import agg_loss, kl_penalty
+from recipe.algo.policy_loss import policy_loss
 from recipe.workers.batch import TrainBatch
-from recipe.workers.config import ActorConfig
+from recipe.workers.config import DR_GRPO_AGG_MODE, ActorConfig
 
-SUM_KEYS = ("pg_loss", "kl_loss", "entropy", "clipfrac", "ppo_kl", "tis_weight", "tokens")
+
+class TrainerSpecLike(Protocol):
+    """The ``TrainerSpec`` fields the loss reads."""
+
+    policy_loss: str
+    response_length: int
+
+
+SUM_KEYS = ("pg_loss", "kl_loss", "entropy", "clipfrac", "ppo_kl", "tokens")
 """Token-weighted (or per-step) sums reduced once per update, in all-reduce buffer order."""
 
 
@@ -40,7 +50,7 @@ class LossSums:
 
 def micro_loss(
     actor: ActorConfig,
-    correction: RolloutCorrectionConfig,
+    spec: TrainerSpecLike,
     micro: TrainBatch,
     logprob_bt: torch.Tensor,
     entropy_bt: torch.Tensor,
@@ -48,27 +58,26 @@ def micro_loss(
     sums: LossSums,
 ) -> torch.Tensor:
     """This micro-batch's share of the mini-batch loss; adds its metric sums to ``sums``.
-    ``counts``: the mini-batch's global ``num_tokens`` and ``num_seqs``."""
+    ``counts``: the mini-batch's global ``num_tokens`` and ``num_seqs``. PPO's old policy is
+    the trainer's (decoupled mode) or the rollout's (bypass mode); rollout-correction weights
+    and rejections were applied to the batch by the driver (``recipe.algo.correction``)."""
     mask_bt = micro.response_mask_bt
-    old_bt, is_weights_bt = micro.rollout_logprobs_bt, None
-    if micro.old_logprobs_bt is not None:
-        old_bt = micro.old_logprobs_bt
-        is_weights_bt = truncated_is_weights(
-            old_bt, micro.rollout_logprobs_bt, mask_bt, correction.tis_cap
-        )
-        sums.add("tis_weight", is_weights_bt.sum())
-    pg_loss, stats = ppo_clip_loss(
-        logprob_bt, old_bt, micro.advantages_bt, mask_bt,
+    old_bt = (
+        micro.old_logprobs_bt if micro.old_logprobs_bt is not None else micro.rollout_logprobs_bt
+    )
+    agg_mode, counts = aggregation(actor.loss_agg_mode, counts, spec.response_length)
+    pg_loss, stats = policy_loss(
+        spec.policy_loss, logprob_bt, old_bt, micro.advantages_bt, mask_bt,
         clip_low=actor.clip_ratio_low, clip_high=actor.clip_ratio_high,
-        agg_mode=actor.loss_agg_mode, is_weights_bt=is_weights_bt, **counts,
+        agg_mode=agg_mode, is_weights_bt=micro.is_weights_bt, **counts,
     )  # fmt: skip
     loss = pg_loss
     if actor.entropy_coeff > 0:
-        entropy_loss = agg_loss(entropy_bt, mask_bt, actor.loss_agg_mode, **counts)
+        entropy_loss = agg_loss(entropy_bt, mask_bt, agg_mode, **counts)
         loss = loss - actor.entropy_coeff * entropy_loss
     if actor.use_kl_loss and micro.ref_logprobs_bt is not None:
         kl_bt = kl_penalty(logprob_bt, micro.ref_logprobs_bt, actor.kl_loss_type)
-        kl_loss = agg_loss(kl_bt, mask_bt, actor.loss_agg_mode, **counts)
+        kl_loss = agg_loss(kl_bt, mask_bt, agg_mode, **counts)
         loss = loss + actor.kl_loss_coef * kl_loss
         sums.add("kl_loss", kl_loss)
     sums.add("pg_loss", pg_loss)
@@ -79,13 +88,24 @@ def micro_loss(
     return loss
 
 
+def aggregation(
+    mode: str, counts: dict[str, float], response_length: int
+) -> tuple[str, dict[str, float]]:
+    """(``agg_loss`` mode, counts) of ``actor.loss_agg_mode``. Dr.GRPO's
+    ``seq-mean-token-sum-norm`` divides every sequence's token sum by the constant
+    ``rollout.response_length`` (no length bias): ``seq-mean-token-sum`` over
+    ``num_seqs * response_length``."""
+    if mode != DR_GRPO_AGG_MODE:
+        return mode, counts
+    return "seq-mean-token-sum", counts | {"num_seqs": counts["num_seqs"] * response_length}
+
+
 def update_metrics(
     totals: dict[str, float],
     grad_norms: list[float],
     lr: float,
     *,
     with_ref: bool,
-    with_old: bool,
 ) -> dict[str, float]:
     """``actor/*`` metrics of one update from the reduced sums and per-step grad norms."""
     num_steps, num_tokens = len(grad_norms), max(totals["tokens"], 1.0)
@@ -99,6 +119,4 @@ def update_metrics(
     }
     if with_ref:
         metrics["actor/kl_loss"] = totals["kl_loss"] / num_steps
-    if with_old:
-        metrics["actor/tis_weight_mean"] = totals["tis_weight"] / num_tokens
     return metrics

@@ -53,6 +53,9 @@ class TrainBatch:
     the rollout log-probs are the old policy (bypass mode)."""
     ref_logprobs_bt: torch.Tensor | None = None
     """(B, T) float32 log-probs of the frozen reference model (KL loss), once computed."""
+    is_weights_bt: torch.Tensor | None = None
+    """(B, T) float32 rollout-correction importance weights multiplied into each token's
+    policy loss (``algorithm.rollout_correction.rollout_is``); None: no weights."""
 
     @classmethod
     def from_trajectories(cls, trajs: Sequence[Trajectory], pad_token_id: int) -> TrainBatch:

@@ -14,7 +14,9 @@ from recipe.utils.config_check import (
     require_positive,
 )
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+DR_GRPO_AGG_MODE = "seq-mean-token-sum-norm"
+"""Each sequence's token sum over the constant ``rollout.response_length`` (Dr.GRPO)."""
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", DR_GRPO_AGG_MODE)
 ROLLOUT_BACKENDS = ("vllm", "hf")
 LENGTH_PROFILES = ("natural", "longtail")
 LR_SCHEDULES = ("constant", "cosine")

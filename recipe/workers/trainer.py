@@ -22,7 +22,7 @@ import math
 import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,8 +30,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from recipe.algo.config import RolloutCorrectionConfig
 from recipe.algo.losses import count_tokens_and_seqs
+from recipe.algo.policy_loss import POLICY_LOSSES
 from recipe.utils.config_check import require_choice, require_positive
 from recipe.workers.actor_loss import LossSums, micro_loss, update_metrics
 from recipe.workers.batch import TrainBatch
@@ -69,8 +69,10 @@ class TrainerSpec:
     """Local HF causal-LM directory to load the policy (and reference) from."""
     total_optimizer_steps: int | None = None
     """Optimizer steps of the whole run; sizes the LR schedule (required for cosine)."""
-    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
-    """``algorithm.rollout_correction``: TIS cap applied when a batch carries old log-probs."""
+    policy_loss: str = "ppo"
+    """``algorithm.policy_loss`` (``recipe.algo.policy_loss``)."""
+    response_length: int = 1
+    """``rollout.response_length``: the constant of Dr.GRPO's ``seq-mean-token-sum-norm``."""
     logits_temperature: float = 1.0
     """Logits are divided by this before log-softmax (match the rollout sampling temperature
     when the engine reports log-probs of the tempered distribution)."""
@@ -81,6 +83,8 @@ class TrainerSpec:
 
     def __post_init__(self) -> None:
         require_positive("logits_temperature", self.logits_temperature)
+        require_choice("policy_loss", self.policy_loss, POLICY_LOSSES)
+        require_positive("response_length", self.response_length)
         require_choice("compute_dtype", self.compute_dtype, ("float32", "bfloat16", "float16"))
         if self.total_optimizer_steps is not None:
             require_positive("total_optimizer_steps", self.total_optimizer_steps)
@@ -228,7 +232,6 @@ class TrainerWorker:
             grad_norms,
             lr,
             with_ref=self._ref is not None,
-            with_old=batch.old_logprobs_bt is not None,
         )
 
     def _train_step(self, mini: TrainBatch, sums: LossSums) -> float:
@@ -236,11 +239,10 @@ class TrainerWorker:
         local_tokens, local_seqs = count_tokens_and_seqs(mini.response_mask_bt)
         num_tokens, num_seqs = all_reduce_sum([local_tokens, local_seqs], self.device)
         counts = {"num_tokens": num_tokens, "num_seqs": num_seqs}
-        correction = self.spec.rollout_correction
         for _, micro in self._micro_batches(mini, grad=True):
             logprob_bt, entropy_bt = self._forward(self._policy, micro)
             micro_loss(
-                self.actor, correction, micro, logprob_bt, entropy_bt, counts, sums
+                self.actor, self.spec, micro, logprob_bt, entropy_bt, counts, sums
             ).backward()
         return self._optimizer_step()
 

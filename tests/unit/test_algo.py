@@ -13,7 +13,6 @@ from recipe.algo.losses import (
     entropy_from_logits,
     kl_penalty,
     ppo_clip_loss,
-    truncated_is_weights,
 )
 
 # Groups interleaved on purpose: estimators must not assume sorted rows.
@@ -152,17 +151,6 @@ def test_low_var_kl_is_clamped_for_extreme_ratios():
     assert k3.item() == 10.0
     with pytest.raises(ValueError, match="kl_loss_type"):
         kl_penalty(torch.tensor([0.0]), torch.tensor([0.0]), "k4")
-
-
-def test_truncated_is_weights_are_capped_masked_and_detached():
-    old = torch.tensor([[math.log(0.5), math.log(0.9), -1.0]], requires_grad=True)
-    rollout = torch.tensor([[math.log(1.0), math.log(0.3), -2.0]])
-    mask = torch.tensor([[1, 1, 0]])
-    weights = truncated_is_weights(old, rollout, mask, cap=2.0)
-    torch.testing.assert_close(weights, torch.tensor([[0.5, 2.0, 0.0]]))
-    assert not weights.requires_grad
-    with pytest.raises(ValueError, match="tis_cap"):
-        truncated_is_weights(old, rollout, mask, cap=0.0)
 
 
 def test_entropy_from_logits_is_log_v_for_uniform_and_zero_for_peaked():

@@ -160,12 +160,16 @@ def test_one_update_lowers_the_surrogate_loss_and_reports_metrics(worker, model_
     assert metrics["actor/grad_norm"] > 0
 
 
-def test_decoupled_batch_reports_truncated_is_weights(worker, model_dir):
+@pytest.mark.parametrize("loss", ["ppo", "gspo", "cispo"])
+def test_each_policy_loss_trains_a_decoupled_batch_with_importance_weights(worker, model_dir, loss):
     batch = random_train_batch(model_dir)
     old_bt = worker.compute_log_prob(batch)[0]
-    batch = dataclasses.replace(batch, old_logprobs_bt=old_bt)
-    metrics = worker.update_actor(batch)
-    assert 0 < metrics["actor/tis_weight_mean"] <= TrainerSpec("x").rollout_correction.tis_cap
+    weights_bt = torch.where(batch.response_mask_bt, 0.5, 0.0)
+    batch = dataclasses.replace(batch, old_logprobs_bt=old_bt, is_weights_bt=weights_bt)
+    spec = TrainerSpec(str(model_dir), policy_loss=loss)
+    variant = worker if loss == "ppo" else TrainerWorker(worker.actor, spec)  # same group
+    metrics = variant.update_actor(batch)
+    assert set(metrics) == METRIC_KEYS and metrics["actor/grad_norm"] > 0
 
 
 def test_kl_loss_is_zero_while_the_policy_equals_the_reference(worker, model_dir):
