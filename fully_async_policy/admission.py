@@ -14,6 +14,9 @@ Rules::
     readmit(ticket)           the prompt again, labelled the current window; it takes the old
                               ticket's place, so it needs no allowance and never starves
     complete(ticket, group)   -> groups releasable now, in release order
+    filter(ticket)            the group was filtered (dynamic sampling, zero reward variance):
+                              the ticket retires unreleased and gives its slot back
+                              (allowance + 1), so the window still fills W trainable groups
 
 Release order: a group of window w is released only when every ticket of the windows before
 w is released (within a window: completion order). The trainer therefore trains groups in
@@ -26,6 +29,14 @@ window order, which gives the staleness bound::
 
 No deadlock: at every window start live + allowance >= B >= W, i.e. the trainer's W groups of
 the window are admitted; a re-admission replaces its ticket, so it keeps that true.
+
+Filtered groups keep the bound. Take live = admitted - trained - filtered (tickets that may
+still be trained). At a window's start live + allowance = B; admit moves one unit from
+allowance to live, filter one from live back to allowance, training removes one from live.
+So live + allowance <= B throughout the window, and the groups labelled <= v that are ever
+trained number at most v * W (trained before window v) + B (live at any point of window v,
+each filtered one having left live before its slot was reused): the count above holds.
+Filtered prompts do not use up the run's fresh prompts either (``fresh_left``).
 """
 
 from __future__ import annotations
@@ -83,6 +94,10 @@ class AdmissionController(Generic[Item]):
         self.num_readmitted = 0
         self.num_released = 0
         self.admitted_uids: list[str] = []
+        self.filtered_uids: list[str] = []
+        """Prompts whose groups were filtered (each also in ``admitted_uids``)."""
+        self.num_filtered_in_window = 0
+        """Groups filtered since the current window opened."""
         self._next_ticket = 0
         self._tickets: dict[int, Ticket] = {}  # admitted, not released, not retired
         self._unreleased: dict[int, int] = defaultdict(int)  # window -> tickets in _tickets
@@ -97,19 +112,27 @@ class AdmissionController(Generic[Item]):
     def num_admitted(self) -> int:
         return len(self.admitted_uids)
 
+    @property
+    def num_filtered(self) -> int:
+        return len(self.filtered_uids)
+
     def fresh_left(self) -> int | None:
-        return None if self.max_fresh is None else self.max_fresh - self.num_admitted
+        """Fresh prompts the run may still admit; a filtered one does not count."""
+        if self.max_fresh is None:
+            return None
+        return self.max_fresh - (self.num_admitted - self.num_filtered)
 
     def open_window(self, version: int, num_trained: int) -> int:
         """Start window ``version`` after the trainer trained ``num_trained`` groups; returns
         the new allowance."""
         if version < self.window:
             raise ValueError(f"open_window({version}) after window {self.window}: must not go back")
-        live = self.num_admitted - num_trained
+        live = self.num_admitted - num_trained - self.num_filtered
         if live < 0:
             raise ValueError(f"trained {num_trained} groups but only {self.num_admitted} admitted")
         self.window = version
         self.allowance = max(0, self.budget - live)
+        self.num_filtered_in_window = 0
         return self.allowance
 
     def can_admit(self) -> bool:
@@ -147,6 +170,18 @@ class AdmissionController(Generic[Item]):
         self._held[self._tickets[ticket].window].append((ticket, item))
         return self._releasable()
 
+    def filter(self, ticket: int) -> list[Item]:
+        """``ticket``'s finished group was filtered: retired unreleased, recorded, its slot
+        given back; returns the groups releasable now (it may have held a window back)."""
+        old = self._tickets.pop(ticket, None)
+        if old is None:
+            raise ValueError(f"ticket {ticket} is not admitted or already released")
+        self._unreleased[old.window] -= 1
+        self.filtered_uids.append(old.uid)
+        self.num_filtered_in_window += 1
+        self.allowance += 1
+        return self._releasable()
+
     def _releasable(self) -> list[Item]:
         out: list[Item] = []
         for window in sorted(w for w, n in self._unreleased.items() if n > 0):
@@ -176,6 +211,8 @@ class AdmissionController(Generic[Item]):
             "num_readmitted": self.num_readmitted,
             "num_released": self.num_released,
             "admitted_uids": list(self.admitted_uids),
+            "filtered_uids": list(self.filtered_uids),
+            "num_filtered_in_window": self.num_filtered_in_window,
             "next_ticket": self._next_ticket,
             "tickets": [[t.ticket, t.uid, t.window] for t in self._tickets.values()],
             "held": [
@@ -200,6 +237,8 @@ class AdmissionController(Generic[Item]):
         self.window, self.allowance = state["window"], state["allowance"]
         self.num_readmitted, self.num_released = state["num_readmitted"], state["num_released"]
         self.admitted_uids = list(state["admitted_uids"])
+        self.filtered_uids = list(state.get("filtered_uids", []))
+        self.num_filtered_in_window = state.get("num_filtered_in_window", 0)
         self._next_ticket = state["next_ticket"]
         self._tickets = {n: Ticket(n, uid, w) for n, uid, w in state["tickets"]}
         self._unreleased = defaultdict(int)

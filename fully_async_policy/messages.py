@@ -104,6 +104,8 @@ class RolloutProgress:
     """Validation metrics finished since the previous poll, by weights version."""
     num_restarts: int = 0
     """Rollout replicas restarted after dying (``faults/rollout_restarts``)."""
+    num_filtered: int = 0
+    """Groups filtered by dynamic sampling (``algorithm.filter_groups``)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -120,3 +122,5 @@ class RolloutLedger:
     """Groups put in the queue."""
     num_restarts: int = 0
     """Rollout replicas restarted after dying (``faults/rollout_restarts``)."""
+    filtered_uids: list[str] = field(default_factory=list)
+    """Prompts whose groups dynamic sampling filtered (admitted, never trained)."""

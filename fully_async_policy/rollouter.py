@@ -60,6 +60,7 @@ from fully_async_policy.snapshot import (
 )
 from fully_async_policy.validation import VersionValidation
 from recipe.agent.loading import episodes_save_state
+from recipe.algo.dynamic_sampling import FilteredOutError, has_signal
 from recipe.checkpoint.rng import capture_rng, restore_rng
 from recipe.checkpoint.store import RUN_STATE_DIR
 from recipe.config import RecipeConfig
@@ -216,12 +217,14 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
                 self._partials.append((ticket, trajs))  # cut by a pause: resumed at end_sync
                 return
             await self.reward_fn.ascore_group(self.records[ticket.uid], trajs)
+            if self._filtered_out(ticket, trajs):
+                return
             group = PromptGroup(
                 ticket.ticket, ticket.window, trajs, self._num_resumes.pop(ticket.ticket, 0)
             )
             self._releases.extend(self.admission.complete(ticket.ticket, group))
             self._released.set()
-        except RewardError as exc:  # the user's function: nothing to restart
+        except (RewardError, FilteredOutError) as exc:  # the user's function or data
             self._fail(exc)
         except Exception as exc:  # surfaces from run(), which closes the queue
             if replica is not None and await self.replicas.on_failure(replica, worker, exc):
@@ -234,6 +237,28 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
             if not self._in_flight:
                 self._quiet.set()
                 self._clock.set_busy(False)
+
+    def _filtered_out(self, ticket: Ticket, trajs: list[Trajectory]) -> bool:
+        """Dynamic sampling: a group without reward variance is filtered, its admission slot
+        given back (admission.py); ``FilteredOutError`` when a window filtered more than
+        ``max_num_gen_batches - 1`` windows' worth of groups."""
+        config = self.cfg.algorithm.filter_groups
+        if not config.enable or has_signal(trajs, config.metric):
+            return False
+        self._num_resumes.pop(ticket.ticket, None)
+        self._releases.extend(self.admission.filter(ticket.ticket))
+        self._released.set()
+        self._wake.set()  # the slot it gave back may admit another prompt
+        demand, cap = self.admission.window_demand, config.max_num_gen_batches
+        if cap and self.admission.num_filtered_in_window > (cap - 1) * demand:
+            raise FilteredOutError(
+                f"{self.admission.num_filtered_in_window} prompt groups were filtered in "
+                f"version window {self.admission.window} (zero variance of "
+                f"{config.metric!r}), more than {cap - 1} windows' worth of {demand}: raise "
+                f"algorithm.filter_groups.max_num_gen_batches={cap}, or check that the reward "
+                "can tell the responses apart"
+            )
+        return True
 
     async def _release_loop(self) -> None:
         """Put released groups into the queue one at a time (keeps the release order)."""
@@ -432,6 +457,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
             num_in_flight=len(self._in_flight),
             val_results=self.validation.take_unreported(),
             num_restarts=self.replicas.num_restarts,
+            num_filtered=self.admission.num_filtered,
         )
 
     async def stop(self) -> RolloutLedger:
@@ -452,6 +478,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
             unreleased_uids=unreleased + [g.prompt_uid for g in self._releases],
             num_released=self.admission.num_released - len(self._releases),
             num_restarts=self.replicas.num_restarts,
+            filtered_uids=list(self.admission.filtered_uids),
         )
 
     # ---- dead replicas (fully_async_policy/replicas.py) -------------------------------------

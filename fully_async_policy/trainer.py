@@ -225,6 +225,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             "queue/blocked_puts": float(stats.num_blocked_puts),
             "prompts/admitted": float(progress.num_admitted),
             "prompts/readmitted": float(progress.num_readmitted),
+            "prompts/filtered": float(progress.num_filtered),
         }
         self._num_rollout_restarts = progress.num_restarts
         out |= {key: float(count) for key, count in self.fault_counts.items()}
@@ -336,6 +337,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             "admitted": ledger.admitted_uids,
             "trained": list(self.trained_uids),
             "in_flight": ledger.unreleased_uids + [g.prompt_uid for g in leftover],
+            "filtered": ledger.filtered_uids,
         }
         self._num_rollout_restarts = ledger.num_restarts
         extra = {
@@ -343,6 +345,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             "prompts/trained": len(self.trained_uids),
             "prompts/readmitted": ledger.num_readmitted,
             "prompts/in_flight": len(self.ledger["in_flight"]),
+            "prompts/filtered": len(ledger.filtered_uids),
             "staleness/bound": self.plan.staleness_bound,
             "trainer/idle_ratio": self._wait_s / wall_s,
             "rollouter/idle_ratio": self._progress.idle_s / max(self._progress.elapsed_s, 1e-9),

@@ -6,6 +6,8 @@
         submit batch k+1                             engines on version k, overlaps training
         score, old log-probs, advantages, update on batch k
         wait batch k+1                               timing/wait_prev_gen_s
+          (algorithm.filter_groups: score it, filter zero-variance groups, refill on
+           version k, still before the push)
         push weights -> engines serve version k + 1
 
 Generation of batch k+1 runs on the rollout resources during batch k's training, so it comes
@@ -28,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recipe.algo.dynamic_sampling import sample_step
+from recipe.checkpoint import num_filtered
 from recipe.checkpoint.codec import decode_groups, encode_groups
 from recipe.config import RecipeConfig
 from recipe.data.cursor import PromptCursor
@@ -54,7 +58,10 @@ class PendingBatch:
     version: int
     """Weights version the engines served when the batch was submitted."""
     groups: list[list[Trajectory]] | None = field(default=None)
-    """The finished groups, once waited for (a checkpoint stores them while untrained)."""
+    """The finished groups, scored, once waited for (a checkpoint stores them while
+    untrained). With dynamic sampling, ``records`` and ``groups`` are then the kept ones."""
+    filtered: list[str] = field(default_factory=list)
+    """Uids of the prompts dynamic sampling filtered out of this batch."""
 
 
 class OneStepOffTrainer(SeparateRayPPOTrainer):
@@ -104,7 +111,8 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
             if run.should_validate(self.version):
                 last_val = self._validate()
                 out.update(last_val)
-            run.log_step(self.global_step, self.version, out, [r.uid for r in current.records])
+            trained = [r.uid for r in current.records]
+            run.log_step(self.global_step, self.version, out, trained, current.filtered)
             out_of_time = pending is not None and run.out_of_time(start)
             if run.should_save(self.version, last=pending is None or out_of_time):
                 state = self._loop_state(pending)
@@ -159,6 +167,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
                 "uids": [r.uid for r in pending.records],
                 "version": pending.version,
                 "groups": encode_groups(pending.groups),
+                "filtered": pending.filtered,
             }
         return {
             "cursor": self.cursor.state_dict(),
@@ -175,7 +184,8 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
             return None
         by_uid = {r.uid: r for r in self.train_records}
         records = [by_uid[uid] for uid in saved["uids"]]
-        return PendingBatch(records, [], saved["version"], decode_groups(saved["groups"]))
+        groups = decode_groups(saved["groups"])
+        return PendingBatch(records, [], saved["version"], groups, saved.get("filtered", []))
 
     @traced("wait_batch")
     def _wait(self, pending: PendingBatch, metrics: MetricsAccumulator) -> list[list[Trajectory]]:
@@ -183,8 +193,26 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         A replica that died raises ``RolloutWorkerError`` naming it."""
         with metrics.timer("timing/wait_prev_gen_s"):  # ~0 for a batch already waited for
             if pending.groups is None:
-                pending.groups = self.rollout_group.get(pending.refs)
+                groups = self.rollout_group.get(pending.refs)
+                for record, trajs in zip(pending.records, groups, strict=True):
+                    self._score(record, trajs)
+                # Refills run on pending.version: the push that ends it waits for this.
+                filled = sample_step(
+                    self.cfg.algorithm.filter_groups,
+                    self.cfg.prompts_per_step,
+                    pending.records,
+                    groups,
+                    self._more,
+                )
+                pending.records, pending.groups = filled.records, filled.groups
+                pending.filtered = filled.filtered
+                metrics.add("prompts/filtered", float(len(filled.filtered)), reduce="sum")
         return pending.groups
+
+    def _more(self, num_prompts: int) -> tuple[list[PromptRecord], list[list[Trajectory]]]:
+        """A refill round of dynamic sampling: the next prompts, generated and scored."""
+        records = self.cursor.take(num_prompts)
+        return records, self._generate_scored(records)
 
     def _num_ready(self, pending: PendingBatch) -> int:
         """Groups of ``pending`` already generated (the trainer's queue depth)."""
@@ -211,9 +239,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         groups: list[list[Trajectory]],
         metrics: MetricsAccumulator,
     ) -> dict[str, float]:
-        """Score, old log-probs, advantages and update on one batch at ``self.version``."""
-        for record, trajs in zip(records, groups, strict=True):
-            self._score(record, trajs)
+        """Old log-probs, advantages and update on one scored batch at ``self.version``."""
         trajs = [t for g in groups for t in g]
         out = self._sample_metrics(trajs)
         batch = self._make_batch(groups)
@@ -236,6 +262,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
             extra={
                 "prompts/admitted": self.cursor.num_handed_out,
                 "prompts/trained": self.global_step * self.cfg.prompts_per_step,
+                "prompts/filtered": num_filtered(self.run_dir),
                 **self.fault_counts,
             },
         )

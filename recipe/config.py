@@ -149,6 +149,13 @@ class RecipeConfig:
         self._warn_unused_knobs()
 
     def _check_batches(self) -> None:
+        require(
+            not self.algorithm.filter_groups.enable or self.rollout.n >= 2,
+            "rollout.n",
+            self.rollout.n,
+            ">= 2 with algorithm.filter_groups.enable=true (a group of one response has no "
+            "variance: every group would be filtered)",
+        )
         mini = self.actor.ppo_mini_batch_size
         if self.mode == "fully_async":
             return  # a local step is require_batches whole mini-batches by construction

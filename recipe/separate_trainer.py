@@ -66,7 +66,7 @@ class SeparateRayPPOTrainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Input checks come first: each raises a ValueError naming the key, file or row.
         self.train_records, self.val_records = build_datasets(cfg.data)
-        self.reward_fn = RewardFunction(cfg.reward)
+        self.reward_fn = RewardFunction(cfg.reward, cfg.rollout.response_length)
         self.reward_fn.check_data_sources(
             {r.data_source for r in self.train_records + self.val_records}
         )
@@ -161,6 +161,22 @@ class SeparateRayPPOTrainer:
     def _score(self, record: PromptRecord, trajs: list[Trajectory]) -> None:
         """Fill ``reward`` of each trajectory of one prompt group (in place)."""
         self.reward_fn.score_group(record, trajs)
+
+    def _generate_scored(self, records: list[PromptRecord]) -> list[list[Trajectory]]:
+        """The groups of ``records`` on the served version, scored (the batch recipes)."""
+        rollout = self.cfg.rollout
+        groups = self.rollout_group.generate(
+            records,
+            [self.prompt_ids[r.uid] for r in records],
+            version=self.version,
+            n=rollout.n,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+        )
+        for record, trajs in zip(records, groups, strict=True):
+            self._score(record, trajs)
+        return groups
 
     def _make_batch(self, groups: list[list[Trajectory]]) -> TrainBatch:
         trajs = [t for group in groups for t in group]

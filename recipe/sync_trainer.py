@@ -4,6 +4,7 @@
         prompts  = cursor.take(data.train_batch_size)          exactly-once order
         groups   = rollout.generate(prompts, n=rollout.n)      engines on version v
         rewards  = score(groups)
+        (algorithm.filter_groups: zero-variance groups out, more prompts in, same version)
         old_lp   = trainer.compute_log_prob(batch)             also the mismatch metric
         adv      = grpo(rewards)
         trainer.update_actor(batch)
@@ -20,11 +21,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from recipe.algo.dynamic_sampling import sample_step
+from recipe.checkpoint import num_filtered
 from recipe.config import RecipeConfig
 from recipe.data.cursor import PromptCursor
 from recipe.faults import fails_cleanly
 from recipe.observability.progress import step_bar, update_bar
 from recipe.observability.tracking import MetricsAccumulator
+from recipe.protocol import PromptRecord, Trajectory
 from recipe.run.metrics import sample_metrics, staleness_metrics
 from recipe.separate_trainer import SeparateRayPPOTrainer
 
@@ -46,6 +50,8 @@ class SyncTrainer(SeparateRayPPOTrainer):
         self._build_rollout_group()
         self._trained_now: list[str] = []
         """Prompt uids of the step being trained (for ledger.jsonl)."""
+        self._filtered_now: list[str] = []
+        """Prompt uids filtered by dynamic sampling in this step (for ledger.jsonl)."""
         if run.resume_from is not None:
             state = self._load_checkpoint()
             self.cursor.load_state_dict(state["cursor"])
@@ -66,7 +72,9 @@ class SyncTrainer(SeparateRayPPOTrainer):
             if run.should_validate(self.version):
                 last_val = self._validate()
                 metrics.update(last_val)
-            run.log_step(self.global_step, self.version, metrics, self._trained_now)
+            run.log_step(
+                self.global_step, self.version, metrics, self._trained_now, self._filtered_now
+            )
             out_of_time = run.out_of_time(start)
             if run.should_save(
                 self.version, last=out_of_time or self.global_step == self.total_steps
@@ -89,28 +97,32 @@ class SyncTrainer(SeparateRayPPOTrainer):
             extra={
                 "prompts/admitted": self.cursor.num_handed_out,
                 "prompts/trained": self.global_step * self.cfg.prompts_per_step,
+                "prompts/filtered": num_filtered(self.run_dir),
                 **self.fault_counts,
             },
         )
+
+    def _more(self, num_prompts: int) -> tuple[list[PromptRecord], list[list[Trajectory]]]:
+        """A refill round of dynamic sampling: the next prompts, generated and scored."""
+        records = self.cursor.take(num_prompts)
+        return records, self._generate_scored(records)
 
     def _train_step(self) -> dict[str, float]:
         cfg = self.cfg
         metrics = MetricsAccumulator()
         step_start = time.perf_counter()
-        records = self.cursor.take(cfg.prompts_per_step)
-        self._trained_now = [r.uid for r in records]
         with metrics.timer("timing/gen_s"), self.tracer.span("generate"):
-            groups = self.rollout_group.generate(
+            records = self.cursor.take(cfg.prompts_per_step)
+            filled = sample_step(
+                cfg.algorithm.filter_groups,
+                cfg.prompts_per_step,
                 records,
-                [self.prompt_ids[r.uid] for r in records],
-                version=self.version,
-                n=cfg.rollout.n,
-                temperature=cfg.rollout.temperature,
-                top_p=cfg.rollout.top_p,
-                top_k=cfg.rollout.top_k,
+                self._generate_scored(records),
+                self._more,
             )
-        for record, trajs in zip(records, groups, strict=True):
-            self._score(record, trajs)
+        records, groups = filled.records, filled.groups
+        self._trained_now, self._filtered_now = [r.uid for r in records], filled.filtered
+        metrics.add("prompts/filtered", float(len(filled.filtered)), reduce="sum")
         trajs = [t for g in groups for t in g]
         samples = sample_metrics(trajs) | staleness_metrics(trajs, self.version)
         self.run.totals.add(trajs, self.version)  # before the push: the version that generated them

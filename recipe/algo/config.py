@@ -90,6 +90,31 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling: groups whose responses all score alike carry no GRPO signal
+    (every advantage is 0); they are filtered out, counted and recorded, and more prompts are
+    generated in their place (``recipe.algo.dynamic_sampling``)."""
+
+    enable: bool = False
+    """Filter groups whose ``metric`` has zero variance and generate more in their place."""
+    metric: str = "score"
+    """``score`` (the reward), or a key the reward function returns beside it (``acc``)."""
+    max_num_gen_batches: int = 10
+    """Generation rounds per trainer step (sync, one_step_off) or per version window
+    (fully_async, counted in windows' worth of prompts) before the run stops with one line
+    saying that too many groups were filtered; 0: no limit."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.metric), "algorithm.filter_groups.metric", self.metric, "a reward key")
+        require(
+            self.max_num_gen_batches >= 0,
+            "algorithm.filter_groups.max_num_gen_batches",
+            self.max_num_gen_batches,
+            ">= 0 (0: no limit)",
+        )
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     """Advantage estimator over each prompt's group of ``rollout.n`` responses."""
@@ -100,6 +125,8 @@ class AlgorithmConfig:
     ``cispo`` (clipped, stop-gradient importance weight on every token)."""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     """How the trainer's old policy relates to the rollout policy."""
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    """DAPO's dynamic sampling (zero-variance groups filtered and replaced)."""
 
     def __post_init__(self) -> None:
         require_choice("algorithm.adv_estimator", self.adv_estimator, ADV_ESTIMATORS)

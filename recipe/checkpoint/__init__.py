@@ -6,7 +6,7 @@ turns in-flight trajectories into JSON. What goes into a checkpoint is decided b
 recipes (recipe/run/checkpointing.py, and the loop state each recipe adds).
 """
 
-from recipe.checkpoint.ledger import LEDGER_FILE, StepLedger, read_ledger
+from recipe.checkpoint.ledger import LEDGER_FILE, StepLedger, num_filtered, read_ledger
 from recipe.checkpoint.store import (
     MARKER,
     RUN_STATE_DIR,
@@ -30,6 +30,7 @@ __all__ = [
     "is_complete",
     "latest_checkpoint",
     "list_checkpoints",
+    "num_filtered",
     "read_ledger",
     "read_state",
     "resolve_resume",

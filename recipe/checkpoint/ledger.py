@@ -1,6 +1,7 @@
 """``ledger.jsonl``: which prompts each trainer step trained, the run's prompt ledger of record.
 
-    {"step": 7, "param_version": 3, "trained": ["train-000412", "train-003107", ...]}
+    {"step": 7, "param_version": 3, "trained": ["train-000412", "train-003107", ...],
+     "filtered": ["train-000077"]}            (dynamic sampling only: groups filtered out)
 
 One line per trainer step, appended and flushed by the driver right after the step's metrics.
 On resume the lines past the checkpoint's step are dropped (like ``metrics.jsonl``): those
@@ -27,8 +28,18 @@ class StepLedger:
     def __init__(self, run_dir: Path) -> None:
         self.path = Path(run_dir) / LEDGER_FILE
 
-    def append(self, step: int, param_version: int, trained_uids: Sequence[str]) -> None:
-        record = {"step": step, "param_version": param_version, "trained": list(trained_uids)}
+    def append(
+        self,
+        step: int,
+        param_version: int,
+        trained_uids: Sequence[str],
+        filtered_uids: Sequence[str] = (),
+    ) -> None:
+        """``filtered_uids``: prompts generated for this step whose groups were filtered
+        (``algorithm.filter_groups``); the key is written only when there are some."""
+        record: dict = {"step": step, "param_version": param_version, "trained": list(trained_uids)}
+        if filtered_uids:
+            record["filtered"] = list(filtered_uids)
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
@@ -46,3 +57,8 @@ def read_ledger(run_dir: Path) -> list[dict]:
         except ValueError:
             logger.warning("%s: skipping a torn line", path)
     return records
+
+
+def num_filtered(run_dir: Path) -> int:
+    """Prompts the ledger records as filtered (dynamic sampling), over the whole run."""
+    return sum(len(record.get("filtered", [])) for record in read_ledger(run_dir))

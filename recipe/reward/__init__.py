@@ -70,13 +70,22 @@ class RewardFunction:
     (a function loaded from a file is not importable by name on another process).
     """
 
-    def __init__(self, cfg: RewardConfig) -> None:
+    def __init__(self, cfg: RewardConfig, response_length: int | None = None) -> None:
+        """``response_length``: ``rollout.response_length``, which the overlong buffer ends
+        at (required with ``reward.overlong_buffer.enable``)."""
         self.cfg = cfg
+        self.response_length = response_length
+        overlong = cfg.overlong_buffer
+        if overlong.enable and (response_length is None or overlong.len > response_length):
+            raise ValueError(
+                f"reward.overlong_buffer.len={overlong.len} is invalid: allowed up to "
+                f"rollout.response_length={response_length}"
+            )
         self._custom_fn: Scorer | None = load_custom_fn(cfg.custom_fn) if cfg.custom_fn else None
         self._loop: asyncio.AbstractEventLoop | None = None  # score_group's, for async fns
 
-    def __reduce__(self) -> tuple[type[RewardFunction], tuple[RewardConfig]]:
-        return (RewardFunction, (self.cfg,))
+    def __reduce__(self) -> tuple[type[RewardFunction], tuple[RewardConfig, int | None]]:
+        return (RewardFunction, (self.cfg, self.response_length))
 
     def check_data_sources(self, sources: set[str]) -> None:
         """Raise ``ValueError`` naming every source in ``sources`` that has no scorer."""
@@ -111,15 +120,15 @@ class RewardFunction:
         """Fill ``reward`` and ``reward_extras`` of each response to ``record`` (in place);
         ``RewardError`` naming the function and the prompt if one cannot be scored. Not for
         a thread that runs an event loop: there, await ``ascore_group``."""
-        trajs = [t for t in trajs if scored_here(t)]
         if self._custom_fn is not None and inspect.iscoroutinefunction(self._custom_fn):
             self._own_loop().run_until_complete(self.ascore_group(record, trajs))
             return
-        for traj in trajs:
+        for traj in filter(scored_here, trajs):
             raw = self._call(record, traj)
             if inspect.isawaitable(raw):  # a plain function that returned a coroutine
                 raw = self._own_loop().run_until_complete(self._awaited(record, traj, raw))
             _fill(traj, self._checked(record, traj, raw))
+        self._shape(trajs)
 
     async def ascore_group(self, record: PromptRecord, trajs: list[Trajectory]) -> None:
         """``score_group`` from a coroutine: an async function scores the responses
@@ -131,9 +140,22 @@ class RewardFunction:
                 raw = await self._awaited(record, traj, raw)
             return self._checked(record, traj, raw)
 
-        trajs = [t for t in trajs if scored_here(t)]
-        for traj, result in zip(trajs, await asyncio.gather(*map(one, trajs)), strict=True):
+        scored = [t for t in trajs if scored_here(t)]
+        for traj, result in zip(scored, await asyncio.gather(*map(one, scored)), strict=True):
             _fill(traj, result)
+        self._shape(trajs)
+
+    def _shape(self, trajs: list[Trajectory]) -> None:
+        """Reward shaping after scoring (every response of the group, environment rewards
+        included): DAPO's soft overlong punishment."""
+        overlong = self.cfg.overlong_buffer
+        if not overlong.enable:
+            return
+        assert self.response_length is not None
+        for traj in trajs:
+            penalty = overlong.penalty(traj.num_response_tokens, self.response_length)
+            traj.reward += penalty
+            traj.reward_extras = {**traj.reward_extras, "overlong_penalty": penalty}
 
     def _call(self, record: PromptRecord, traj: Trajectory) -> Any:
         fn = self._scorer(record.data_source)

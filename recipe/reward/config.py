@@ -2,10 +2,41 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from recipe.reward.custom import split_custom_fn_spec
 from recipe.utils.config_check import ConfigError
+
+
+@dataclass
+class OverlongBufferConfig:
+    """DAPO's soft overlong punishment: a response within ``len`` tokens of
+    ``rollout.response_length`` loses up to ``penalty_factor`` reward, linearly in how far
+    into that buffer it reaches (logged as ``reward/overlong_penalty``)."""
+
+    enable: bool = False
+    """Shape rewards by response length."""
+    len: int = 0
+    """Tokens before ``rollout.response_length`` where the penalty ramps from 0."""
+    penalty_factor: float = 1.0
+    """The penalty of a response that uses the whole budget."""
+
+    def __post_init__(self) -> None:
+        if self.enable and self.len <= 0:
+            raise ConfigError(
+                f"reward.overlong_buffer.len={self.len!r} is invalid: allowed > 0 with "
+                "reward.overlong_buffer.enable=true"
+            )
+        if self.penalty_factor < 0:
+            raise ConfigError(
+                f"reward.overlong_buffer.penalty_factor={self.penalty_factor!r} is invalid: "
+                "allowed >= 0"
+            )
+
+    def penalty(self, num_tokens: int, max_tokens: int) -> float:
+        """The (non-positive) reward change of a response of ``num_tokens`` tokens."""
+        exceed = num_tokens - (max_tokens - self.len)
+        return min(-exceed / self.len * self.penalty_factor, 0.0)
 
 
 @dataclass
@@ -13,6 +44,8 @@ class RewardConfig:
     custom_fn: str | None = None
     """``path/to/file.py:function`` or ``package.module:function`` scoring every data source.
     None: the built-in scorer registered for each record's ``data_source``."""
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    """DAPO's soft overlong punishment (off by default)."""
 
     def __post_init__(self) -> None:
         if self.custom_fn is None:

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,9 +71,11 @@ class RunCheckpointer:
         freq = self.trainer_cfg.save_freq
         return freq > 0 and (version % freq == 0 or last)
 
-    def record_trained(self, step: int, version: int, prompt_uids: list[str]) -> None:
-        """One ``ledger.jsonl`` line: the prompts trained at ``step``."""
-        self.ledger.append(step, version, prompt_uids)
+    def record_trained(
+        self, step: int, version: int, prompt_uids: list[str], filtered_uids: Sequence[str] = ()
+    ) -> None:
+        """One ``ledger.jsonl`` line: the prompts trained at ``step`` (and those filtered)."""
+        self.ledger.append(step, version, prompt_uids, filtered_uids)
 
     def save(
         self,

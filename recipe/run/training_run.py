@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -100,11 +100,16 @@ class TrainingRun:
         return self.trace.pull(sources)
 
     def log_step(
-        self, step: int, version: int, metrics: dict[str, float], trained_uids: list[str]
+        self,
+        step: int,
+        version: int,
+        metrics: dict[str, float],
+        trained_uids: list[str],
+        filtered_uids: Sequence[str] = (),
     ) -> None:
         """The step's metrics record, then its ``ledger.jsonl`` line."""
         self.tracker.log({**metrics, "trainer/param_version": version}, step=step)
-        self.checkpointer.record_trained(step, version, trained_uids)
+        self.checkpointer.record_trained(step, version, trained_uids, filtered_uids)
 
     # ---- checkpoints --------------------------------------------------------------------
 

@@ -85,9 +85,19 @@ def test_open_window_rejects_more_trained_than_admitted():
         ctrl.open_window(1, num_trained=2)
 
 
-def _simulate(per_step, sync_every, threshold, windows, seed, readmit_prob=0.0, max_stale=None):
+def _simulate(
+    per_step,
+    sync_every,
+    threshold,
+    windows,
+    seed,
+    readmit_prob=0.0,
+    max_stale=None,
+    filter_prob=0.0,
+):
     """A trainer taking W groups per window from a FIFO fed by the controller, while groups
-    finish in random order (some span syncs). Returns (max staleness seen, controller)."""
+    finish in random order (some span syncs) and, with ``filter_prob``, some are filtered
+    (their slots admit more at once). Returns (max staleness seen, controller)."""
     rng = random.Random(seed)
     demand = per_step * sync_every
     ctrl = AdmissionController(
@@ -105,7 +115,12 @@ def _simulate(per_step, sync_every, threshold, windows, seed, readmit_prob=0.0, 
                 while not fifo:
                     assert in_flight, "deadlock: the trainer waits and nothing generates"
                     ticket = in_flight.pop(rng.randrange(len(in_flight)))
-                    fifo.extend(ctrl.complete(ticket.ticket, ticket))
+                    if rng.random() < filter_prob:
+                        fifo.extend(ctrl.filter(ticket.ticket))
+                        while ctrl.can_admit():
+                            in_flight.append(ctrl.admit(f"p{ctrl.num_admitted}"))
+                    else:
+                        fifo.extend(ctrl.complete(ticket.ticket, ticket))
                 group = fifo.popleft()
                 too_old = max_stale is not None and version - group.window > max_stale
                 if not too_old and rng.random() >= readmit_prob:
@@ -141,3 +156,30 @@ def test_readmissions_keep_the_bound_and_never_deadlock():
 def test_max_staleness_zero_turns_off_policy_groups_into_readmissions():
     seen, ctrl = _simulate(4, 2, 0.5, windows=10, seed=3, max_stale=0)
     assert seen == 0 and ctrl.num_readmitted > 0
+
+
+@pytest.mark.parametrize(("threshold", "filter_prob"), [(0.0, 0.3), (0.5, 0.5), (1.5, 0.2)])
+def test_filtered_groups_give_their_slots_back_and_keep_the_bound(threshold, filter_prob):
+    for seed in range(20):
+        seen, ctrl = _simulate(4, 2, threshold, windows=10, seed=seed, filter_prob=filter_prob)
+        assert seen <= ctrl.staleness_bound and ctrl.num_filtered > 0
+        # every admitted prompt: trained (10 windows x 8), filtered, or still live
+        assert ctrl.num_admitted >= 80 + ctrl.num_filtered
+
+
+def test_a_filtered_group_frees_its_slot_releases_later_windows_and_spares_fresh_prompts():
+    ctrl = _controller(budget=2, demand=1, max_fresh=4)
+    first, second = ctrl.admit("a"), ctrl.admit("b")
+    assert ctrl.complete(second.ticket, "B") == ["B"] and not ctrl.can_admit()
+    assert ctrl.open_window(1, num_trained=1) == 1  # a is still live
+    third = ctrl.admit("c")
+    assert ctrl.complete(third.ticket, "C") == []  # window 0's a holds it back
+    assert ctrl.filter(first.ticket) == ["C"] and ctrl.can_admit()  # a's slot is back
+    assert ctrl.filtered_uids == ["a"] and ctrl.num_filtered_in_window == 1
+    assert ctrl.fresh_left() == 2  # 3 admitted, 1 of them filtered
+    assert ctrl.open_window(2, num_trained=2) == 2 and ctrl.num_filtered_in_window == 0
+    with pytest.raises(ValueError, match="ticket 0"):
+        ctrl.filter(first.ticket)
+    restored = _controller(budget=2, demand=1, max_fresh=4)
+    restored.load_state_dict(ctrl.state_dict())
+    assert restored.filtered_uids == ["a"] and restored.fresh_left() == 2
