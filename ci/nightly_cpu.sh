@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 make venv
 out=${NIGHTLY_OUT:-outputs/nightly/$(date +%Y-%m-%d)}
 status=0
-# The learning checks left out of `make test` (minutes each): short runs of every mode.
+# The checks left out of `make test` (minutes each): short learning runs of every mode, and
+# slower variants of integration tests.
 .venv/bin/python -m pytest -q -m nightly tests || status=1
 for mode in sync one_step_off fully_async; do
   .venv/bin/python -m recipe mode=$mode logger.quiet=true hydra.run.dir="$out/$mode"

@@ -372,18 +372,23 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
     async def snapshot(self) -> dict[str, Any]:
         """This side's checkpoint state (fully_async_policy/snapshot.py), taken while PAUSED
         for a sync, after the push and before ``end_sync``. Single responses: nothing
-        generates, so it is complete. Episodes (``rollout.multi_turn``) go on in the workers
-        through a sync (their environment steps are never cut). When their environment
-        saves its state, each is cut where it next waits for the paused engine (after the
-        environment step it may be in: at most ``step_timeout_s``) and its group comes back
-        as a partial carrying that state, resumed at ``end_sync`` like any partial. Else
-        their groups are recorded as ``restart``: a resume admits those prompts again,
-        generated from scratch, while this run goes on with them.
+        generates (admission is held, partials wait for ``end_sync``), so it is complete.
+        Episodes (``rollout.multi_turn``) go on in the workers through a sync (their
+        environment steps are never cut; the push resumed the engines). When their
+        environment saves its state, the engines are paused again and each episode is cut
+        where it next waits for them (after the environment step it may be in: at most
+        ``step_timeout_s``); its group comes back as a partial carrying that state, resumed
+        at ``end_sync`` like any partial. Else their groups are recorded as ``restart``: a
+        resume admits those prompts again, generated from scratch, while this run goes on
+        with them.
 
         Consistency: no put into the queue starts while the queue is read, and everything
         else is read in one go after it, so a group that finishes meanwhile is either in
         ``restart`` (still generating then) or among the releases, never both or neither."""
         if self._episodes_save_state:
+            # The push resumed the engines (admission stays held until end_sync): pause them
+            # again so that every episode comes to wait for them, then cut it there.
+            await self.replicas.pause_all()
             await self.replicas.cut_episodes_all()
             await self._quiet.wait()
         if self._in_flight and not self.cfg.rollout.multi_turn.enable:

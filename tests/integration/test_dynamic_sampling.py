@@ -41,7 +41,7 @@ MODES = {
         "async_training.staleness_threshold": 0.5,
     },
 }
-NUM_STEPS = 3
+NUM_STEPS = 2  # one_step_off: batch 0 filled at the top, batch 1 before the push
 
 
 def _spy_on_batches(trainer: Any) -> list[list[list]]:

@@ -128,7 +128,18 @@ def test_partial_rollout_spans_versions_within_the_staleness_bound_and_loses_no_
     assert summary["prompts/admitted"] == len(ledger["admitted"]) == 32
 
 
-@pytest.mark.parametrize("environment", ["SavedTurns", "FixedTurns"], ids=["saved", "unsaved"])
+NUM_MULTI_TURN_STEPS = 4
+
+
+@pytest.mark.parametrize(
+    "environment",
+    [
+        pytest.param("SavedTurns", id="saved"),
+        # The same run for an environment without state hooks (its episodes start again on
+        # resume): two more engine starts, so it runs with the nightly tier.
+        pytest.param("FixedTurns", id="unsaved", marks=pytest.mark.nightly),
+    ],
+)
 def test_multi_turn_episodes_span_syncs_with_cut_turns_continued_on_the_new_weights(
     rollout_model_path, tmp_path, environment
 ):
@@ -146,11 +157,12 @@ def test_multi_turn_episodes_span_syncs_with_cut_turns_continued_on_the_new_weig
         "rollout.max_num_seqs": 4,
         "rollout.multi_turn.enable": True,
         "rollout.multi_turn.environment": f"{agent_envs.PATH}:{environment}",
-        "rollout.multi_turn.environment_kwargs": {"step_s": 0.0},
+        # Every third prompt's steps take 0.5 s: its groups straggle into the checkpoints.
+        "rollout.multi_turn.environment_kwargs": {"step_s": 0.0, "slow_s": 0.5},
         "rollout.multi_turn.max_turn_tokens": turn_tokens,
-        "trainer.total_training_steps": 6,
-        "trainer.save_freq": 1,  # every sync: steps 2, 4 and 6
-        "trainer.max_ckpt_to_keep": 3,
+        "trainer.total_training_steps": NUM_MULTI_TURN_STEPS,
+        "trainer.save_freq": 1,  # every sync: steps 2 and 4
+        "trainer.max_ckpt_to_keep": 2,
     }
     run_dir = tmp_path / "run"
     recipe = build_recipe(run_dir, PRESET, overrides)
@@ -198,50 +210,46 @@ def _resume(run_dir: Path, overrides: dict, step: int) -> tuple[dict, list]:
     finally:
         recipe.close()
     ledger = read_ledger(run_dir)
-    assert [r["step"] for r in ledger] == list(range(1, 7))
+    assert [r["step"] for r in ledger] == list(range(1, NUM_MULTI_TURN_STEPS + 1))
     trained = [uid for r in ledger for uid in r["trained"]]
     assert len(trained) == len(set(trained)), "a prompt was trained twice"
     return summary, [g for _, groups in seen for g in groups]
 
 
 def _resume_with_episodes_saved(run_dir: Path, overrides: dict, first: dict) -> None:
-    cut: dict[str, list[dict]] = {}
-    for step in (2, 4):
-        state = _rollouter_state(run_dir, step)
-        assert state["restart"] == []  # nothing in flight: cut episodes are partials
-        cut[step] = [
-            traj
-            for _, group in state["partials"]
-            for traj in group
-            if traj["finish_reason"] == "aborted"
-        ]
-        assert all(t["agent_state"] is not None for t in cut[step])
-    step = next((s for s in (2, 4) if cut[s]), None)
-    assert step is not None, f"no checkpoint had episodes in flight: {cut}"
+    step = 2  # the slow prompts' groups are still running at the first sync
+    state = _rollouter_state(run_dir, step)
+    assert state["restart"] == []  # nothing in flight: cut episodes are partials
+    cut = [
+        traj
+        for _, group in state["partials"]
+        for traj in group
+        if traj["finish_reason"] == "aborted"
+    ]
+    assert cut, "no episode was in flight at the checkpoint"
+    assert all(t["agent_state"] is not None for t in cut)
     summary, groups = _resume(run_dir, overrides, step)
     assert summary["steps"] == first["steps"] and summary["prompts/readmitted"] == 0
     trained = {(t.prompt_uid, t.sample_index): t for g in groups for t in g.trajectories}
-    for saved in cut[step]:  # continued mid-way: the saved tokens begin the trained episode
+    for saved in cut:  # continued mid-way: the saved tokens begin the trained episode
         traj = trained[(saved["prompt_uid"], saved["sample_index"])]
         assert traj.response_ids[: len(saved["response_ids"])] == saved["response_ids"]
         assert traj.finish_reason == "stop" and traj.episode["turns"] == 3.0
 
 
 def _resume_with_episodes_in_flight(run_dir: Path, overrides: dict, first: dict) -> None:
-    restarts = {}
-    for step in (2, 4):
-        state = _rollouter_state(run_dir, step)
-        restarts[step] = {uid for _, uid, _ in state["restart"]}
-        in_flight = {ticket for ticket, _, _ in state["restart"]}
-        assert not in_flight & {g["ticket"] for g in state["releases"]}
-    step = next((s for s in (2, 4) if restarts[s]), None)
-    assert step is not None, f"no checkpoint had episodes in flight: {restarts}"
+    step = 2  # the slow prompts' groups are still running at the first sync
+    state = _rollouter_state(run_dir, step)
+    restarts = {uid for _, uid, _ in state["restart"]}
+    assert restarts, "no episode was in flight at the checkpoint"
+    in_flight = {ticket for ticket, _, _ in state["restart"]}
+    assert not in_flight & {g["ticket"] for g in state["releases"]}
     summary, _ = _resume(run_dir, overrides, step)
     ledger = read_ledger(run_dir)
     assert summary["steps"] == first["steps"]
-    assert summary["prompts/readmitted"] >= len(restarts[step])
+    assert summary["prompts/readmitted"] >= len(restarts)
     later = {uid for r in ledger[step:] for uid in r["trained"]}
-    assert restarts[step] <= later  # the prompts in flight were trained after the resume
+    assert restarts <= later  # the prompts in flight were trained after the resume
 
 
 def test_calculator_environment_trains_on_tool_episodes_with_exact_old_log_probs(
