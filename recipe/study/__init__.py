@@ -1,0 +1,7 @@
+"""Learning studies: grids of real training runs whose results answer a question users ask
+before they trust an async recipe (``python -m recipe.study.<name>``).
+
+staleness.py  how final accuracy holds as ``async_training.staleness_threshold`` grows, per
+              off-policy correction, over seeds (runs, resumable)
+table.py      the study's aggregation: the printed table, results.json and the plot
+"""
