@@ -5,9 +5,10 @@ all with the same number of trained prompts (``rollout.total_rollout_steps``)::
 
     staleness_threshold  x  correction (CORRECTIONS)  x  seed     [x max_staleness]
 
-Each run is ``python -m recipe`` in a subprocess writing ``<out>/<cell>/``; a cell whose
-``summary.json`` exists is not run again, so a study that is stopped continues where it was
-(and several machines may fill one ``out`` directory between them). Then the table
+Each run is ``python -m recipe`` in a subprocess writing ``<out>/<cell>/``; its figures are
+kept as ``<records>/<cell>.json`` (small, committed: docs/study/staleness/), and a cell that
+has a record or a summary is not run again, so a study that is stopped continues where it
+was, in another session or on another machine. Then the table
 (``recipe.study.table``): final greedy validation accuracy mean +- std over the seeds, the
 area under the validation curve, samples/s, measured staleness mean/max and the fractions
 masked by rejection; written to ``<out>/results.json`` and ``<out>/staleness.png``.
@@ -21,7 +22,8 @@ Study keys (everything else is a config override, ``key=value``, for every run):
                                   (none,1) runs the grid once per value
     prompts=3200                  rollout.total_rollout_steps (trained prompts per run)
     test_freq=20                  trainer.test_freq (versions between validations)
-    out=outputs/study/staleness   where runs and results go
+    out=outputs/study/staleness   where the run directories go
+    records=docs/study/staleness  where each run's figures, results.json and the plot go
     timeout_s=3600                a run past it counts as failed (its cell stays empty)
     table_only=false              aggregate what is there, run nothing
 """
@@ -76,6 +78,7 @@ STUDY_KEYS = {
     "prompts": "3200",
     "test_freq": "20",
     "out": "outputs/study/staleness",
+    "records": "docs/study/staleness",
     "timeout_s": "3600",
     "table_only": "false",
 }
@@ -92,6 +95,7 @@ class Study:
     prompts: int
     test_freq: int
     out: Path
+    records: Path
     timeout_s: float
     overrides: tuple[str, ...]
 
@@ -154,6 +158,7 @@ def parse(argv: list[str]) -> tuple[Study, bool]:
         prompts=int(args["prompts"]),
         test_freq=int(args["test_freq"]),
         out=Path(args["out"]),
+        records=Path(args["records"]),
         timeout_s=float(args["timeout_s"]),
         overrides=tuple(overrides),
     )
@@ -163,7 +168,7 @@ def parse(argv: list[str]) -> tuple[Study, bool]:
 def run_cell(study: Study, cell: Cell) -> bool:
     """Run one cell unless its summary exists; True when it has one afterwards."""
     run_dir = study.out / cell.name
-    if (run_dir / "summary.json").is_file():
+    if (study.records / f"{cell.name}.json").is_file() or (run_dir / "summary.json").is_file():
         return True
     run_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -192,10 +197,10 @@ def main(argv: list[str]) -> int:
     if not table_only:
         for cell in cells:
             run_cell(study, cell)
-    rows = collect(study.out, cells)
+    rows = collect(study.records, study.out, cells)
     print_table(rows)
-    write_results(study.out / "results.json", rows)
-    write_plot(study.out / "staleness.png", study.out, rows)
+    write_results(study.records / "results.json", rows)
+    write_plot(study.records / "staleness.png", rows)
     return 0
 
 

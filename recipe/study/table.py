@@ -101,14 +101,27 @@ def _stats(values: list[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def collect(out: Path, cells: list[Cell]) -> list[dict[str, Any]]:
+def record(records: Path, out: Path, cell: Cell) -> dict[str, Any] | None:
+    """One run's figures: its record (``records/<cell>.json``, a few hundred bytes, kept in
+    the repository) or, the first time, read from its run directory and recorded."""
+    path = records / f"{cell.name}.json"
+    if path.is_file():
+        return json.loads(path.read_text(encoding="utf-8"))
+    row = run_row(out, cell)
+    if row is not None:
+        records.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(row) + "\n", encoding="utf-8")
+    return row
+
+
+def collect(records: Path, out: Path, cells: list[Cell]) -> list[dict[str, Any]]:
     """One row per grid point with the mean (and std) of every figure over its seeds."""
     runs: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     order: list[tuple] = []
     for cell in cells:
         if cell.point not in runs:
             order.append(cell.point)
-        row = run_row(out, cell)
+        row = record(records, out, cell)
         runs[cell.point] += [row] if row is not None else []
     rows = []
     for point in order:
@@ -157,7 +170,7 @@ def write_results(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text(json.dumps(rows, indent=1), encoding="utf-8")
 
 
-def write_plot(path: Path, out: Path, rows: list[dict[str, Any]]) -> bool:
+def write_plot(path: Path, rows: list[dict[str, Any]]) -> bool:
     """Validation accuracy vs trainer step, one panel per correction (and bound), one line
     per threshold (the mean over seeds at each validation); False when nothing ran."""
     from recipe.report.plotting import pyplot, save_figure

@@ -60,7 +60,7 @@ def test_the_table_averages_seeds_and_the_area_is_the_mean_accuracy_over_the_run
     cells = [Cell(0.5, "bypass", s) for s in (0, 1, 2)] + [Cell(4.0, "bypass", 0)]
     for seed, final in zip((0, 1, 2), (0.5, 0.6, 0.7), strict=True):
         _write_run(tmp_path, cells[seed], [(0, 0.3), (10, 0.4), (20, final)])
-    rows = collect(tmp_path, cells)
+    rows = collect(tmp_path / "records", tmp_path, cells)
     first, second = rows
     assert first["seeds"] == 3 and first["final_acc"] == pytest.approx(0.6)
     assert first["final_acc_std"] == pytest.approx(0.1)
@@ -68,14 +68,18 @@ def test_the_table_averages_seeds_and_the_area_is_the_mean_accuracy_over_the_run
     assert first["auc"] == pytest.approx((0.35 * 10 + (0.4 + 0.6) / 2 * 10) / 20)
     assert first["masked_token_frac"] == pytest.approx(0.01) and first["staleness_max"] == 1
     assert second["seeds"] == 0 and second["final_acc"] is None  # not run yet
+    assert len(list((tmp_path / "records").glob("*.json"))) == 3
+    (tmp_path / cells[0].name / "summary.json").unlink()  # the record stands for the run
+    assert collect(tmp_path / "records", tmp_path, cells)[0]["seeds"] == 3
 
 
 def test_table_only_aggregates_what_is_there_and_writes_results_and_a_plot(tmp_path, capsys):
     _write_run(tmp_path, Cell(0.0, "decoupled", 0), [(0, 0.3), (20, 0.5)])
     args = ["thresholds=0,2", "corrections=decoupled", "seeds=0", f"out={tmp_path}"]
+    args.append(f"records={tmp_path / 'records'}")
     assert main([*args, "table_only=true"]) == 0
     printed = capsys.readouterr().out
     assert "0.500 +- 0.000" in printed and "decoupled" in printed
-    results = json.loads((tmp_path / "results.json").read_text())
+    results = json.loads((tmp_path / "records" / "results.json").read_text())
     assert [r["seeds"] for r in results] == [1, 0]
-    assert (tmp_path / "staleness.png").stat().st_size > 0
+    assert (tmp_path / "records" / "staleness.png").stat().st_size > 0
