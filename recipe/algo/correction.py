@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from recipe.algo.losses import MAX_LOG_RATIO
 from recipe.utils.config_check import (
     require,
     require_choice,
@@ -40,8 +41,6 @@ IS_LEVELS = ("token", "sequence")
 RS_LEVELS = ("token", "sequence", "geometric")
 
 _KEY = "algorithm.rollout_correction"
-# exp() of a log-ratio beyond this overflows float32 long before it is meaningful.
-_MAX_LOG_RATIO = 20.0
 
 
 def _check_rs_bounds(low: float, high: float) -> None:
@@ -212,7 +211,7 @@ def rollout_correction(
     _check_rs_bounds(rs_low, rs_high)
     with torch.no_grad():
         log_ratio_bt = proximal_bt.detach().float() - rollout_bt.detach().float()
-        log_ratio_bt = log_ratio_bt.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+        log_ratio_bt = log_ratio_bt.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
         keep_bt = mask_bt
         if rs_level is not None:
             keep_bt = _RS_FNS[rs_level](log_ratio_bt, mask_bt, rs_low, rs_high)

@@ -19,8 +19,9 @@ import torch
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 KL_KINDS = ("kl", "abs", "mse", "low_var_kl")
 
-# exp() of a log-ratio beyond this overflows float32 long before it is meaningful.
-_MAX_LOG_RATIO = 20.0
+MAX_LOG_RATIO = 20.0
+"""Log-ratios are clamped to +-this: exp() beyond it overflows float32 long before it means
+anything."""
 
 
 def masked_mean(values_bt: torch.Tensor, mask_bt: torch.Tensor) -> torch.Tensor:
@@ -104,7 +105,7 @@ def ppo_clip_loss(
     """PPO clipped surrogate ``max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))`` with
     ``r = exp(logprob - old_logprob)``, optionally times per-token importance weights
     (rollout correction, ``recipe.algo.correction``), aggregated with ``agg_loss``."""
-    log_ratio_bt = (logprobs_bt - old_logprobs_bt).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    log_ratio_bt = (logprobs_bt - old_logprobs_bt).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     ratio_bt = torch.exp(log_ratio_bt)
     unclipped_bt = -advantages_bt * ratio_bt
     clipped_bt = -advantages_bt * ratio_bt.clamp(1.0 - clip_low, 1.0 + clip_high)
@@ -137,7 +138,7 @@ def kl_penalty(logprobs_bt: torch.Tensor, ref_logprobs_bt: torch.Tensor, kind: s
     if kind == "mse":
         return 0.5 * diff_bt.square()
     if kind == "low_var_kl":
-        log_ratio_bt = (-diff_bt).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+        log_ratio_bt = (-diff_bt).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
         k3_bt = torch.exp(log_ratio_bt) - log_ratio_bt - 1.0
         return k3_bt.clamp(-10.0, 10.0)
     raise ValueError(f"actor.kl_loss_type={kind!r}: choose one of {KL_KINDS}")

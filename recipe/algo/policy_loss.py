@@ -19,16 +19,19 @@ from collections.abc import Callable
 
 import torch
 
-from recipe.algo.losses import PolicyLossStats, agg_loss, masked_mean, ppo_clip_loss
+from recipe.algo.losses import (
+    MAX_LOG_RATIO,
+    PolicyLossStats,
+    agg_loss,
+    masked_mean,
+    ppo_clip_loss,
+)
 
 POLICY_LOSSES = ("ppo", "gspo", "cispo")
 
-# exp() of a log-ratio beyond this overflows float32 long before it is meaningful.
-_MAX_LOG_RATIO = 20.0
-
 
 def _log_ratio(logprobs_bt: torch.Tensor, old_logprobs_bt: torch.Tensor) -> torch.Tensor:
-    return (logprobs_bt - old_logprobs_bt).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    return (logprobs_bt - old_logprobs_bt).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
 
 
 def _stats(
