@@ -1,9 +1,10 @@
 """DAPO's dynamic sampling end to end in every mode: real Ray, the tiny model, and a user's
 reward file under which half the prompts (even answers) give every response the same reward.
 The engines are the ``hf`` backend (transformers in the rollout workers), which starts in
-seconds: what is tested is the recipes' bookkeeping, not the engine. Each step must train its full batch of groups that all carry a signal, the
-filtered prompts are counted and recorded, none of them is trained, and every prompt handed
-out is accounted for (fully_async: within the staleness bound)."""
+seconds: what is tested is the recipes' bookkeeping, not the engine. Each step must train
+its full batch of groups that all carry a signal, the filtered prompts are counted and
+recorded, none of them is trained, and every prompt handed out is accounted for
+(fully_async: within the staleness bound)."""
 
 from __future__ import annotations
 
