@@ -182,7 +182,9 @@ def write_plot(path: Path, rows: list[dict[str, Any]]) -> bool:
     if not panels:
         return False
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False, sharey=True
+    )
     ordered = sorted(panels.items(), key=str)
     for ax, ((bound, correction), panel) in zip(axes[0], ordered, strict=True):
         for row in panel:
