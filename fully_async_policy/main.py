@@ -48,8 +48,10 @@ class FullyAsyncRecipe:
         try:
             plan = self.trainer.plan
             self.queue = make_message_queue(plan.budget)
+            # Reserved with the trainer's, before any worker started; the rollouter owns it.
+            engines = self.trainer.placement.take("rollout")
             self.rollouter = ray.remote(num_cpus=0)(FullyAsyncRollouter).remote(
-                cfg, run_dir, self.queue, plan
+                cfg, run_dir, self.queue, plan, engines
             )
             ray.get(self.rollouter.engine_workers.remote())  # the engines started (or failed)
             self.trainer.attach(self.rollouter, self.queue)

@@ -104,6 +104,8 @@ class RolloutProgress:
     """Validation metrics finished since the previous poll, by weights version."""
     num_restarts: int = 0
     """Rollout replicas restarted after dying (``faults/rollout_restarts``)."""
+    num_retired: int = 0
+    """Rollout replicas lost with their node (``faults/rollout_retired``)."""
     num_filtered: int = 0
     """Groups filtered by dynamic sampling (``algorithm.filter_groups``)."""
 
@@ -122,5 +124,7 @@ class RolloutLedger:
     """Groups put in the queue."""
     num_restarts: int = 0
     """Rollout replicas restarted after dying (``faults/rollout_restarts``)."""
+    num_retired: int = 0
+    """Rollout replicas lost with their node (``faults/rollout_retired``)."""
     filtered_uids: list[str] = field(default_factory=list)
     """Prompts whose groups dynamic sampling filtered (admitted, never trained)."""

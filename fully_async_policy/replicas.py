@@ -9,7 +9,8 @@ health check in time is busy or hung, not dead: that is a matter for the weight-
 
     SERVING --dies--> RESTARTING --engine up, served version 0, not paused--> SERVING
                            |  (rollout.max_restarts used up: the run fails naming it)
-                           '--engine up, otherwise--> WAITING_WEIGHTS
+                           |--engine up, otherwise--> WAITING_WEIGHTS
+                           '--its node is gone, no room elsewhere--> RETIRED
     WAITING_WEIGHTS --install_weights(v) (the trainer's copy of push v; none for v=0)--> SERVING
 
 Invariant: only a SERVING replica takes groups (``in_service``; the supervisor places the
@@ -17,7 +18,11 @@ rollouter's groups, validation's too, through ``RolloutGroup.place_with``), and 
 enters SERVING only when it holds the weights every other replica serves, so no group is
 ever generated on the wrong weights. A replica that comes up while the rollouter is paused for
 a sync waits for the trainer (the push may be changing the version) and joins paused. The
-groups a death cuts are the rollouter's to re-admit.
+groups a death cuts are the rollouter's to re-admit. A replica restarts on its own bundle of
+the engines' placement group (``recipe.workers.cluster``); when the bundle's node left the
+cluster and Ray finds no room for it within ``ray.placement_timeout_s``, the replica is
+RETIRED: no weights are pushed to it and the run goes on with the others (the last one
+retired fails the run).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from recipe.faults import RolloutWorkerError, is_actor_death
+from recipe.workers.cluster import PlacementError
 from recipe.workers.rollout_group import (
     HEALTH_TIMEOUT_S,
     ReplicaDeath,
@@ -77,6 +83,8 @@ class ReplicaSupervisor:
         self._restarting: dict[int, asyncio.Task] = {}
         self._needs_weights: set[int] = set()
         self._died_of: dict[int, str | None] = {}  # root error of each replica's last death
+        self.retired: set[int] = set()
+        """Replicas whose node left the cluster with no room for them elsewhere."""
         self._changed = asyncio.Event()  # any replica joined service, or holding changed
         self._next = 0  # round robin over the replicas in service
         group.place_with(self.next_replica)
@@ -185,6 +193,11 @@ class ReplicaSupervisor:
 
     async def _bring_up(self, index: int) -> None:
         try:
+            try:
+                await asyncio.to_thread(self.group.wait_for_bundle, index)
+            except PlacementError as exc:
+                self._retire(index, exc)
+                return
             worker = self.group.restart(index)
             await worker.get_version.remote()  # the constructor (engine start) has run
             # The model on disk is version 0. While paused, a push may be changing the
@@ -207,6 +220,28 @@ class ReplicaSupervisor:
         self._changed.set()
         logger.info("rollout replica %d serves version %d again", index, self._served_version())
 
+    def _retire(self, index: int, reason: PlacementError) -> None:
+        """Go on without replica ``index`` (its node is gone); the last one fails the run."""
+        left = [i for i in range(len(self.in_service)) if i != index and i not in self.retired]
+        if not left:
+            self._fail(RolloutWorkerError(index, f"{reason}; no rollout replica is left"))
+            return
+        self.retired.add(index)
+        logger.warning(
+            "%s; the run goes on with %d of %d rollout replicas",
+            reason,
+            len(left),
+            len(self.in_service),
+        )
+
+    def up(self) -> list[tuple[int, Any]]:
+        """(index, worker) of every replica that is neither restarting nor retired."""
+        return [
+            (i, w)
+            for i, w in enumerate(self.group.workers)
+            if i not in self._restarting and i not in self.retired
+        ]
+
     def _fail(self, error: BaseException) -> None:
         logger.error("%s", error)
         self.error = self.error or error
@@ -219,7 +254,7 @@ class ReplicaSupervisor:
         """Health-check every replica and restart the dead ones (not waiting for them)."""
         if self.closing:
             return
-        up = [(i, w) for i, w in enumerate(self.group.workers) if i not in self._restarting]
+        up = self.up()
         deaths = await asyncio.gather(*(self._death(w, None) for _, w in up))
         for (index, worker), death in zip(up, deaths, strict=True):
             if death is not None and not self._replaced(index, worker):
@@ -264,7 +299,7 @@ class ReplicaSupervisor:
     async def _each(self, method: str) -> None:
         """``method`` on every replica that is up, each within ``timeout_s``: a hung replica
         fails the call naming it (a sync must never wait silently)."""
-        up = [(i, w) for i, w in enumerate(self.group.workers) if i not in self._restarting]
+        up = self.up()
         results = await asyncio.gather(
             *(
                 asyncio.wait_for(_awaitable(getattr(w, method).remote()), self.timeout_s)

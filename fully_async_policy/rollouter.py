@@ -103,9 +103,19 @@ class _IdleClock:
 class FullyAsyncRollouter(SeparateRayPPOTrainer):
     """The rollout side of the fully async recipe (see the module docstring)."""
 
-    def __init__(self, cfg: RecipeConfig, run_dir: Path, queue: ActorHandle, plan: RunPlan) -> None:
-        """``queue``: the MessageQueue actor released groups go into."""
+    def __init__(
+        self,
+        cfg: RecipeConfig,
+        run_dir: Path,
+        queue: ActorHandle,
+        plan: RunPlan,
+        engines: Any = None,
+    ) -> None:
+        """``queue``: the MessageQueue actor released groups go into; ``engines``: the
+        engines' placement group, reserved by the driver (None: reserved here)."""
         super().__init__(cfg, run_dir)
+        if engines is not None:
+            self.placement.adopt("rollout", engines)
         multi_turn = cfg.rollout.multi_turn
         self.tracer = Tracer(ROLLOUTER_PID, "rollouter", sort_index=ROLLOUTER_PID)
         """This actor's trace events; the trainer pulls them (``drain_trace``)."""
@@ -148,8 +158,9 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
 
     def engine_workers(self) -> list[Any]:
         """The replicas' current worker handles, for the trainer's weight push (the engines
-        stay ours: a dead replica is replaced here)."""
-        return list(self.rollout_group.workers)
+        stay ours: a dead replica is replaced here; a retired one gets no weights)."""
+        retired = self.replicas.retired
+        return [w for i, w in enumerate(self.rollout_group.workers) if i not in retired]
 
     def load_weights(self, path: str, version: int) -> None:
         """Every replica loads ``path`` and serves ``version`` (a resumed run, before
@@ -449,7 +460,8 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
     async def drain_trace(self) -> list[dict[str, Any]]:
         """This actor's and its engines' trace events since the last call (the trainer
         writes them into trace.json)."""
-        engines = await asyncio.to_thread(self.rollout_group.drain_trace)
+        retired = sorted(self.replicas.retired)
+        engines = await asyncio.to_thread(self.rollout_group.drain_trace, skip=retired)
         return self.tracer.drain() + engines
 
     def poll(self) -> RolloutProgress:
@@ -462,6 +474,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
             num_in_flight=len(self._in_flight),
             val_results=self.validation.take_unreported(),
             num_restarts=self.replicas.num_restarts,
+            num_retired=len(self.replicas.retired),
             num_filtered=self.admission.num_filtered,
         )
 
@@ -483,6 +496,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
             unreleased_uids=unreleased + [g.prompt_uid for g in self._releases],
             num_released=self.admission.num_released - len(self._releases),
             num_restarts=self.replicas.num_restarts,
+            num_retired=len(self.replicas.retired),
             filtered_uids=list(self.admission.filtered_uids),
         )
 

@@ -86,7 +86,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         """The served version's weights kept in the trainer ranks (built in ``attach``)."""
         self._replica_request: Any = None
         """Pending ``rollouter.wait_replica_request`` (a restarted replica wants weights)."""
-        self._num_rollout_restarts = 0
+        self._num_rollout_restarts = self._num_rollout_retired = 0
         if run.resume_from is not None:
             self._resume_trainer()
 
@@ -111,7 +111,10 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
 
     @property
     def fault_counts(self) -> dict[str, int]:
-        return super().fault_counts | {"faults/rollout_restarts": self._num_rollout_restarts}
+        return super().fault_counts | {
+            "faults/rollout_restarts": self._num_rollout_restarts,
+            "faults/rollout_retired": self._num_rollout_retired,
+        }
 
     # ---- one local step -------------------------------------------------------------------
 
@@ -228,6 +231,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             "prompts/filtered": float(progress.num_filtered),
         }
         self._num_rollout_restarts = progress.num_restarts
+        self._num_rollout_retired = progress.num_retired
         out |= {key: float(count) for key, count in self.fault_counts.items()}
         self._progress = progress
         for version in sorted(progress.val_results):
@@ -340,6 +344,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             "filtered": ledger.filtered_uids,
         }
         self._num_rollout_restarts = ledger.num_restarts
+        self._num_rollout_retired = ledger.num_retired
         extra = {
             "prompts/admitted": len(ledger.admitted_uids),
             "prompts/trained": len(self.trained_uids),
@@ -353,6 +358,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             "queue/max_size": queue_stats.max_size,
             "queue/blocked_puts": queue_stats.num_blocked_puts,
             **self.fault_counts,
+            **self.sync_summary,
         }
         return self.run.finish(
             step=self.global_step, version=self.version, final_val=final, wall_s=wall_s, extra=extra

@@ -42,6 +42,7 @@ from recipe.utils.config_check import (
     require_positive,
     warn_unused,
 )
+from recipe.workers.cluster import STRATEGIES
 from recipe.workers.config import ActorConfig, RolloutConfig
 
 logger = logging.getLogger(__name__)
@@ -125,6 +126,36 @@ class RayConfig:
     """CPUs of a local Ray (None: all)."""
     include_dashboard: bool = False
     """Start Ray's dashboard with a local Ray."""
+    placement_timeout_s: float = 300.0
+    """How long each role's placement group may wait for the cluster to hold it (and a
+    restarted engine for its bundle) before the run stops naming the role and what is
+    missing."""
+    trainer_strategy: str = "PACK"
+    """Ray placement strategy of the trainer ranks' bundles (PACK, SPREAD, STRICT_PACK,
+    STRICT_SPREAD)."""
+    rollout_strategy: str = "PACK"
+    """Ray placement strategy of the engine replicas' bundles."""
+    trainer_resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each trainer rank's bundle asks for besides CPU/GPU (pins the
+    trainer to nodes started with them: ``ray start --resources='{"trainer_host": 1}'``)."""
+    rollout_resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each engine replica's bundle asks for."""
+
+    def __post_init__(self) -> None:
+        require_positive("ray.placement_timeout_s", self.placement_timeout_s)
+        require_choice("ray.trainer_strategy", self.trainer_strategy, STRATEGIES)
+        require_choice("ray.rollout_strategy", self.rollout_strategy, STRATEGIES)
+        for key, resources in (
+            ("ray.trainer_resources", self.trainer_resources),
+            ("ray.rollout_resources", self.rollout_resources),
+        ):
+            for name, amount in resources.items():
+                require(
+                    name not in ("CPU", "GPU") and amount > 0,
+                    f"{key}.{name}",
+                    amount,
+                    "a custom resource (not CPU/GPU) with an amount > 0",
+                )
 
 
 @dataclass

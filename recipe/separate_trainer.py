@@ -140,6 +140,7 @@ class SeparateRayPPOTrainer:
             spec,
             use_gpu=self.device == "cuda",
             gpu_fraction=self.placement.trainer_gpu_fraction,
+            placement_group=self.placement.take("trainer"),
         )
         return self.trainer_group
 
@@ -153,6 +154,8 @@ class SeparateRayPPOTrainer:
             device=self.device,
             gpu_fraction=self.placement.engine_gpu_fraction,
             log_dir=self.run_dir / ENGINE_LOG_DIR,
+            placement_group=self.placement.take("rollout"),
+            placement_timeout_s=self.cfg.ray.placement_timeout_s,
         )
         return self.rollout_group
 
@@ -265,6 +268,13 @@ class SeparateRayPPOTrainer:
         return False
 
     @property
+    def sync_summary(self) -> dict[str, str]:
+        """``sync/backend``: the transport the weight pushes took (summary.json; each step
+        that pushed also has ``sync/backend/<name>`` = 1 in metrics.jsonl)."""
+        backend = self.param_sync.backend if self.param_sync is not None else None
+        return {} if backend is None else {"sync/backend": backend}
+
+    @property
     def fault_counts(self) -> dict[str, int]:
         """Faults the run recovered from (``faults/*``, in metrics.jsonl and summary.json)."""
         retries = self.param_sync.num_retries if self.param_sync is not None else 0
@@ -341,3 +351,4 @@ class SeparateRayPPOTrainer:
                 except Exception:  # closing must go on for the rest
                     logger.exception("shutting down %s failed", type(group).__name__)
         self.param_sync = self.rollout_group = self.trainer_group = None
+        self.placement.release()

@@ -99,6 +99,7 @@ class SyncTrainer(SeparateRayPPOTrainer):
                 "prompts/trained": self.global_step * self.cfg.prompts_per_step,
                 "prompts/filtered": num_filtered(self.run_dir),
                 **self.fault_counts,
+                **self.sync_summary,
             },
         )
 

@@ -19,10 +19,13 @@ class RolloutCorrectionConfig:
     """Off-policy correction between the trainer's proximal policy and the rollout policy
     (``recipe.algo.correction``); verl's key names."""
 
-    bypass_mode: bool = True
-    """True: PPO's old policy is the rollout log-probs. False (decoupled PPO): old log-probs
-    come from the trainer (the CPU-saved pushed version in async modes) and importance
-    weights correct for the rollout policy."""
+    bypass_mode: bool = False
+    """False (decoupled PPO, the default): old log-probs come from the trainer (the CPU-saved
+    pushed version in the async modes) and importance weights correct for the rollout
+    policy. True: PPO's old policy is the rollout log-probs. The default follows the
+    staleness study (docs/results.md): bypass loses accuracy as staleness grows, decoupled
+    holds it, at the same cost (the trainer's forward over the batch runs in both modes, to
+    measure the mismatch)."""
     rollout_is: str | None = "auto"
     """Truncated importance weights pi_proximal / pi_rollout: ``token``, ``sequence``, or
     ``none`` (also null). ``auto``: ``token`` in decoupled mode, ``none`` in bypass mode (there

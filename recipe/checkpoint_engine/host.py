@@ -51,10 +51,39 @@ def free_memory_bytes(device: torch.device) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+NODE_ID_ENV = "RECIPE_RAY_NODE_ID"
+"""Set by a Ray actor for the processes it spawns (vLLM's engine core and workers are not
+Ray workers and cannot ask Ray which node they are on)."""
+
+
+def ray_node_id() -> str | None:
+    """The Ray node this process runs on: Ray's own answer in a Ray worker or driver, else
+    what the Ray actor that spawned it exported (``export_node_id``); None outside Ray."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return str(ray.get_runtime_context().get_node_id())
+    except ImportError:  # Ray is optional for in-process use
+        pass
+    return os.environ.get(NODE_ID_ENV) or None
+
+
+def export_node_id() -> None:
+    """Let the processes this Ray actor spawns from now on know its node (``ray_node_id``)."""
+    node = ray_node_id()
+    if node is not None:
+        os.environ[NODE_ID_ENV] = node
+
+
 def host_id() -> str:
-    """This machine's identity (hostname + boot id): equal exactly for processes that can
-    share memory. Not an IP: vLLM's worker processes are not Ray workers and cannot ask Ray
-    for the node address."""
+    """Which processes can share memory: the Ray node id under Ray (two Ray nodes are two
+    hosts to us even when they share a machine, as in a test cluster), else the machine's
+    identity (hostname + boot id). Not an IP string: several nodes can share one address,
+    and one host can have several."""
+    node = ray_node_id()
+    if node is not None:
+        return f"ray-node/{node}"
     try:
         with open("/proc/sys/kernel/random/boot_id") as boot:
             boot_id = boot.read().strip()
@@ -69,7 +98,7 @@ class EndpointSite:
     ``collective_rpc`` carries nothing else intact)."""
 
     host: str
-    """``host_id()``: equal exactly for processes that can share memory."""
+    """``host_id()``: equal exactly for processes that can share memory (same Ray node)."""
     ip: str
     """``node_ip()``: the address peers on other hosts reach."""
     pid: int

@@ -7,6 +7,8 @@
 - ``resolve_backend``: ``auto`` -> the fastest transport the placement allows; an explicit
   choice the placement cannot serve is a ``ValueError`` naming ``checkpoint_engine.backend``.
 - ``resolve_bucket_bytes``: explicit MiB, or a fraction of the sender's free memory.
+- ``describe_backend_choice``: the line logged when the backend is chosen (once per run,
+  again only if a restart changes it).
 """
 
 from __future__ import annotations
@@ -59,6 +61,29 @@ def resolve_backend(requested: str, sender: EndpointSite, receivers: Sequence[En
             f"{need} (use 'auto' to pick a backend that fits)"
         )
     return requested
+
+
+def describe_backend_choice(
+    backend: str, sender: EndpointSite, receivers: Sequence[EndpointSite]
+) -> str:
+    """``weight sync backend gloo: trainer rank 0 on host ray-node/ab12cd34, 2 receivers on
+    2 other hosts``."""
+    others = {r.host for r in receivers if r.host != sender.host}
+    local = sum(r.host == sender.host for r in receivers)
+    where = []
+    if local:
+        where.append(f"{local} on the same host")
+    if others:
+        where.append(f"{len(receivers) - local} on {len(others)} other host(s)")
+    return (
+        f"weight sync backend {backend}: trainer rank 0 on host {_short(sender.host)}, "
+        f"{len(receivers)} receivers ({', '.join(where)})"
+    )
+
+
+def _short(host: str) -> str:
+    prefix, _, rest = host.rpartition("/")
+    return f"{prefix}/{rest[:8]}" if prefix else host
 
 
 def resolve_bucket_bytes(

@@ -47,6 +47,7 @@ from recipe.checkpoint_engine.host import EndpointSite, shm_dir
 from recipe.checkpoint_engine.layout import BucketLayout
 from recipe.checkpoint_engine.phases import SENDER, replica_peer, wait_phase
 from recipe.checkpoint_engine.placement import (
+    describe_backend_choice,
     order_receivers,
     resolve_backend,
     resolve_bucket_bytes,
@@ -172,7 +173,10 @@ class ParameterSynchronizer:
             for i in range(len(self._workers))
         ]
         receivers = [worker for group in groups for worker in group]
-        self._backend = resolve_backend(self.cfg.backend, sender, receivers)
+        backend = resolve_backend(self.cfg.backend, sender, receivers)
+        if backend != self._backend:
+            logger.info("%s", describe_backend_choice(backend, sender, receivers))
+        self._backend = backend
         self._phase("placement", self._on_sender("commit", version))
         if self._backend == "file":
             if self._file_dir is None:
@@ -293,6 +297,7 @@ class ParameterSynchronizer:
         metrics["sync/total_s"] = time.perf_counter() - start
         moved_s = metrics["sync/transfer_s"] + metrics["sync/load_s"]
         metrics["sync/gbps"] = metrics["sync/bytes"] / max(moved_s, 1e-9) / 1e9
+        metrics[f"sync/backend/{self._backend}"] = 1.0
         logger.debug("weights v%d pushed: %s", target, {k: round(v, 4) for k, v in metrics.items()})
         return metrics
 

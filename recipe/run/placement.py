@@ -6,6 +6,9 @@ share GPUs.
       colocated         the sync baseline: trainer ranks and engines on the same GPUs
       shares_gpus       colocated, or too few GPUs for trainer ranks + engine GPUs
       trainer_gpu_fraction / engine_gpu_fraction   Ray's share of a GPU for each side
+      role_spec(role)   the bundles a role asks of the cluster (recipe/workers/cluster.py)
+      take(role)        its placement group: both roles' groups are reserved at the first
+                        take, before any worker starts; the caller's group owns it then
 
 Ray starts on first use (``init_ray``), when a recipe builds its first worker group, so a bad
 config or data file fails before any process is spawned. Every Ray worker inherits
@@ -17,10 +20,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from typing import Any
 
 import torch
 
 from recipe.config import RayConfig, RecipeConfig
+from recipe.workers.cluster import RoleSpec, reserve, role_bundle
 
 logger = logging.getLogger(__name__)
 
@@ -69,9 +74,55 @@ def init_ray(ray_cfg: RayConfig) -> None:
 class Placement:
     """The run's device and GPU sharing (see the module docstring)."""
 
+    ROLES = ("trainer", "rollout")
+
     def __init__(self, cfg: RecipeConfig) -> None:
         self.cfg = cfg
         self.device = resolve_device(cfg.trainer.device)
+        self._reserved: dict[str, Any] = {}  # role -> placement group not taken yet
+        self._taken: set[str] = set()
+
+    def role_spec(self, role: str) -> RoleSpec:
+        """The bundles of ``role``: one per trainer rank, or one per engine replica (a CPU
+        for its actor, its GPU share, the role's custom resources)."""
+        cfg, gpu = self.cfg, self.device == "cuda"
+        if role == "trainer":
+            share = self.trainer_gpu_fraction if gpu else 0.0
+            bundle = role_bundle(1, share, cfg.ray.trainer_resources)
+            return RoleSpec(role, (bundle,) * cfg.actor.world_size, cfg.ray.trainer_strategy)
+        share = self.engine_gpu_fraction * cfg.rollout.tensor_parallel_size if gpu else 0.0
+        bundle = role_bundle(1, share, cfg.ray.rollout_resources)
+        return RoleSpec(role, (bundle,) * cfg.rollout.replicas, cfg.ray.rollout_strategy)
+
+    def take(self, role: str) -> Any:
+        """``role``'s ready placement group, reserving every role's first (so that no worker
+        starts before the cluster is known to hold the whole run). The caller owns it."""
+        if role in self._taken:
+            raise RuntimeError(f"the {role} placement group was taken already")
+        if not self._reserved:
+            init_ray(self.cfg.ray)
+            for name in self.ROLES:
+                if name not in self._taken:
+                    self._reserved[name] = reserve(
+                        self.role_spec(name), self.cfg.ray.placement_timeout_s
+                    )
+        self._taken.add(role)
+        return self._reserved.pop(role)
+
+    def adopt(self, role: str, group: Any) -> None:
+        """Use ``group``, reserved by another process, as ``role``'s (``take`` returns it)."""
+        self._reserved[role] = group
+
+    def release(self) -> None:
+        """Remove the groups reserved and never taken (a run that failed while starting)."""
+        import ray
+
+        for group in self._reserved.values():
+            try:
+                ray.util.remove_placement_group(group)
+            except Exception:  # Ray is shutting down: the groups go with it
+                logger.debug("removing a placement group failed", exc_info=True)
+        self._reserved.clear()
 
     @property
     def colocated(self) -> bool:

@@ -88,10 +88,16 @@ class RolloutGroup:
         device: str,
         gpu_fraction: float = 1.0,
         log_dir: Path | None = None,
+        placement_group: Any = None,
+        placement_timeout_s: float = 300.0,
     ) -> None:
         """``gpu_fraction``: the share of a GPU each replica reserves in Ray (< 1 colocated);
         ``log_dir``: where each engine writes its output (``replica_R.log``, then
-        ``replica_R.restart_K.log``); None leaves it in the workers' Ray logs."""
+        ``replica_R.restart_K.log``); None leaves it in the workers' Ray logs;
+        ``placement_group``: one bundle per replica (``recipe.workers.cluster``; the group owns
+        it), replica r on bundle r, a restarted one too (it waits up to
+        ``placement_timeout_s`` for its bundle when the bundle's node died); None: Ray
+        places each worker where it fits."""
         import ray
 
         if cfg.tensor_parallel_size != 1:
@@ -112,6 +118,7 @@ class RolloutGroup:
             resources["num_gpus"] = gpu_fraction
         # What restart() needs to start a replica again.
         self._worker_cls, self._resources = worker_cls, resources
+        self._pg, self._placement_timeout_s = placement_group, placement_timeout_s
         # The worker gets the resolved path: no replica builds or resolves the default itself.
         self._model_cfg = ModelConfig(
             path=str(model.path), dtype=model.dtype, trust_remote_code=model.trust_remote_code
@@ -129,9 +136,30 @@ class RolloutGroup:
         if index == len(self._starts):
             self._starts.append(0)
         self._starts[index] += 1
-        return ray.remote(**self._resources)(self._worker_cls).remote(
-            self._model_cfg, self.cfg, self._log_path(index)
+        options: dict[str, Any] = dict(self._resources)
+        if self._pg is not None:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self._pg, index)
+        return (
+            ray.remote(self._worker_cls)
+            .options(**options)
+            .remote(self._model_cfg, self.cfg, self._log_path(index))
         )
+
+    def wait_for_bundle(self, index: int) -> str:
+        """The node that will run replica ``index`` again: its bundle's, once Ray has placed
+        the bundle on a node that is alive (it moves when its node died and the cluster has
+        room); ``PlacementError`` naming the replica when it has none within
+        ``placement_timeout_s``. Blocking: async callers run it in a thread."""
+        if self._pg is None:
+            return ""
+        from recipe.workers.cluster import PlacementError, wait_for_bundle
+
+        try:
+            return wait_for_bundle(self._pg, index, self._placement_timeout_s)
+        except PlacementError as exc:
+            raise PlacementError(f"rollout replica {index}: {exc}") from None
 
     def _log_path(self, index: int) -> str | None:
         if self._log_dir is None:
@@ -302,12 +330,14 @@ class RolloutGroup:
 
         ray.get([w.update_weights_from_file.remote(path, version) for w in self.workers])
 
-    def drain_trace(self, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+    def drain_trace(
+        self, timeout_s: float = 30.0, skip: Sequence[int] = ()
+    ) -> list[dict[str, Any]]:
         """Every replica's trace slices since the last call (``observability.trace``), replica
-        r on its own process track."""
+        r on its own process track; ``skip``: replicas that are gone for good."""
         import ray
 
-        refs = [w.drain_trace.remote(i) for i, w in enumerate(self.workers)]
+        refs = [w.drain_trace.remote(i) for i, w in enumerate(self.workers) if i not in skip]
         return [event for events in ray.get(refs, timeout=timeout_s) for event in events]
 
     def shutdown(self) -> None:
@@ -319,3 +349,6 @@ class RolloutGroup:
             for worker in self.workers:
                 ray.kill(worker)
             self.workers = []
+            if self._pg is not None:
+                ray.util.remove_placement_group(self._pg)
+                self._pg = None

@@ -55,7 +55,7 @@ class TrainerGroup:
         """``world_size`` defaults to ``actor.world_size``; ``use_gpu`` None: GPUs when the Ray
         cluster has any; ``gpu_fraction``: the share of a GPU each rank reserves (< 1 when the
         rollout engines share the trainer's GPUs, colocated); ``placement_group``: one bundle
-        per rank (created when None)."""
+        per rank (created when None); the group owns it and removes it at shutdown."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -64,7 +64,6 @@ class TrainerGroup:
         if use_gpu is None:
             use_gpu = ray.cluster_resources().get("GPU", 0) > 0
         bundle = {"CPU": 1, "GPU": gpu_fraction} if use_gpu else {"CPU": 1}
-        self._owns_pg = placement_group is None
         self._broken = False  # a rank died: shut down without waiting on the others
         if placement_group is None:
             placement_group = ray.util.placement_group([bundle] * self.world_size, strategy="PACK")
@@ -245,5 +244,6 @@ class TrainerGroup:
         for worker in self.workers:
             ray.kill(worker)
         self.workers = []
-        if self._owns_pg:
+        if self._pg is not None:
             ray.util.remove_placement_group(self._pg)
+            self._pg = None

@@ -30,6 +30,7 @@ from recipe.faults import (
 from recipe.observability.config import LoggerConfig
 from recipe.observability.tracking import Tracker
 from recipe.utils.output_dir import OutputDirError, check_writable_dir
+from recipe.workers.cluster import PlacementError
 from recipe.workers.rollout_group import RolloutGroup, failed_health_check
 
 
@@ -105,6 +106,12 @@ class FakeGroup:
         self.workers = [FakeWorker() for _ in range(num)]
         self.restarted: list[int] = []
         self.placement: Any = None
+        self.lost: set[int] = set()  # replicas whose bundle's node left with no room elsewhere
+
+    def wait_for_bundle(self, index: int) -> str:
+        if index in self.lost:
+            raise PlacementError(f"rollout replica {index}: bundle {index}: node ab12 is gone")
+        return "node"
 
     def restart(self, index: int) -> FakeWorker:
         self.workers[index] = FakeWorker()
@@ -127,8 +134,9 @@ def _supervisor(
 
 
 async def _settle() -> None:
+    """Let the supervisor's tasks run (a restart first waits for its bundle in a thread)."""
     for _ in range(5):
-        await asyncio.sleep(0)
+        await asyncio.sleep(0.02)
 
 
 def test_a_dead_replica_is_restarted_and_serves_again_at_version_zero():
@@ -161,6 +169,66 @@ def test_failures_seen_concurrently_for_one_death_restart_the_replica_once():
         await _settle()
         assert results == [True, True, True]
         assert group.restarted == [0] and sup.num_restarts == 1
+
+    asyncio.run(scenario())
+
+
+async def _until(condition: Any, timeout_s: float = 5.0) -> None:
+    """Wait for ``condition()`` (a restart waits for its bundle in a thread)."""
+    for _ in range(int(timeout_s / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+def test_a_replica_whose_node_left_is_retired_and_the_others_go_on_without_it():
+    async def scenario() -> None:
+        group = FakeGroup(3)
+        sup, fatal = _supervisor(group)
+        old = group.workers[1]
+        old.state, group.lost = "dead", {1}
+        assert await sup.on_failure(1, old, _actor_died())
+        await _until(lambda: sup.retired)
+        await _settle()
+        assert sup.retired == {1} and group.restarted == [] and not fatal
+        assert sup.in_service == [True, False, True] and sup.num_restarts == 1
+        assert [i for i, _ in sup.up()] == [0, 2]  # no health checks, pauses or pushes
+        assert {await sup.pick() for _ in range(4)} == {0, 2}
+        await sup.pause_all()  # the dead worker is not asked
+        assert not old.paused and group.workers[0].paused
+        assert await sup.recover() == []
+
+    asyncio.run(scenario())
+
+
+def test_the_last_replica_lost_with_its_node_fails_the_run_naming_it():
+    async def scenario() -> None:
+        group = FakeGroup(2)
+        sup, fatal = _supervisor(group)
+        for index in (0, 1):
+            group.workers[index].state = "dead"
+        group.lost = {0, 1}
+        assert await sup.on_failure(0, group.workers[0], _actor_died())
+        await _until(lambda: sup.retired)
+        assert await sup.on_failure(1, group.workers[1], _actor_died())
+        await _until(lambda: fatal)
+        assert sup.retired == {0}
+        assert isinstance(fatal[0], RolloutWorkerError)
+        assert "rollout replica 1" in str(fatal[0]) and "node ab12 is gone" in str(fatal[0])
+        assert "no rollout replica is left" in str(fatal[0])
+
+    asyncio.run(scenario())
+
+
+def test_a_node_loss_past_max_restarts_fails_the_run_before_waiting_for_the_bundle():
+    async def scenario() -> None:
+        group = FakeGroup(2)
+        sup, fatal = _supervisor(group, max_restarts=0)
+        group.workers[0].state, group.lost = "dead", {0}
+        assert await sup.on_failure(0, group.workers[0], _actor_died())
+        await _settle()
+        assert fatal and "rollout.max_restarts=0" in str(fatal[0]) and not sup.retired
 
     asyncio.run(scenario())
 

@@ -30,6 +30,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from recipe.agent.context import EpisodeCut
+from recipe.checkpoint_engine.host import export_node_id
 from recipe.observability.trace import RequestTrace
 from recipe.protocol import Trajectory
 from recipe.workers.rollout.requests import GenerationRequest
@@ -41,6 +42,7 @@ class RolloutWorker(ABC):
     """One generation engine behind a small async surface (see the module docstring)."""
 
     def __init__(self) -> None:
+        export_node_id()  # the engine's processes, started next, learn this Ray node
         self._version = 0
         self._paused = False
         self._closed = False

@@ -1,0 +1,141 @@
+"""Placement by role on a Ray cluster: each role gets its own placement group, reserved
+before any of its actors starts.
+
+    reserve_role(role)                 the driver, once per role, before building its group
+      trainer  actor.world_size bundles     {CPU: 1, GPU: share}   + ray.trainer_resources
+      rollout  rollout.replicas bundles     {CPU: 1, GPU: TP x share} + ray.rollout_resources
+      strategy ray.trainer_strategy / ray.rollout_strategy (PACK, SPREAD, STRICT_*)
+      ready within ray.placement_timeout_s, else PlacementError: one line naming the role,
+      its bundles and what the cluster has
+
+The custom resources let a user pin a role to nodes (``ray start --resources='{"rollout_host":
+1}'`` on the engine nodes, ``ray.rollout_resources={rollout_host:1}``: one engine per such
+node). ``bundle_nodes`` tells which node holds each bundle (logged once per role, and what
+a restart waits for: a bundle whose node is gone is placed again only where the cluster has
+room, within the same deadline, ``wait_for_bundle``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+_POLL_S = 0.2
+
+
+class PlacementError(ValueError):
+    """The cluster cannot hold a role's bundles (bad input: the run stops with exit code 2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoleSpec:
+    """What one role asks of the cluster."""
+
+    role: str
+    """``trainer`` or ``rollout``: named in errors and logs."""
+    bundles: tuple[Mapping[str, float], ...]
+    """One bundle per trainer rank / engine replica, in rank / replica order."""
+    strategy: str
+    """Ray's placement strategy for the bundles."""
+
+    def describe(self) -> str:
+        """``2 x {CPU: 1, rollout_host: 1} (SPREAD)``."""
+        shapes: dict[str, int] = {}
+        for bundle in self.bundles:
+            shape = "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(bundle.items())) + "}"
+            shapes[shape] = shapes.get(shape, 0) + 1
+        parts = [f"{count} x {shape}" for shape, count in shapes.items()]
+        return f"{' + '.join(parts)} ({self.strategy})"
+
+
+def role_bundle(num_cpus: float, num_gpus: float, extra: Mapping[str, float]) -> dict[str, float]:
+    """One bundle: CPUs, GPUs when any, and the role's custom resources."""
+    bundle = {"CPU": float(num_cpus)}
+    if num_gpus > 0:
+        bundle["GPU"] = float(num_gpus)
+    for name, amount in extra.items():
+        bundle[str(name)] = float(amount)
+    return bundle
+
+
+def reserve(spec: RoleSpec, timeout_s: float) -> Any:
+    """A ready placement group for ``spec``; ``PlacementError`` when it is not ready within
+    ``timeout_s`` (the group is removed again: nothing waits forever)."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    group = ray.util.placement_group(
+        [dict(b) for b in spec.bundles], strategy=spec.strategy, name=""
+    )
+    try:
+        ray.get(group.ready(), timeout=timeout_s)
+    except GetTimeoutError:
+        ray.util.remove_placement_group(group)
+        raise PlacementError(
+            f"the Ray cluster cannot hold the {spec.role} role's placement group "
+            f"{spec.describe()} within ray.placement_timeout_s={timeout_s:g}: "
+            f"{_cluster_summary()}"
+        ) from None
+    nodes = bundle_nodes(group)
+    logger.info(
+        "%s placement: %s",
+        spec.role,
+        ", ".join(f"bundle {i} on node {node[:8]}" for i, node in enumerate(nodes)),
+    )
+    return group
+
+
+def bundle_nodes(group: Any) -> list[str]:
+    """The node id (hex) holding each bundle of ``group``, in bundle order ("" while one is
+    not placed)."""
+    from ray.util import placement_group_table
+
+    table = placement_group_table(group)
+    by_index = table.get("bundles_to_node_id", {})
+    return [str(by_index.get(i, "") or "") for i in range(len(table.get("bundles", {})))]
+
+
+def alive_nodes() -> dict[str, dict[str, Any]]:
+    """Alive nodes of the cluster by node id: their address and resources."""
+    import ray
+
+    return {
+        n["NodeID"]: {"ip": n["NodeManagerAddress"], "resources": n["Resources"]}
+        for n in ray.nodes()
+        if n["Alive"]
+    }
+
+
+def wait_for_bundle(group: Any, index: int, timeout_s: float) -> str:
+    """The alive node that holds bundle ``index`` of ``group``, waiting up to ``timeout_s``
+    for Ray to place it again after its node died; ``PlacementError`` naming the lost node
+    when the cluster has no room for it."""
+    deadline = time.monotonic() + timeout_s
+    first = bundle_nodes(group)[index]
+    while True:
+        node = bundle_nodes(group)[index]
+        if node and node in alive_nodes():
+            return node
+        if time.monotonic() >= deadline:
+            lost = f"node {first[:8]} is gone and " if first and first != node else ""
+            raise PlacementError(
+                f"bundle {index}: {lost}the Ray cluster has no room to place it again within "
+                f"ray.placement_timeout_s={timeout_s:g}: {_cluster_summary()}"
+            )
+        time.sleep(_POLL_S)
+
+
+def _cluster_summary() -> str:
+    """``3 alive nodes, available {CPU: 2, GPU: 0}`` for error lines."""
+    import ray
+
+    available = ray.available_resources()
+    keys = sorted(k for k in available if not k.startswith(("node:", "memory", "object_store")))
+    shown = ", ".join(f"{k}: {available[k]:g}" for k in keys)
+    return f"{len(alive_nodes())} alive nodes, available {{{shown}}}"

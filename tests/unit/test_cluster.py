@@ -1,0 +1,119 @@
+"""Placement by role without a cluster: the bundles each role asks for, how they read in an
+error, the host identity the weight sync decides from, and the line that logs its choice.
+
+The same paths run on a 3-node Ray cluster in tests/integration/test_multi_node.py.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from recipe.checkpoint_engine.host import NODE_ID_ENV, EndpointSite, host_id, ray_node_id
+from recipe.checkpoint_engine.placement import describe_backend_choice, resolve_backend
+from recipe.config import RayConfig, RecipeConfig, TrainerConfig
+from recipe.run.placement import Placement
+from recipe.utils.config_check import ConfigError
+from recipe.workers.cluster import RoleSpec, role_bundle
+from recipe.workers.config import ActorConfig, RolloutConfig
+
+
+def _cfg(**kwargs) -> RecipeConfig:
+    return RecipeConfig(trainer=TrainerConfig(device="cpu"), **kwargs)
+
+
+def test_a_bundle_holds_cpus_gpus_only_when_asked_and_the_roles_custom_resources():
+    assert role_bundle(1, 0.0, {}) == {"CPU": 1.0}
+    assert role_bundle(1, 0.5, {"rollout_host": 1}) == {
+        "CPU": 1.0,
+        "GPU": 0.5,
+        "rollout_host": 1.0,
+    }
+
+
+def test_a_role_spec_reads_as_counted_bundle_shapes_with_the_strategy():
+    spec = RoleSpec("rollout", ({"CPU": 1.0, "rollout_host": 1.0},) * 2, "SPREAD")
+    assert spec.describe() == "2 x {CPU: 1, rollout_host: 1} (SPREAD)"
+    mixed = RoleSpec("trainer", ({"CPU": 1.0}, {"CPU": 2.0}), "PACK")
+    assert mixed.describe() == "1 x {CPU: 1} + 1 x {CPU: 2} (PACK)"
+
+
+def test_cpu_roles_get_one_bundle_per_rank_and_per_replica_with_their_knobs():
+    cfg = _cfg(
+        actor=ActorConfig(nnodes=2, n_gpus_per_node=2, ppo_mini_batch_size=4),
+        rollout=RolloutConfig(num_replicas=3),
+        ray=RayConfig(
+            rollout_strategy="SPREAD",
+            trainer_resources={"trainer_host": 0.25},
+            rollout_resources={"rollout_host": 1},
+        ),
+    )
+    placement = Placement(cfg)
+    trainer, rollout = placement.role_spec("trainer"), placement.role_spec("rollout")
+    assert trainer.bundles == ({"CPU": 1.0, "trainer_host": 0.25},) * 4
+    assert trainer.strategy == "PACK"
+    assert rollout.bundles == ({"CPU": 1.0, "rollout_host": 1.0},) * 3
+    assert rollout.strategy == "SPREAD"
+
+
+def test_gpu_roles_ask_for_their_share_of_a_gpu_and_tensor_parallel_gpus_per_replica():
+    cfg = _cfg(rollout=RolloutConfig(n_gpus_per_node=4, gpu_memory_utilization=0.4))
+    placement = Placement(cfg)
+    placement.device = "cuda"
+    placement.__dict__["shares_gpus"] = False  # a cluster with GPUs for both roles
+    assert placement.role_spec("trainer").bundles == ({"CPU": 1.0, "GPU": 1.0},)
+    assert placement.role_spec("rollout").bundles == ({"CPU": 1.0, "GPU": 1.0},) * 4
+    placement.__dict__["shares_gpus"] = True  # one GPU for both: split as vLLM is capped
+    assert placement.role_spec("trainer").bundles[0]["GPU"] == pytest.approx(0.6)
+    assert placement.role_spec("rollout").bundles[0]["GPU"] == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "key"),
+    [
+        ({"placement_timeout_s": 0}, "ray.placement_timeout_s"),
+        ({"rollout_strategy": "spread"}, "ray.rollout_strategy"),
+        ({"trainer_resources": {"GPU": 1}}, "ray.trainer_resources.GPU"),
+        ({"rollout_resources": {"rollout_host": 0}}, "ray.rollout_resources.rollout_host"),
+    ],
+)
+def test_bad_placement_knobs_fail_naming_the_key(kwargs, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        RayConfig(**kwargs)
+
+
+def test_the_host_is_the_ray_node_a_spawning_actor_exported_else_the_machine(monkeypatch):
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # a vLLM worker process
+    monkeypatch.delenv(NODE_ID_ENV, raising=False)
+    assert ray_node_id() is None
+    machine = host_id()
+    assert machine.startswith(socket.gethostname() + "/")
+    monkeypatch.setenv(NODE_ID_ENV, "ab" * 28)
+    assert host_id() == "ray-node/" + "ab" * 28 != machine
+
+
+def _site(host: str) -> EndpointSite:
+    return EndpointSite(host, "10.0.0.1", 1, "cpu", None, 1 << 30)
+
+
+def test_ray_nodes_on_one_machine_are_different_hosts_to_the_backend_choice():
+    sender = _site("ray-node/aaaa1111")
+    same, other = _site("ray-node/aaaa1111"), _site("ray-node/bbbb2222")
+    assert resolve_backend("auto", sender, [same, same]) == "shm"
+    assert resolve_backend("auto", sender, [same, other]) == "gloo"
+    with pytest.raises(ValueError, match=r"backend='shm' does not fit"):
+        resolve_backend("shm", sender, [other])
+
+
+def test_the_backend_choice_is_described_by_where_the_receivers_are():
+    sender = _site("ray-node/aaaa1111cccc")
+    line = describe_backend_choice(
+        "gloo", sender, [_site("ray-node/bbbb"), _site("ray-node/dddd"), sender]
+    )
+    assert line == (
+        "weight sync backend gloo: trainer rank 0 on host ray-node/aaaa1111, 3 receivers "
+        "(1 on the same host, 2 on 2 other host(s))"
+    )
