@@ -26,6 +26,7 @@ from fully_async_policy.message_queue import make_message_queue
 from fully_async_policy.rollouter import FullyAsyncRollouter
 from fully_async_policy.trainer import FullyAsyncTrainer
 from recipe.config import RecipeConfig
+from recipe.workers.cluster import on_driver_node
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -50,7 +51,8 @@ class FullyAsyncRecipe:
             self.queue = make_message_queue(plan.budget)
             # Reserved with the trainer's, before any worker started; the rollouter owns it.
             engines = self.trainer.placement.take("rollout")
-            self.rollouter = ray.remote(num_cpus=0)(FullyAsyncRollouter).remote(
+            rollouter = ray.remote(num_cpus=0)(FullyAsyncRollouter)
+            self.rollouter = rollouter.options(scheduling_strategy=on_driver_node()).remote(
                 cfg, run_dir, self.queue, plan, engines
             )
             ray.get(self.rollouter.engine_workers.remote())  # the engines started (or failed)

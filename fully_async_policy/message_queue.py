@@ -29,6 +29,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from fully_async_policy.messages import EndOfStream, PromptGroup, QueueStats
+from recipe.workers.cluster import on_driver_node
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -129,7 +130,8 @@ class MessageQueue(Generic[Item]):
 
 def make_message_queue(capacity: int) -> ActorHandle[MessageQueue[PromptGroup]]:
     """The rollouter-to-trainer ``MessageQueue`` of ``PromptGroup``s as an async Ray actor (no
-    CPU reserved: it holds small scored groups)."""
+    CPU reserved: it holds small scored groups), on the driver's node."""
     import ray
 
-    return ray.remote(num_cpus=0)(MessageQueue).remote(capacity)
+    queue = ray.remote(num_cpus=0)(MessageQueue)
+    return queue.options(scheduling_strategy=on_driver_node()).remote(capacity)

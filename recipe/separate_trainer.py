@@ -77,7 +77,7 @@ class SeparateRayPPOTrainer:
             # Import paths, constructor arguments and the chat template's deltas: checked
             # here, once, instead of inside every rollout worker.
             EpisodeRunner(cfg.rollout.multi_turn, self.model.tokenizer, self.model.eos_token_ids)
-        self.placement = Placement(cfg)
+        self.placement = Placement(cfg, self.run_dir)
         self.device = self.placement.device
         self.version = 0
         """Weights version the engines serve: the one owner of it (+1 per push)."""

@@ -8,7 +8,9 @@ share GPUs.
       trainer_gpu_fraction / engine_gpu_fraction   Ray's share of a GPU for each side
       role_spec(role)   the bundles a role asks of the cluster (recipe/workers/cluster.py)
       take(role)        its placement group: both roles' groups are reserved at the first
-                        take, before any worker starts; the caller's group owns it then
+                        take, before any worker starts (on a cluster of several nodes, once
+                        every node has shown it sees the run directory); the caller's group
+                        owns it then
 
 Ray starts on first use (``init_ray``), when a recipe builds its first worker group, so a bad
 config or data file fails before any process is spawned. Every Ray worker inherits
@@ -20,12 +22,13 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from recipe.config import RayConfig, RecipeConfig
-from recipe.workers.cluster import RoleSpec, reserve, role_bundle
+from recipe.workers.cluster import RoleSpec, check_shared_dir, reserve, role_bundle
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +79,11 @@ class Placement:
 
     ROLES = ("trainer", "rollout")
 
-    def __init__(self, cfg: RecipeConfig) -> None:
+    def __init__(self, cfg: RecipeConfig, run_dir: Path | None = None) -> None:
+        """``run_dir``: checked to be seen by every node of the cluster before the roles are
+        reserved (``check_shared_dir``); None: not checked."""
         self.cfg = cfg
+        self.run_dir = run_dir
         self.device = resolve_device(cfg.trainer.device)
         self._reserved: dict[str, Any] = {}  # role -> placement group not taken yet
         self._taken: set[str] = set()
@@ -101,6 +107,8 @@ class Placement:
             raise RuntimeError(f"the {role} placement group was taken already")
         if not self._reserved:
             init_ray(self.cfg.ray)
+            if self.run_dir is not None:
+                check_shared_dir(self.run_dir)
             for name in self.ROLES:
                 if name not in self._taken:
                     self._reserved[name] = reserve(

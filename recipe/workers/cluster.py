@@ -12,15 +12,18 @@ The custom resources let a user pin a role to nodes (``ray start --resources='{"
 1}'`` on the engine nodes, ``ray.rollout_resources={rollout_host:1}``: one engine per such
 node). ``bundle_nodes`` tells which node holds each bundle (logged once per role, and what
 a restart waits for: a bundle whose node is gone is placed again only where the cluster has
-room, within the same deadline, ``wait_for_bundle``).
+room, within the same deadline, ``wait_for_bundle``). ``check_shared_dir``: on a cluster of
+several nodes, every node must see the run directory.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -139,3 +142,68 @@ def _cluster_summary() -> str:
     keys = sorted(k for k in available if not k.startswith(("node:", "memory", "object_store")))
     shown = ", ".join(f"{k}: {available[k]:g}" for k in keys)
     return f"{len(alive_nodes())} alive nodes, available {{{shown}}}"
+
+
+SHARED_MARKER = ".shared_check"
+
+
+def check_shared_dir(path: Path) -> None:
+    """Every node of a multi-node cluster sees ``path`` (the run directory: checkpoints,
+    engine logs and the rollouter's state are written there from several nodes). The driver
+    writes a marker with a fresh token; one task per alive node reads it; a node that cannot
+    is named in a ``PlacementError``. Nothing to check on a single node."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = alive_nodes()
+    if len(nodes) < 2:
+        return
+    marker = Path(path).resolve() / SHARED_MARKER
+    token = uuid.uuid4().hex
+    marker.write_text(token, encoding="utf-8")
+    read = ray.remote(num_cpus=0)(_read_marker)
+    refs = {
+        node: read.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+        ).remote(str(marker))
+        for node in nodes
+    }
+    try:
+        seen = dict(zip(refs, ray.get(list(refs.values()), timeout=60), strict=True))
+    finally:
+        marker.unlink(missing_ok=True)
+    error = unshared_dir_error(marker, token, seen, nodes)
+    if error is not None:
+        raise error
+
+
+def unshared_dir_error(
+    marker: Path, token: str, seen: Mapping[str, str | None], nodes: Mapping[str, Any]
+) -> PlacementError | None:
+    """The error naming the first node that did not read ``token`` from ``marker``."""
+    for node, text in seen.items():
+        if text != token:
+            return PlacementError(
+                f"the run directory {marker.parent} is not on a filesystem every node sees: "
+                f"node {node[:8]} ({nodes[node]['ip']}) cannot read {marker.name} written "
+                "there by the driver (put the run directory on a shared filesystem: "
+                "hydra.run.dir=/shared/...)"
+            )
+    return None
+
+
+def _read_marker(path: str) -> str | None:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
+def on_driver_node() -> Any:
+    """Scheduling for the run's coordinating actors (the rollouter, the message queue):
+    beside the driver, whose node lives as long as the run, rather than wherever Ray finds
+    room (an engine node may leave the cluster)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)

@@ -15,7 +15,7 @@ from recipe.checkpoint_engine.placement import describe_backend_choice, resolve_
 from recipe.config import RayConfig, RecipeConfig, TrainerConfig
 from recipe.run.placement import Placement
 from recipe.utils.config_check import ConfigError
-from recipe.workers.cluster import RoleSpec, role_bundle
+from recipe.workers.cluster import RoleSpec, role_bundle, unshared_dir_error
 from recipe.workers.config import ActorConfig, RolloutConfig
 
 
@@ -117,3 +117,17 @@ def test_the_backend_choice_is_described_by_where_the_receivers_are():
         "weight sync backend gloo: trainer rank 0 on host ray-node/aaaa1111, 3 receivers "
         "(1 on the same host, 2 on 2 other host(s))"
     )
+
+
+def test_a_node_that_cannot_read_the_drivers_marker_is_named(tmp_path):
+    marker = tmp_path / ".shared_check"
+    nodes = {"aa" * 28: {"ip": "10.0.0.1"}, "bb" * 28: {"ip": "10.0.0.2"}}
+    assert unshared_dir_error(marker, "t0k", {"aa" * 28: "t0k", "bb" * 28: "t0k"}, nodes) is None
+    stale = {"aa" * 28: "t0k", "bb" * 28: "an older token"}
+    for seen in (stale, {"aa" * 28: "t0k", "bb" * 28: None}):
+        error = unshared_dir_error(marker, "t0k", seen, nodes)
+        assert error is not None and "\n" not in str(error)
+        assert str(error).startswith(
+            f"the run directory {tmp_path} is not on a filesystem every node sees: node "
+            "bbbbbbbb (10.0.0.2) cannot read .shared_check"
+        )

