@@ -70,7 +70,8 @@ def is_actor_death(exc: BaseException) -> bool:
 
 
 def describe_death(exc: BaseException) -> str:
-    """One line out of Ray's multi-line actor-death message: the pid and the reason."""
+    """One line out of Ray's multi-line actor-death message: the pid, the reason, and the
+    node when the actor died with its node."""
     text = str(exc)
     pid = re.search(r"\bpid[:=]\s*(\d+)", text)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
@@ -78,6 +79,9 @@ def describe_death(exc: BaseException) -> str:
     details = [ln for ln in lines[1:] if not ln.startswith(_RAY_FIELDS)]
     reason = details[0] if details else lines[0] if lines else type(exc).__name__
     reason = reason.split(". ")[0].rstrip(".")
+    node = re.search(r"\bNode Id:\s*([0-9a-f]+)", text)
+    if node:  # its node left the cluster: name the node
+        reason = f"{reason} (node {node.group(1)[:8]})"
     return f"pid {pid.group(1)}, {reason}" if pid else reason
 
 

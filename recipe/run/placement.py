@@ -109,11 +109,15 @@ class Placement:
             init_ray(self.cfg.ray)
             if self.run_dir is not None:
                 check_shared_dir(self.run_dir)
-            for name in self.ROLES:
-                if name not in self._taken:
-                    self._reserved[name] = reserve(
-                        self.role_spec(name), self.cfg.ray.placement_timeout_s
-                    )
+            try:
+                for name in self.ROLES:
+                    if name not in self._taken:
+                        self._reserved[name] = reserve(
+                            self.role_spec(name), self.cfg.ray.placement_timeout_s
+                        )
+            except BaseException:
+                self.release()  # a role that fits must not hold its bundles for nothing
+                raise
         self._taken.add(role)
         return self._reserved.pop(role)
 

@@ -32,6 +32,8 @@ from typing import Any
 import pytest
 
 from recipe.checkpoint import read_ledger
+from recipe.faults import RunFailure
+from recipe.workers.cluster import PlacementError
 from tests.helpers.runs import assert_ledger_balances, build_recipe, read_metrics
 
 pytestmark = pytest.mark.integration
@@ -96,6 +98,12 @@ class LocalCluster:
     def remove(self, name: str) -> None:
         self.cluster.remove_node(self.nodes.pop(name))
 
+    def ensure(self, name: str) -> None:
+        """Node ``name`` is in the cluster (added again after a test removed it)."""
+        if name not in self.nodes:
+            self.nodes[name] = self.cluster.add_node(**NODES[name])
+            self.cluster.wait_for_nodes()
+
     def shutdown(self) -> None:
         self.cluster.shutdown()
 
@@ -148,6 +156,32 @@ def _node(host: str) -> str:
 
 def _pushes(run_dir: Path) -> list[dict[str, Any]]:
     return [r for r in read_metrics(run_dir) if "sync/total_s" in r]
+
+
+def test_a_role_the_cluster_cannot_hold_fails_at_startup_naming_it(cluster, tmp_path):
+    overrides = _overrides(
+        cluster,
+        **{"ray.rollout_resources": {"gpu_host": 1}, "ray.placement_timeout_s": 2},
+    )
+    with pytest.raises(PlacementError) as failure:
+        build_recipe(tmp_path / "run", FULLY_ASYNC, overrides)
+    message = str(failure.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "the Ray cluster cannot hold the rollout role's placement group "
+        "1 x {CPU: 1, gpu_host: 1} (PACK) within ray.placement_timeout_s=2: 4 alive nodes"
+    )
+    # The trainer's group, which fitted, was given back: every CPU is free again.
+    _until_all_cpus_free()
+
+
+def _until_all_cpus_free(timeout_s: float = 10.0) -> None:
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"]:
+        assert time.monotonic() < deadline, ray.available_resources()
+        time.sleep(0.2)
 
 
 def test_fully_async_places_roles_on_their_nodes_and_pushes_over_gloo_verified(
@@ -213,16 +247,23 @@ def test_fully_async_checkpoints_across_nodes_and_a_resumed_run_finishes_it(
     assert len(trained) == len(set(trained)) == 3 * 4
 
 
+@pytest.mark.parametrize(
+    "max_restarts", [1, pytest.param(0, marks=pytest.mark.nightly)], ids=["goes_on", "stops"]
+)
 def test_a_rollout_node_that_leaves_mid_run_retires_its_engine_and_the_run_goes_on(
-    cluster, tiny_model_path, tmp_path
+    cluster, tiny_model_path, tmp_path, max_restarts
 ):
+    """max_restarts 1: the run ends on the survivor; 0: it stops with one line naming the
+    replica and the node it died with."""
+    cluster.ensure("rollout_b")
     run_dir = tmp_path / "run"
+    lost = cluster.node_id("rollout_b")
     overrides = _overrides(
         cluster,
         **{
             "rollout.backend": "hf",
             "rollout.num_replicas": 2,
-            "rollout.max_restarts": 1,
+            "rollout.max_restarts": max_restarts,
             "trainer.total_training_steps": 6,
             "ray.placement_timeout_s": 3,
         },
@@ -238,6 +279,13 @@ def test_a_rollout_node_that_leaves_mid_run_retires_its_engine_and_the_run_goes_
 
     trainer._train_step = leave_during_step_2
     try:
+        if max_restarts == 0:
+            with pytest.raises(RunFailure) as failure:
+                recipe.fit()
+            message = str(failure.value).splitlines()[0]
+            assert "rollout replica" in message and f"(node {lost[:8]})" in message, message
+            assert "rollout.max_restarts=0" in message
+            return
         summary = recipe.fit()
         ledger = recipe.ledger
     finally:

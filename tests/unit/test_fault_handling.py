@@ -424,6 +424,19 @@ def test_describe_death_keeps_the_pid_and_the_reason_on_one_line():
     )
 
 
+def test_describe_death_names_the_node_an_actor_died_with():
+    error = _actor_died(pid=31)
+    error.error_msg = (
+        "The actor died unexpectedly before finishing this task.\n"
+        "\tclass_name: HFRolloutWorker\n\tactor_id: 84de\n\tpid: 31\n\tip: 192.0.2.2\n"
+        "The actor died because its node has died. Node Id: 0156ab97a6040d9e408e8b2f\n"
+        "\tthe actor's node was terminated expectedly: received SIGTERM"
+    )
+    assert describe_death(error) == (
+        "pid 31, The actor died because its node has died (node 0156ab97)"
+    )
+
+
 def test_resume_hint_names_the_newest_complete_checkpoint(tmp_path):
     assert "no checkpoint under" in resume_hint(tmp_path)
     for step in (2, 4):
