@@ -139,7 +139,11 @@ def _cluster_summary() -> str:
     import ray
 
     available = ray.available_resources()
-    keys = sorted(k for k in available if not k.startswith(("node:", "memory", "object_store")))
+    keys = sorted(
+        k
+        for k in available
+        if not k.startswith(("node:", "memory", "object_store")) and "_group_" not in k
+    )  # Ray's own per-node and per-placement-group resources left out
     shown = ", ".join(f"{k}: {available[k]:g}" for k in keys)
     return f"{len(alive_nodes())} alive nodes, available {{{shown}}}"
 

@@ -84,11 +84,12 @@ class LocalCluster:
                 "include_dashboard": True,
                 "dashboard_host": "127.0.0.1",
                 "dashboard_port": self.dashboard_port,
+                **_agent_ports(),
             },
         )
         self.nodes = {"head": self.cluster.head_node}
-        for name, args in NODES.items():
-            self.nodes[name] = self.cluster.add_node(**args)
+        for name in NODES:
+            self.add(name)
         self.cluster.wait_for_nodes()
         self.address = self.cluster.address
 
@@ -98,10 +99,13 @@ class LocalCluster:
     def remove(self, name: str) -> None:
         self.cluster.remove_node(self.nodes.pop(name))
 
+    def add(self, name: str) -> None:
+        self.nodes[name] = self.cluster.add_node(**NODES[name], **_agent_ports())
+
     def ensure(self, name: str) -> None:
         """Node ``name`` is in the cluster (added again after a test removed it)."""
         if name not in self.nodes:
-            self.nodes[name] = self.cluster.add_node(**NODES[name])
+            self.add(name)
             self.cluster.wait_for_nodes()
 
     def shutdown(self) -> None:
@@ -126,6 +130,16 @@ def cluster() -> Iterator[LocalCluster]:
         finally:
             ray.shutdown()
             test_cluster.shutdown()
+
+
+def _agent_ports() -> dict[str, int]:
+    """Free ports for a node's agents: nodes on one host (and any other Ray on it) must not
+    share them, or the head's job agent may never register."""
+    return {
+        "dashboard_agent_listen_port": _free_port(),
+        "metrics_export_port": _free_port(),
+        "runtime_env_agent_port": _free_port(),
+    }
 
 
 def _free_port() -> int:
@@ -169,7 +183,9 @@ def test_a_role_the_cluster_cannot_hold_fails_at_startup_naming_it(cluster, tmp_
     assert "\n" not in message
     assert message.startswith(
         "the Ray cluster cannot hold the rollout role's placement group "
-        "1 x {CPU: 1, gpu_host: 1} (PACK) within ray.placement_timeout_s=2: 4 alive nodes"
+        "1 x {CPU: 1, gpu_host: 1} (SPREAD) within ray.placement_timeout_s=2: 4 alive nodes, "
+        "available {CPU: 3, node_head: 1, node_rollout_a: 1, node_rollout_b: 1, "
+        "node_trainer: 1, rollout_host: 2}"  # the trainer's group holds its node then
     )
     # The trainer's group, which fitted, was given back: every CPU is free again.
     _until_all_cpus_free()
@@ -298,6 +314,20 @@ def test_a_rollout_node_that_leaves_mid_run_retires_its_engine_and_the_run_goes_
     assert last["faults/rollout_retired"] == 1.0
 
 
+def _submit(client: Any, command: str, timeout_s: float = 60.0) -> str:
+    """Submit ``command``; the job agents may still be registering (a node just joined)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return client.submit_job(
+                entrypoint=command, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}
+            )
+        except RuntimeError as exc:
+            if "No available agent" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
 def test_a_job_submitted_to_the_cluster_trains_through_the_job_client(cluster, tmp_path):
     from ray.job_submission import JobStatus, JobSubmissionClient
 
@@ -322,10 +352,7 @@ def test_a_job_submitted_to_the_cluster_trains_through_the_job_client(cluster, t
             f"hydra.run.dir={run_dir}",
         ]
     )
-    job = client.submit_job(
-        entrypoint=command,
-        runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
-    )
+    job = _submit(client, command)
     deadline = time.monotonic() + 240
     while (status := client.get_job_status(job)) not in (
         JobStatus.SUCCEEDED,
