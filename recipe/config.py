@@ -121,7 +121,8 @@ class TrainerConfig:
 @dataclass
 class RayConfig:
     address: str | None = None
-    """None: start a local Ray; ``auto`` or ``host:port``: join a running cluster."""
+    """None: start a local Ray of the run's own (in a Ray job: the job's cluster); ``auto``
+    or ``host:port``: join a running cluster."""
     num_cpus: int | None = None
     """CPUs of a local Ray (None: all)."""
     include_dashboard: bool = False

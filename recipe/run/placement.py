@@ -60,14 +60,20 @@ def worker_env() -> dict[str, str]:
 
 
 def init_ray(ray_cfg: RayConfig) -> None:
-    """Start or join the Ray cluster of ``ray.*`` (no-op when this process is connected)."""
+    """Start or join the Ray cluster of ``ray.*`` (no-op when this process is connected):
+    ``ray.address`` None starts a Ray of its own, even beside a cluster started on this
+    machine (inside a Ray job, RAY_ADDRESS: the job's cluster)."""
     import ray
 
     if ray.is_initialized():
         return
+    address = ray_cfg.address
+    if address is None and not os.environ.get("RAY_ADDRESS"):
+        # Ray's own default would join a cluster that `ray start` left on this machine.
+        address = "local"
     ray.init(
-        address=ray_cfg.address,
-        num_cpus=ray_cfg.num_cpus if ray_cfg.address is None else None,
+        address=address,
+        num_cpus=ray_cfg.num_cpus if address == "local" else None,
         include_dashboard=ray_cfg.include_dashboard,
         log_to_driver=True,
         runtime_env={"env_vars": worker_env()},
