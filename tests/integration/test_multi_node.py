@@ -11,8 +11,9 @@ push over the network transport (gloo), never shared memory.
   processes on the engines' nodes, every push over gloo and verified (bucket checksums).
 - fully_async (``hf`` engines, which start in seconds): a run resumed from its step-2
   checkpoint on the cluster finishes it, every prompt trained once.
-- A rollout node leaves mid-run: its engine's groups are admitted again, the replica is
-  retired (the cluster has no room for its bundle) and the run ends on the survivor.
+- A rollout node leaves while both engines generate: its engine's groups are admitted again,
+  the replica is retired (the cluster has no room for its bundle) and the run ends on the
+  survivor; with no restart left the run stops with one line naming the node (nightly).
 - ``ray job submit``: a short sync run (``ray.address=auto``) submitted to the cluster
   through Ray's job client; the trainer and its engine land on different nodes (one CPU
   each), so its pushes go over gloo too.
@@ -271,6 +272,8 @@ def test_a_rollout_node_that_leaves_mid_run_retires_its_engine_and_the_run_goes_
 ):
     """max_restarts 1: the run ends on the survivor; 0: it stops with one line naming the
     replica and the node it died with."""
+    import ray
+
     cluster.ensure("rollout_b")
     run_dir = tmp_path / "run"
     lost = cluster.node_id("rollout_b")
@@ -280,20 +283,27 @@ def test_a_rollout_node_that_leaves_mid_run_retires_its_engine_and_the_run_goes_
             "rollout.backend": "hf",
             "rollout.num_replicas": 2,
             "rollout.max_restarts": max_restarts,
-            "trainer.total_training_steps": 6,
+            "trainer.total_training_steps": 4,
             "ray.placement_timeout_s": 3,
         },
     )
     recipe = build_recipe(run_dir, FULLY_ASYNC, overrides)
     trainer = recipe.trainer
-    train_step = trainer._train_step
+    take_groups = trainer._take_groups
 
-    def leave_during_step_2(local_step: int) -> dict[str, float]:
-        if trainer.global_step == 1 and "rollout_b" in cluster.nodes:
-            cluster.remove("rollout_b")  # engines generate for the steps ahead meanwhile
-        return train_step(local_step)
+    def leave_while_generating() -> list:
+        """The node leaves before step 1 takes its groups: the first window's groups are
+        generating on both engines then."""
+        if "rollout_b" in cluster.nodes:
+            rollouter = recipe.rollouter
+            deadline = time.monotonic() + 30
+            while ray.get(rollouter.poll.remote()).num_in_flight < 4:
+                assert time.monotonic() < deadline, "the engines never had groups in flight"
+                time.sleep(0.05)
+            cluster.remove("rollout_b")
+        return take_groups()
 
-    trainer._train_step = leave_during_step_2
+    trainer._take_groups = leave_while_generating
     try:
         if max_restarts == 0:
             with pytest.raises(RunFailure) as failure:
@@ -307,8 +317,9 @@ def test_a_rollout_node_that_leaves_mid_run_retires_its_engine_and_the_run_goes_
     finally:
         recipe.close()
     assert "rollout_b" not in cluster.nodes
-    assert summary["steps"] == 6 and summary["faults/rollout_retired"] == 1
+    assert summary["steps"] == 4 and summary["faults/rollout_retired"] == 1
     assert summary["faults/rollout_restarts"] == 1
+    assert summary["prompts/readmitted"] >= 1  # the groups lost with the engine
     assert_ledger_balances(ledger)
     last = read_metrics(run_dir)[-1]
     assert last["faults/rollout_retired"] == 1.0
