@@ -9,10 +9,10 @@
                         rollouter.end_sync(version, trained)
 
 Old log-probs (``algorithm.rollout_correction.bypass_mode``): ``true`` uses the rollout
-log-probs; ``false`` takes them from the version just pushed: local step 1 saves the weights
-to a CPU slot (they still are the pushed ones), later local steps swap that copy in for the
-forward and back out; the trainer worker then applies truncated importance sampling between
-old and rollout log-probs.
+log-probs; ``false`` (the default) takes them from the version just pushed: local step 1
+saves the weights to a CPU slot (they still are the pushed ones), later local steps swap that
+copy in for the forward and back out; the trainer worker then applies truncated importance
+sampling between old and rollout log-probs.
 
 ``async_training.max_staleness`` is enforced here, where staleness is final: a group whose
 oldest token is more versions behind than that goes back to the rollouter, which admits its
