@@ -109,13 +109,12 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         run_dir: Path,
         queue: ActorHandle,
         plan: RunPlan,
-        engines: Any = None,
+        engines: Any,
     ) -> None:
         """``queue``: the MessageQueue actor released groups go into; ``engines``: the
-        engines' placement group, reserved by the driver (None: reserved here)."""
+        engines' placement group, reserved by the driver with the trainer's."""
         super().__init__(cfg, run_dir)
-        if engines is not None:
-            self.placement.adopt("rollout", engines)
+        self.placement.adopt("rollout", engines)
         multi_turn = cfg.rollout.multi_turn
         self.tracer = Tracer(ROLLOUTER_PID, "rollouter", sort_index=ROLLOUTER_PID)
         """This actor's trace events; the trainer pulls them (``drain_trace``)."""
