@@ -197,7 +197,7 @@ def main(argv: list[str]) -> int:
     if not table_only:
         for cell in cells:
             run_cell(study, cell)
-    rows = collect(study.records, study.out, cells)
+    rows = [row for row in collect(study.records, study.out, cells) if row["seeds"]]
     print_table(rows)
     write_results(study.records / "results.json", rows)
     write_plot(study.records / "staleness.png", rows)

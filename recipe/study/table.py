@@ -2,8 +2,9 @@
 
 Per run (a ``Cell``): final greedy validation accuracy, the area under its validation curve
 (trapezoids over trainer steps, normalised by the last step: the mean accuracy over the
-run), samples/s, measured staleness mean/max, and the mean fractions of tokens and
-sequences rejection masked (``mismatch/masked_*``). Per grid point: mean and sample std over
+run), samples/s, measured staleness mean/max, the mean fractions of tokens and sequences
+rejection masked (``mismatch/masked_*``), and the prompts admitted again because their groups
+got older than ``max_staleness``. Per grid point: mean and sample std over
 the seeds present, and the standard error of the final accuracy (std / sqrt(n)).
 """
 
@@ -88,6 +89,7 @@ def run_row(out: Path, cell: Cell) -> dict[str, Any] | None:
         "samples_per_s": summary.get("throughput/samples_per_s"),
         "staleness_mean": summary.get("staleness/mean"),
         "staleness_max": summary.get("staleness/max"),
+        "readmitted": summary.get("prompts/readmitted"),
         "masked_token_frac": _mean_of(records, "mismatch/masked_token_frac"),
         "masked_seq_frac": _mean_of(records, "mismatch/masked_seq_frac"),
         "curve": curve,
@@ -137,6 +139,7 @@ def collect(records: Path, out: Path, cells: list[Cell]) -> list[dict[str, Any]]
             row[key], row[f"{key}_std"] = _stats([r[key] for r in done])
         row["masked_seq_frac"], _ = _stats([r["masked_seq_frac"] for r in done])
         row["staleness_max"] = max((r["staleness_max"] for r in done), default=None)
+        row["readmitted"], _ = _stats([r.get("readmitted") for r in done])
         std = row["final_acc_std"]
         row["final_acc_se"] = None if std is None or not done else std / math.sqrt(len(done))
         rows.append(row)
@@ -151,7 +154,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     print(
         f"{'max_stale':>9} {'threshold':>9} {'correction':<17} {'seeds':>5} "
         f"{'final acc':>15} {'AUC':>15} {'samples/s':>9} {'stale mean':>10} {'max':>4} "
-        f"{'masked tok':>10} {'masked seq':>10}"
+        f"{'masked tok':>10} {'masked seq':>10} {'readmitted':>10}"
     )
     for r in rows:
         acc = f"{_fmt(r['final_acc'], '.3f')} +- {_fmt(r['final_acc_std'], '.3f')}"
@@ -161,7 +164,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             f"{r['threshold']:>9g} {r['correction']:<17} {r['seeds']:>5} {acc:>15} {auc:>15} "
             f"{_fmt(r['samples_per_s'], '.1f'):>9} {_fmt(r['staleness_mean'], '.2f'):>10} "
             f"{_fmt(r['staleness_max'], 'd'):>4} {_fmt(r['masked_token_frac'], '.4f'):>10} "
-            f"{_fmt(r['masked_seq_frac'], '.4f'):>10}"
+            f"{_fmt(r['masked_seq_frac'], '.4f'):>10} {_fmt(r['readmitted'], '.0f'):>10}"
         )
 
 

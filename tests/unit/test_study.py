@@ -81,5 +81,6 @@ def test_table_only_aggregates_what_is_there_and_writes_results_and_a_plot(tmp_p
     printed = capsys.readouterr().out
     assert "0.500 +- 0.000" in printed and "decoupled" in printed
     results = json.loads((tmp_path / "records" / "results.json").read_text())
-    assert [r["seeds"] for r in results] == [1, 0]
+    assert [(r["threshold"], r["seeds"]) for r in results] == [(0.0, 1)]  # none at 2 yet
+    assert "readmitted" in printed
     assert (tmp_path / "records" / "staleness.png").stat().st_size > 0
