@@ -73,9 +73,7 @@ def reserve(spec: RoleSpec, timeout_s: float) -> Any:
     import ray
     from ray.exceptions import GetTimeoutError
 
-    group = ray.util.placement_group(
-        [dict(b) for b in spec.bundles], strategy=spec.strategy, name=""
-    )
+    group = ray.util.placement_group([dict(b) for b in spec.bundles], strategy=spec.strategy)
     try:
         ray.get(group.ready(), timeout=timeout_s)
     except GetTimeoutError:
