@@ -150,7 +150,10 @@ def test_multi_turn_episodes_span_syncs_with_cut_turns_continued_on_the_new_weig
     cut with it and continued (in this run, and mid-way after a resume); one that does not
     has them admitted again after a resume. Either way every prompt of the steps is trained
     exactly once."""
-    turn_tokens = 10
+    # Turns long enough that the engine is slower than the trainer (the trainer idles, the
+    # rollouter never waits at its bound): the sync always finds model turns mid-generation.
+    # At 10 tokens a turn the engine kept up, and a sync could land between turns.
+    turn_tokens = 24
     overrides = SMALL | {
         "model.path": str(rollout_model_path),
         "rollout.response_length": 3 * turn_tokens + 12,  # + two " obs<k>:" observations
