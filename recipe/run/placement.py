@@ -28,7 +28,13 @@ from typing import Any
 import torch
 
 from recipe.config import RayConfig, RecipeConfig
-from recipe.workers.cluster import RoleSpec, check_shared_dir, reserve, role_bundle
+from recipe.workers.cluster import (
+    RoleSpec,
+    check_shared_dir,
+    replica_gpus,
+    reserve,
+    role_bundle,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +108,8 @@ class Placement:
             share = self.trainer_gpu_fraction if gpu else 0.0
             bundle = role_bundle(1, share, cfg.ray.trainer_resources)
             return RoleSpec(role, (bundle,) * cfg.actor.world_size, cfg.ray.trainer_strategy)
-        share = self.engine_gpu_fraction * cfg.rollout.tensor_parallel_size if gpu else 0.0
+        tp = cfg.rollout.tensor_parallel_size
+        share = replica_gpus(tp, self.engine_gpu_fraction) if gpu else 0.0
         bundle = role_bundle(1, share, cfg.ray.rollout_resources)
         return RoleSpec(role, (bundle,) * cfg.rollout.replicas, cfg.ray.rollout_strategy)
 

@@ -67,6 +67,22 @@ def role_bundle(num_cpus: float, num_gpus: float, extra: Mapping[str, float]) ->
     return bundle
 
 
+def replica_gpus(tensor_parallel_size: int, gpu_fraction: float) -> float:
+    """GPUs one engine replica's bundle asks for: ``gpu_fraction`` of one GPU, or
+    ``tensor_parallel_size`` whole GPUs (Ray hands an actor several devices only as whole
+    GPUs, so a tensor-parallel engine cannot share its GPUs with the trainer)."""
+    if tensor_parallel_size == 1:
+        return gpu_fraction
+    if gpu_fraction < 1.0:
+        raise ValueError(
+            f"rollout.tensor_parallel_size={tensor_parallel_size} needs whole GPUs, but the "
+            f"engines share GPUs with the trainer here ({gpu_fraction:g} of a GPU each: "
+            "mode=sync, or fewer GPUs than trainer ranks + engine GPUs); use "
+            "rollout.tensor_parallel_size=1 with more rollout.num_replicas"
+        )
+    return float(tensor_parallel_size)
+
+
 def reserve(spec: RoleSpec, timeout_s: float) -> Any:
     """A ready placement group for ``spec``; ``PlacementError`` when it is not ready within
     ``timeout_s`` (the group is removed again: nothing waits forever)."""

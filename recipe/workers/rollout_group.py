@@ -27,6 +27,7 @@ from recipe.faults import RolloutWorkerError, describe_death, is_actor_death
 from recipe.model import HFModelConfig, ModelConfig
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.utils.ray_errors import error_line
+from recipe.workers.cluster import replica_gpus
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout import make_rollout_worker_cls
 from recipe.workers.rollout.engine_log import describe_engine_failure
@@ -91,7 +92,8 @@ class RolloutGroup:
         placement_group: Any = None,
         placement_timeout_s: float = 300.0,
     ) -> None:
-        """``gpu_fraction``: the share of a GPU each replica reserves in Ray (< 1 colocated);
+        """``gpu_fraction``: the share of a GPU each replica reserves in Ray (< 1 colocated;
+        a tensor-parallel replica takes ``rollout.tensor_parallel_size`` whole GPUs);
         ``log_dir``: where each engine writes its output (``replica_R.log``, then
         ``replica_R.restart_K.log``); None leaves it in the workers' Ray logs;
         ``placement_group``: one bundle per replica (``recipe.workers.cluster``; the group owns
@@ -100,13 +102,8 @@ class RolloutGroup:
         places each worker where it fits."""
         import ray
 
-        if cfg.tensor_parallel_size != 1:
-            raise ValueError(
-                f"rollout.tensor_parallel_size={cfg.tensor_parallel_size} is not supported yet: "
-                "allowed 1 (scale out with rollout.num_replicas)"
-            )
         if cfg.backend == "vllm" and cfg.engine_kwargs:
-            from recipe.workers.rollout.vllm_worker import check_engine_kwargs
+            from recipe.workers.rollout.engine_args import check_engine_kwargs
 
             check_engine_kwargs(cfg)  # an unknown name fails here, not inside an actor
         self.cfg = cfg
@@ -115,7 +112,7 @@ class RolloutGroup:
         worker_cls = make_rollout_worker_cls(cfg.backend)
         resources: dict[str, Any] = {"num_cpus": 1}
         if device == "cuda":
-            resources["num_gpus"] = gpu_fraction
+            resources["num_gpus"] = replica_gpus(cfg.tensor_parallel_size, gpu_fraction)
         # What restart() needs to start a replica again.
         self._worker_cls, self._resources = worker_cls, resources
         self._pg, self._placement_timeout_s = placement_group, placement_timeout_s

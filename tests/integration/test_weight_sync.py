@@ -44,8 +44,10 @@ SYNC_KEYS = {"gather_s", "transfer_s", "load_s", "pause_s", "total_s", "bytes", 
 PROMPT = [5, 17, 42, 9, 64]
 
 
-RAY_NUM_CPUS = 4
-"""2 trainer ranks + 2 engine replicas: 4 logical CPUs (oversubscribed on purpose)."""
+RAY_NUM_CPUS = 5
+"""2 trainer ranks + 2 engine replicas + a tensor-parallel one: 5 logical CPUs
+(oversubscribed on purpose)."""
+TP = 2
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +107,16 @@ def _expected_engine_weights(hf: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     return expected
 
 
+def _assert_holds(engine: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], who: str):
+    assert set(expected) <= set(engine), sorted(set(expected) - set(engine))
+    for name, value in engine.items():
+        assert name in expected, f"{who}: engine weight {name} is not checked"
+        want = expected[name]
+        rows = want.shape[0]  # the vocabulary is padded in the engine
+        assert value.shape[1:] == want.shape[1:] and value.shape[0] >= rows, name
+        assert torch.equal(value[:rows], want), f"{who}: {name} differs"
+
+
 def _assert_engines_hold(ray, rollout, state: dict[str, torch.Tensor], tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
@@ -112,14 +124,58 @@ def _assert_engines_hold(ray, rollout, state: dict[str, torch.Tensor], tmp_path:
     for i, worker in enumerate(rollout.workers):
         path = tmp_path / f"replica{i}.safetensors"
         ray.get(worker.read_back_weights.remote(str(path)), timeout=120)
-        engine = load_file(str(path))
-        assert set(expected) <= set(engine), sorted(set(expected) - set(engine))
-        for name, value in engine.items():
-            assert name in expected, f"replica {i}: engine weight {name} is not checked"
-            want = expected[name]
-            rows = want.shape[0]  # the vocabulary is padded in the engine
-            assert value.shape[1:] == want.shape[1:] and value.shape[0] >= rows, name
-            assert torch.equal(value[:rows], want), f"replica {i}: {name} differs"
+        _assert_holds(load_file(str(path)), expected, f"replica {i}")
+
+
+def _rank_shard(name: str, tensor: torch.Tensor, rank: int, vocab_rows: int) -> torch.Tensor:
+    """Tensor-parallel rank ``rank``'s part of an HF tensor as vLLM shards it: column-parallel
+    q/k/v/gate/up by output rows, row-parallel o/down by input columns, the vocabulary by
+    ``vocab_rows`` per rank (padded), norms whole."""
+    if "embed_tokens" in name:
+        return tensor[rank * vocab_rows : (rank + 1) * vocab_rows]
+    if any(f".{p}." in name for p in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")):
+        return tensor.chunk(TP, dim=0)[rank]
+    if any(f".{p}." in name for p in ("o_proj", "down_proj")):
+        return tensor.chunk(TP, dim=1)[rank]
+    return tensor
+
+
+def _assert_tp_ranks_hold(ray, rollout, state: dict[str, torch.Tensor], tmp_path: Path) -> None:
+    """Every rank of the tensor-parallel replica holds exactly its shard of ``state``."""
+    from safetensors.torch import load_file
+
+    from recipe.workers.rollout.vllm_extension import rank_path
+
+    path = str(tmp_path / "tp.safetensors")
+    ray.get(rollout.workers[0].read_back_weights.remote(path), timeout=120)
+    for rank in range(TP):
+        engine = load_file(rank_path(path, rank))
+        vocab_rows = engine["model.embed_tokens.weight"].shape[0]
+        assert vocab_rows < state["model.embed_tokens.weight"].shape[0]  # sharded, not whole
+        shards = {k: _rank_shard(k, v, rank, vocab_rows) for k, v in state.items()}
+        _assert_holds(engine, _expected_engine_weights(shards), f"tensor-parallel rank {rank}")
+
+
+@pytest.fixture(scope="module")
+def tp_rollout(groups, rollout_model_path):
+    """One replica of a 2-rank tensor-parallel engine (vLLM-CPU: a core per rank)."""
+    from recipe.workers.rollout_group import RolloutGroup
+
+    cfg = RolloutConfig(
+        backend="vllm",
+        num_replicas=1,
+        tensor_parallel_size=TP,
+        cpu_kv_cache_gib=1,
+        max_num_seqs=8,
+        response_length=8,
+    )
+    start = time.perf_counter()
+    rollout = RolloutGroup(HFModelConfig(rollout_model_path), cfg, device="cpu")
+    logger.warning("a tensor-parallel vLLM replica up in %.1f s", time.perf_counter() - start)
+    try:
+        yield rollout
+    finally:
+        rollout.shutdown()
 
 
 def _versions(ray, rollout) -> list[int]:
@@ -280,3 +336,40 @@ def test_file_backend_and_released_buffers_keep_syncing_correctly(
             _assert_engines_hold(ray, rollout, trainer.full_state_dict(), tmp_path)
         finally:
             sync.shutdown()
+
+
+def _greedy(ray, rollout) -> list[tuple[list[int], list[float]]]:
+    request = GenerationRequest("p", PROMPT, n=1, max_tokens=6, temperature=0)
+    groups = ray.get([w.generate.remote(request) for w in rollout.workers], timeout=120)
+    return [(t.response_ids, t.rollout_logprobs) for group in groups for t in group]
+
+
+@pytest.mark.parametrize("backend", ["shm", "gloo"])
+def test_a_tensor_parallel_engine_loads_its_shards_of_each_push_beside_whole_engines(
+    groups, tp_rollout, ray_for_module, rollout_model_path, tmp_path, backend
+):
+    """One push to two single-rank replicas and a 2-rank tensor-parallel one: each rank is
+    a receiver, loads its shard of the full tensors bit for bit, and the tensor-parallel
+    engine then generates what the single-rank ones generate on the same weights."""
+    ray, (trainer, rollout) = ray_for_module, groups
+    before = _greedy(ray, tp_rollout)
+    version = max(_versions(ray, rollout) + _versions(ray, tp_rollout))
+    trainer.load_hf(_perturbed_dir(rollout_model_path, tmp_path / "model", seed=20 + len(backend)))
+    cfg = CheckpointEngineConfig(backend=backend, timeout_s=60)
+    sync = ParameterSynchronizer(
+        trainer, lambda: rollout.workers + tp_rollout.workers, cfg, bucket_size_bytes=BUCKET_BYTES
+    )
+    try:
+        sync.push(version)
+        assert sync.receiver_ranks == [[1], [2], [3, 4]]
+        assert _versions(ray, rollout) + _versions(ray, tp_rollout) == [version + 1] * 3
+        state = trainer.full_state_dict()
+        _assert_tp_ranks_hold(ray, tp_rollout, state, tmp_path)
+        _assert_engines_hold(ray, rollout, state, tmp_path)
+        (tp_ids, tp_logprobs), *_ = after = _greedy(ray, tp_rollout)
+        assert after != before, "generation did not change with the pushed weights"
+        for ids, logprobs in _greedy(ray, rollout):
+            assert ids == tp_ids
+            assert torch.allclose(torch.tensor(logprobs), torch.tensor(tp_logprobs), atol=1e-4)
+    finally:
+        sync.shutdown()

@@ -69,6 +69,19 @@ def test_gpu_roles_ask_for_their_share_of_a_gpu_and_tensor_parallel_gpus_per_rep
     assert placement.role_spec("rollout").bundles[0]["GPU"] == pytest.approx(0.4)
 
 
+def test_a_tensor_parallel_replica_asks_for_whole_gpus_and_cannot_share_them():
+    rollout = RolloutConfig(n_gpus_per_node=4, tensor_parallel_size=2)
+    placement = Placement(_cfg(rollout=rollout))
+    placement.device = "cuda"
+    placement.__dict__["shares_gpus"] = False
+    assert placement.role_spec("rollout").bundles == ({"CPU": 1.0, "GPU": 2.0},) * 2
+    placement.__dict__["shares_gpus"] = True  # mode=sync, or too few GPUs: fractions
+    with pytest.raises(ValueError, match=r"rollout\.tensor_parallel_size=2 needs whole GPUs"):
+        placement.role_spec("rollout")
+    placement.device = "cpu"  # CPU engines: ranks are processes, no GPUs asked
+    assert placement.role_spec("rollout").bundles == ({"CPU": 1.0},) * 2
+
+
 @pytest.mark.parametrize(
     ("kwargs", "key"),
     [

