@@ -20,6 +20,9 @@ stages=("$@")
 ngpu=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
 backends=cuda_ipc
 [ "$ngpu" -ge 2 ] && backends=cuda_ipc,nccl
+# Every mode gets the same GPUs: sync colocated on all, the async modes split (bench e2e gpus=N).
+layout=""
+[ "$ngpu" -ge 2 ] && layout="gpus=$ngpu"
 
 for stage in "${stages[@]}"; do
   echo "== $stage ($(date +%H:%M:%S))"
@@ -41,7 +44,7 @@ for stage in "${stages[@]}"; do
       "$PYTHON" -m recipe.bench.engine_push --model 0.5B --json "$out/engine_push.json" 2>&1 \
         | tee "$out/engine_push.log" ;;
     e2e)
-      "$PYTHON" -m recipe.bench.e2e model=0.5B workload=longtail steps=${E2E_STEPS:-16} \
+      "$PYTHON" -m recipe.bench.e2e model=0.5B workload=longtail steps=${E2E_STEPS:-16} $layout \
         trainer.device=cuda model.dtype=bfloat16 rollout.response_length=384 \
         rollout.max_num_seqs=512 json="$out/e2e.json" 2>&1 | tee "$out/e2e.log" ;;
     run)

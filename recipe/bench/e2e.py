@@ -21,6 +21,9 @@ Bench keys (everything else is a config override, ``key=value``):
                                         long tail (``multiturn_overrides``)
     steps=N                             trainer steps per mode (default 20)
     modes=sync,one_step_off,fully_async
+    gpus=N                              the GPUs each mode gets (``gpu_layout``): sync colocates
+                                        N trainer ranks with N engines; the other modes split
+                                        them, N//2 trainer ranks and the rest for engines
     json=PATH                           also write the results there
 
 Idle ratios: sync from its phase timers (the trainer waits while generating and the engines
@@ -67,13 +70,27 @@ ASYNC = {
 }
 
 
-def bench_config(mode: str, steps: int, overrides: dict[str, Any]) -> Any:
-    """The validated config of ``mode`` with the shared bench settings and ``overrides``."""
+def gpu_layout(mode: str, gpus: int) -> dict[str, Any]:
+    """Equal GPUs for every mode: ``sync`` colocates ``gpus`` trainer ranks with ``gpus``
+    engine GPUs (the baseline the peers compare against); ``one_step_off`` and
+    ``fully_async`` give ``gpus // 2`` GPUs to trainer ranks and the rest to engines (one
+    GPU: both share it)."""
+    if gpus < 1:
+        raise ValueError(f"gpus={gpus}: needs at least 1")
+    trainer = gpus if mode == "sync" or gpus == 1 else gpus // 2
+    engines = gpus if mode == "sync" or gpus == 1 else gpus - trainer
+    return {"actor.n_gpus_per_node": trainer, "rollout.n_gpus_per_node": engines}
+
+
+def bench_config(mode: str, steps: int, overrides: dict[str, Any], gpus: int | None = None) -> Any:
+    """The validated config of ``mode`` with the shared bench settings, ``gpu_layout`` when
+    ``gpus`` is given, and ``overrides`` (which win)."""
     cfg = OmegaConf.create(SHARED | {"mode": mode})
     OmegaConf.update(cfg, "trainer.total_training_steps", steps, force_add=True)
     if mode == "fully_async":
         OmegaConf.update(cfg, "async_training", ASYNC, force_add=True)
-    for key, value in overrides.items():
+    layout = gpu_layout(mode, gpus) if gpus is not None else {}
+    for key, value in (layout | overrides).items():
         if mode != "fully_async" and key.startswith("async_training."):
             continue  # only fully_async reads these
         OmegaConf.update(cfg, key, value, force_add=True)
@@ -148,10 +165,12 @@ def trainer_rates(
     return {"trainer_tokens_per_s": tokens / busy_s, "trainer_mfu": mfu(work, busy_s, peak)}
 
 
-def run_mode(mode: str, steps: int, overrides: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+def run_mode(
+    mode: str, steps: int, overrides: dict[str, Any], out_dir: Path, gpus: int | None = None
+) -> dict[str, Any]:
     from recipe.main import recipe_class
 
-    cfg = bench_config(mode, steps, overrides)
+    cfg = bench_config(mode, steps, overrides, gpus)
     run_dir = out_dir / mode
     start = time.perf_counter()
     recipe = recipe_class(mode)(cfg, run_dir)
@@ -226,6 +245,8 @@ def main(argv: list[str]) -> dict[str, float]:
     model = args.pop("model", "tiny")
     workload = args.pop("workload", "longtail")
     json_path = args.pop("json", None)
+    gpus = int(args["gpus"]) if "gpus" in args else None
+    args.pop("gpus", None)
     overrides = {key: yaml.safe_load(value) for key, value in args.items()}
     overrides["model.path"] = str(resolve_bench_model(model))
     if workload not in WORKLOADS:
@@ -234,9 +255,12 @@ def main(argv: list[str]) -> dict[str, float]:
     if workload == "multiturn":
         overrides = multiturn_overrides(overrides)
     out_dir = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
-    results = [run_mode(mode, steps, overrides, out_dir) for mode in modes]
+    results = [run_mode(mode, steps, overrides, out_dir, gpus) for mode in modes]
     base = results[0]["samples_per_s"]
-    print(f"model={model} workload={workload} steps={steps} overrides={json.dumps(overrides)}")
+    print(
+        f"model={model} workload={workload} steps={steps} gpus={gpus} "
+        f"overrides={json.dumps(overrides)}"
+    )
     print(
         f"{'mode':<13} {'samples/s':>10} {'x sync':>7} {'wall s':>8} {'build s':>8} "
         f"{'trainer idle':>13} {'rollout idle':>13} {'stale mean':>11} {'stale max':>10} "
@@ -268,7 +292,8 @@ def main(argv: list[str]) -> dict[str, float]:
             f"{r['mode']:<13} " + " ".join(f"{_fmt(r[f'{k}_p50'], '.3f'):>20}" for k in SYNC_KEYS)
         )
     ratios = {f"{r['mode']}_over_sync": r["samples_per_s"] / base for r in results[1:]}
-    record = {"model": model, "workload": workload, "steps": steps, "results": results}
+    record = {"model": model, "workload": workload, "steps": steps, "gpus": gpus}
+    record["results"] = results
     if json_path:
         Path(json_path).write_text(json.dumps(record | {"ratios": ratios}, indent=2))
     print(json.dumps({"results": results, "run_dirs": str(out_dir)}))

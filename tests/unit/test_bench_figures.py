@@ -94,6 +94,23 @@ def test_the_multiturn_workload_composes_in_every_mode_with_given_keys_winning()
         assert cfg.rollout.multi_turn.environment == "tool_latency"
 
 
+@pytest.mark.parametrize(
+    ("gpus", "sync", "split"),
+    [(1, (1, 1), (1, 1)), (2, (2, 2), (1, 1)), (4, (4, 4), (2, 2)), (3, (3, 3), (1, 2))],
+)
+def test_equal_gpus_colocate_sync_and_split_the_async_modes(gpus, sync, split):
+    from recipe.bench.e2e import MODES, bench_config
+
+    for mode in MODES:
+        cfg = bench_config(mode, 4, {}, gpus=gpus)
+        trainer_ranks, replicas = cfg.actor.world_size, cfg.rollout.replicas
+        assert (trainer_ranks, replicas) == (sync if mode == "sync" else split), mode
+    tp = bench_config("fully_async", 4, {"rollout.tensor_parallel_size": 2}, gpus=4)
+    assert (tp.actor.world_size, tp.rollout.replicas) == (2, 1)  # one engine on 2 GPUs
+    given = bench_config("sync", 4, {"actor.n_gpus_per_node": 1}, gpus=2)
+    assert given.actor.world_size == 1  # keys given win
+
+
 def test_tool_latency_draws_a_long_tail_seeded_per_prompt_and_episode():
     import asyncio
 
