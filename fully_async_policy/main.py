@@ -75,7 +75,7 @@ class FullyAsyncRecipe:
         import ray
 
         try:
-            self.trainer.close()
+            self.trainer.close(release_placement=False)  # the engines may share its group
         finally:
             if self.rollouter is not None:
                 try:
@@ -86,3 +86,4 @@ class FullyAsyncRecipe:
             if self.queue is not None:
                 ray.kill(self.queue)
             self.rollouter = self.queue = None
+            self.trainer.placement.release()

@@ -141,6 +141,7 @@ class SeparateRayPPOTrainer:
             use_gpu=self.device == "cuda",
             gpu_fraction=self.placement.trainer_gpu_fraction,
             placement_group=self.placement.take("trainer"),
+            owns_placement_group=not self.placement.one_group,
         )
         return self.trainer_group
 
@@ -156,6 +157,7 @@ class SeparateRayPPOTrainer:
             log_dir=self.run_dir / ENGINE_LOG_DIR,
             placement_group=self.placement.take("rollout"),
             placement_timeout_s=self.cfg.ray.placement_timeout_s,
+            owns_placement_group=not self.placement.one_group,
         )
         return self.rollout_group
 
@@ -340,8 +342,10 @@ class SeparateRayPPOTrainer:
         ``final``: the last pull, at close, which must not leave any behind."""
         return [self.rollout_group.drain_trace] if self.rollout_group is not None else []
 
-    def close(self) -> None:
-        """Close the run's records, then shut the workers down; safe to call twice."""
+    def close(self, *, release_placement: bool = True) -> None:
+        """Close the run's records, then shut the workers down; safe to call twice.
+        ``release_placement`` False keeps the placement's own groups (``Placement.release``)
+        for a caller whose workers in them are still up (fully_async's rollouter)."""
         if self.run is not None:  # before the engines go: their last events are pulled
             self.run.close(self._trace_sources(final=True))
         for group in (self.param_sync, self.rollout_group, self.trainer_group):
@@ -351,4 +355,5 @@ class SeparateRayPPOTrainer:
                 except Exception:  # closing must go on for the rest
                     logger.exception("shutting down %s failed", type(group).__name__)
         self.param_sync = self.rollout_group = self.trainer_group = None
-        self.placement.release()
+        if release_placement:
+            self.placement.release()

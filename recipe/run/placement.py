@@ -10,7 +10,10 @@ share GPUs.
       take(role)        its placement group: both roles' groups are reserved at the first
                         take, before any worker starts (on a cluster of several nodes, once
                         every node has shown it sees the run directory); the caller's group
-                        owns it then
+                        owns it then, unless ``one_group``
+      one_group         GPUs shared on a GPU cluster: one group of whole-GPU bundles for both
+                        roles, trainer rank i and engine replica i on bundle i; it stays this
+                        object's, removed by ``release``
 
 Ray starts on first use (``init_ray``), when a recipe builds its first worker group, so a bad
 config or data file fails before any process is spawned. Every Ray worker inherits
@@ -99,6 +102,7 @@ class Placement:
         self.device = resolve_device(cfg.trainer.device)
         self._reserved: dict[str, Any] = {}  # role -> placement group not taken yet
         self._taken: set[str] = set()
+        self._shared: Any = None  # the one_group group, reserved here
 
     def role_spec(self, role: str) -> RoleSpec:
         """The bundles of ``role``: one per trainer rank, or one per engine replica (a CPU
@@ -113,9 +117,27 @@ class Placement:
         bundle = role_bundle(1, share, cfg.ray.rollout_resources)
         return RoleSpec(role, (bundle,) * cfg.rollout.replicas, cfg.ray.rollout_strategy)
 
+    def shared_spec(self) -> RoleSpec:
+        """The ``one_group`` bundles: one per GPU the run uses, max(trainer ranks, engine
+        replicas), each a whole GPU with a CPU for each actor it holds (trainer rank i and
+        replica i on bundle i) and those roles' custom resources."""
+        cfg = self.cfg
+        num_ranks, num_replicas = cfg.actor.world_size, cfg.rollout.replicas
+        replica_gpus(cfg.rollout.tensor_parallel_size, self.engine_gpu_fraction)  # refuses TP
+        bundles = []
+        for index in range(max(num_ranks, num_replicas)):
+            extra = dict(cfg.ray.trainer_resources) if index < num_ranks else {}
+            if index < num_replicas:
+                for name, amount in cfg.ray.rollout_resources.items():
+                    extra[name] = extra.get(name, 0.0) + amount
+            cpus = (index < num_ranks) + (index < num_replicas)
+            bundles.append(role_bundle(cpus, 1.0, extra))
+        return RoleSpec("trainer+rollout", tuple(bundles), cfg.ray.trainer_strategy)
+
     def take(self, role: str) -> Any:
         """``role``'s ready placement group, reserving every role's first (so that no worker
-        starts before the cluster is known to hold the whole run). The caller owns it."""
+        starts before the cluster is known to hold the whole run). The caller owns it unless
+        ``one_group``."""
         if role in self._taken:
             raise RuntimeError(f"the {role} placement group was taken already")
         if not self._reserved:
@@ -123,31 +145,49 @@ class Placement:
             if self.run_dir is not None:
                 check_shared_dir(self.run_dir)
             try:
-                for name in self.ROLES:
-                    if name not in self._taken:
-                        self._reserved[name] = reserve(
-                            self.role_spec(name), self.cfg.ray.placement_timeout_s
-                        )
+                self._reserve_roles()
             except BaseException:
                 self.release()  # a role that fits must not hold its bundles for nothing
                 raise
         self._taken.add(role)
         return self._reserved.pop(role)
 
+    def _reserve_roles(self) -> None:
+        timeout_s = self.cfg.ray.placement_timeout_s
+        if self.one_group:
+            self._shared = reserve(self.shared_spec(), timeout_s)
+            self._reserved = {name: self._shared for name in self.ROLES}
+            return
+        for name in self.ROLES:
+            if name not in self._taken:
+                self._reserved[name] = reserve(self.role_spec(name), timeout_s)
+
     def adopt(self, role: str, group: Any) -> None:
         """Use ``group``, reserved by another process, as ``role``'s (``take`` returns it)."""
         self._reserved[role] = group
 
     def release(self) -> None:
-        """Remove the groups reserved and never taken (a run that failed while starting)."""
+        """Remove the groups reserved and never taken (a run that failed while starting) and
+        the ``one_group`` group (call it once the workers in it are gone: Ray ends them)."""
         import ray
 
-        for group in self._reserved.values():
+        groups = {id(g): g for g in [*self._reserved.values(), self._shared] if g is not None}
+        for group in groups.values():
             try:
                 ray.util.remove_placement_group(group)
             except Exception:  # Ray is shutting down: the groups go with it
                 logger.debug("removing a placement group failed", exc_info=True)
         self._reserved.clear()
+        self._shared = None
+
+    @property
+    def one_group(self) -> bool:
+        """Both roles in one group of whole-GPU bundles: GPUs shared on a GPU cluster. Two
+        groups of fractional bundles would not do: Ray packs fractional bundles of a group
+        onto one GPU first (two trainer ranks at 0.5 each both land on GPU 0, which NCCL
+        refuses, and the engines on GPU 1), so only a shared bundle keeps rank i and replica i
+        together on GPU i."""
+        return self.device == "cuda" and self.shares_gpus
 
     @property
     def colocated(self) -> bool:

@@ -91,15 +91,16 @@ class RolloutGroup:
         log_dir: Path | None = None,
         placement_group: Any = None,
         placement_timeout_s: float = 300.0,
+        owns_placement_group: bool = True,
     ) -> None:
         """``gpu_fraction``: the share of a GPU each replica reserves in Ray (< 1 colocated;
         a tensor-parallel replica takes ``rollout.tensor_parallel_size`` whole GPUs);
         ``log_dir``: where each engine writes its output (``replica_R.log``, then
         ``replica_R.restart_K.log``); None leaves it in the workers' Ray logs;
-        ``placement_group``: one bundle per replica (``recipe.workers.cluster``; the group owns
-        it), replica r on bundle r, a restarted one too (it waits up to
-        ``placement_timeout_s`` for its bundle when the bundle's node died); None: Ray
-        places each worker where it fits."""
+        ``placement_group``: one bundle per replica (``recipe.workers.cluster``; removed at
+        shutdown when ``owns_placement_group``), replica r on bundle r, a restarted one too
+        (it waits up to ``placement_timeout_s`` for its bundle when the bundle's node died);
+        None: Ray places each worker where it fits."""
         import ray
 
         if cfg.backend == "vllm" and cfg.engine_kwargs:
@@ -116,6 +117,7 @@ class RolloutGroup:
         # What restart() needs to start a replica again.
         self._worker_cls, self._resources = worker_cls, resources
         self._pg, self._placement_timeout_s = placement_group, placement_timeout_s
+        self._owns_pg = owns_placement_group
         # The worker gets the resolved path: no replica builds or resolves the default itself.
         self._model_cfg = ModelConfig(
             path=str(model.path), dtype=model.dtype, trust_remote_code=model.trust_remote_code
@@ -346,6 +348,6 @@ class RolloutGroup:
             for worker in self.workers:
                 ray.kill(worker)
             self.workers = []
-            if self._pg is not None:
+            if self._pg is not None and self._owns_pg:
                 ray.util.remove_placement_group(self._pg)
-                self._pg = None
+            self._pg = None

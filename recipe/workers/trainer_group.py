@@ -51,11 +51,13 @@ class TrainerGroup:
         use_gpu: bool | None = None,
         gpu_fraction: float = 1.0,
         placement_group: Any = None,
+        owns_placement_group: bool = True,
     ):
         """``world_size`` defaults to ``actor.world_size``; ``use_gpu`` None: GPUs when the Ray
         cluster has any; ``gpu_fraction``: the share of a GPU each rank reserves (< 1 when the
         rollout engines share the trainer's GPUs, colocated); ``placement_group``: one bundle
-        per rank (created when None); the group owns it and removes it at shutdown."""
+        per rank (created when None); removed at shutdown when ``owns_placement_group``
+        (not when the engines share its bundles: ``Placement.one_group``)."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -68,7 +70,7 @@ class TrainerGroup:
         if placement_group is None:
             placement_group = ray.util.placement_group([bundle] * self.world_size, strategy="PACK")
         ray.get(placement_group.ready(), timeout=_READY_TIMEOUT_S)
-        self._pg = placement_group
+        self._pg = placement_group if owns_placement_group else None
 
         def on_bundle(index: int) -> PlacementGroupSchedulingStrategy:
             return PlacementGroupSchedulingStrategy(placement_group, index)

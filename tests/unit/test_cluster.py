@@ -69,6 +69,28 @@ def test_gpu_roles_ask_for_their_share_of_a_gpu_and_tensor_parallel_gpus_per_rep
     assert placement.role_spec("rollout").bundles[0]["GPU"] == pytest.approx(0.4)
 
 
+def test_shared_gpus_are_one_group_of_whole_gpus_with_rank_i_and_replica_i_on_bundle_i():
+    cfg = _cfg(
+        mode="sync",
+        actor=ActorConfig(n_gpus_per_node=2, ppo_mini_batch_size=4),
+        rollout=RolloutConfig(n_gpus_per_node=3),
+        ray=RayConfig(trainer_resources={"box": 1}, rollout_resources={"box": 0.5, "fast": 1}),
+    )
+    placement = Placement(cfg)
+    assert not placement.one_group  # CPU: no GPUs to share
+    placement.device = "cuda"
+    assert placement.one_group  # sync: colocated
+    spec = placement.shared_spec()
+    assert spec.bundles == (
+        {"CPU": 2.0, "GPU": 1.0, "box": 1.5, "fast": 1.0},
+        {"CPU": 2.0, "GPU": 1.0, "box": 1.5, "fast": 1.0},
+        {"CPU": 1.0, "GPU": 1.0, "box": 0.5, "fast": 1.0},  # replica 2 alone on GPU 2
+    )
+    assert spec.strategy == "PACK"
+    placement.__dict__["shares_gpus"] = False  # async modes on enough GPUs: two groups
+    assert not placement.one_group
+
+
 def test_a_tensor_parallel_replica_asks_for_whole_gpus_and_cannot_share_them():
     rollout = RolloutConfig(n_gpus_per_node=4, tensor_parallel_size=2)
     placement = Placement(_cfg(rollout=rollout))
