@@ -338,6 +338,17 @@ def test_file_backend_and_released_buffers_keep_syncing_correctly(
             sync.shutdown()
 
 
+def _load_from_file(ray, rollout, state: dict[str, torch.Tensor], version: int, tmp_path: Path):
+    """Serve ``state`` as ``version`` through ``update_weights_from_file`` (each rank loads
+    its shard from the same file), checked rank by rank."""
+    from safetensors.torch import save_file
+
+    path = tmp_path / "catch_up.safetensors"
+    save_file({k: v.detach().clone().contiguous() for k, v in state.items()}, str(path))
+    ray.get(rollout.workers[0].update_weights_from_file.remote(str(path), version), timeout=120)
+    _assert_tp_ranks_hold(ray, rollout, state, tmp_path)
+
+
 def _greedy(ray, rollout) -> list[tuple[list[int], list[float]]]:
     request = GenerationRequest("p", PROMPT, n=1, max_tokens=6, temperature=0)
     groups = ray.get([w.generate.remote(request) for w in rollout.workers], timeout=120)
@@ -352,8 +363,10 @@ def test_a_tensor_parallel_engine_loads_its_shards_of_each_push_beside_whole_eng
     a receiver, loads its shard of the full tensors bit for bit, and the tensor-parallel
     engine then generates what the single-rank ones generate on the same weights."""
     ray, (trainer, rollout) = ray_for_module, groups
+    version = _versions(ray, rollout)[0]
+    if _versions(ray, tp_rollout)[0] < version:  # the module's earlier pushes: catch up
+        _load_from_file(ray, tp_rollout, trainer.full_state_dict(), version, tmp_path)
     before = _greedy(ray, tp_rollout)
-    version = max(_versions(ray, rollout) + _versions(ray, tp_rollout))
     trainer.load_hf(_perturbed_dir(rollout_model_path, tmp_path / "model", seed=20 + len(backend)))
     cfg = CheckpointEngineConfig(backend=backend, timeout_s=60)
     sync = ParameterSynchronizer(
