@@ -77,8 +77,10 @@ def gpu_layout(mode: str, gpus: int) -> dict[str, Any]:
     GPU: both share it)."""
     if gpus < 1:
         raise ValueError(f"gpus={gpus}: needs at least 1")
-    trainer = gpus if mode == "sync" or gpus == 1 else gpus // 2
-    engines = gpus if mode == "sync" or gpus == 1 else gpus - trainer
+    if mode == "sync" or gpus == 1:
+        trainer = engines = gpus
+    else:
+        trainer, engines = gpus // 2, gpus - gpus // 2
     return {"actor.n_gpus_per_node": trainer, "rollout.n_gpus_per_node": engines}
 
 
@@ -245,8 +247,8 @@ def main(argv: list[str]) -> dict[str, float]:
     model = args.pop("model", "tiny")
     workload = args.pop("workload", "longtail")
     json_path = args.pop("json", None)
-    gpus = int(args["gpus"]) if "gpus" in args else None
-    args.pop("gpus", None)
+    gpus_arg = args.pop("gpus", None)
+    gpus = None if gpus_arg is None else int(gpus_arg)
     overrides = {key: yaml.safe_load(value) for key, value in args.items()}
     overrides["model.path"] = str(resolve_bench_model(model))
     if workload not in WORKLOADS:
@@ -292,8 +294,13 @@ def main(argv: list[str]) -> dict[str, float]:
             f"{r['mode']:<13} " + " ".join(f"{_fmt(r[f'{k}_p50'], '.3f'):>20}" for k in SYNC_KEYS)
         )
     ratios = {f"{r['mode']}_over_sync": r["samples_per_s"] / base for r in results[1:]}
-    record = {"model": model, "workload": workload, "steps": steps, "gpus": gpus}
-    record["results"] = results
+    record = {
+        "model": model,
+        "workload": workload,
+        "steps": steps,
+        "gpus": gpus,
+        "results": results,
+    }
     if json_path:
         Path(json_path).write_text(json.dumps(record | {"ratios": ratios}, indent=2))
     print(json.dumps({"results": results, "run_dirs": str(out_dir)}))
