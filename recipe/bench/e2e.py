@@ -248,6 +248,8 @@ def main(argv: list[str]) -> dict[str, float]:
     workload = args.pop("workload", "longtail")
     json_path = args.pop("json", None)
     gpus_arg = args.pop("gpus", None)
+    if gpus_arg is not None and not (gpus_arg.isdigit() and int(gpus_arg) >= 1):
+        raise SystemExit(f"gpus={gpus_arg}: a whole number of GPUs, at least 1")
     gpus = None if gpus_arg is None else int(gpus_arg)
     overrides = {key: yaml.safe_load(value) for key, value in args.items()}
     overrides["model.path"] = str(resolve_bench_model(model))
