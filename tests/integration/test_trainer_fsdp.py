@@ -49,17 +49,18 @@ def run_one_update(model_dir, world_size, batch, hf_dir, **actor_kw):
         rollout_bt = (logprob_bt + noise_bt) * batch.response_mask_bt
         metrics = group.update_actor(dataclasses.replace(batch, rollout_logprobs_bt=rollout_bt))
         weights = group.full_state_dict()
-        assert_slot_holds_initial_weights(group, batch, logprob_bt, model_dir, hf_dir)
+        initial = initial_weights(model_dir)
+        assert_slot_holds_initial_weights(group, batch, logprob_bt, initial, hf_dir)
         group.save_hf(hf_dir)
         group.load_hf(model_dir)
         reloaded = group.full_state_dict()
-        assert all(torch.equal(reloaded[k], v) for k, v in initial_weights(model_dir).items())
+        assert all(torch.equal(reloaded[k], v) for k, v in initial.items())
         return logprob_bt, metrics, weights
     finally:
         group.shutdown()
 
 
-def assert_slot_holds_initial_weights(group, batch, logprob_bt, model_dir, hf_dir):
+def assert_slot_holds_initial_weights(group, batch, logprob_bt, initial, hf_dir):
     """The CPU-saved copy is the initial weights bit for bit; log-probs off it are those taken
     before the update up to CPU GEMM rounding (one CI run once differed in the last bits with
     the weights equal), and the trained weights' log-probs are 100x farther off."""
@@ -68,7 +69,7 @@ def assert_slot_holds_initial_weights(group, batch, logprob_bt, model_dir, hf_di
     path = hf_dir.parent / f"{hf_dir.name}-initial-slot.safetensors"
     group.export_weights(path, slot="initial")
     saved = load_file(path)
-    assert all(torch.equal(saved[k], v) for k, v in initial_weights(model_dir).items())
+    assert all(torch.equal(saved[k], v) for k, v in initial.items())
     slot_bt = group.compute_log_prob(batch, slot="initial")[0]
     torch.testing.assert_close(slot_bt, logprob_bt, rtol=1e-6, atol=1e-5)
     trained_bt = group.compute_log_prob(batch)[0]
