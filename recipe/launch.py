@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recipe.config import RecipeConfig, load_config, register_configs
 from recipe.faults import RunFailure
+from recipe.model import model_provenance
 from recipe.utils.overrides import check_command_line
 
 register_configs()  # the schema node configs/config.yaml starts from
@@ -69,6 +70,16 @@ def launch(recipe_for: RecipeFor, *, mode: str | None = None, program: str = "")
     main()
 
 
+def save_run_config(cfg: RecipeConfig, path: Path) -> None:
+    """The resolved config, plus ``model_provenance`` (package, version, sha256 of a built
+    model's GGUF) when ``model.path`` names a built model, which is built now if need be."""
+    record = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    provenance = model_provenance(cfg.model)
+    if provenance is not None:
+        record["model_provenance"] = provenance
+    OmegaConf.save(OmegaConf.create(record), path)
+
+
 def run(dict_cfg: DictConfig, recipe_for: RecipeFor) -> None:
     """One run of the composed config ``dict_cfg`` (Hydra's run directory is current)."""
     try:
@@ -76,7 +87,7 @@ def run(dict_cfg: DictConfig, recipe_for: RecipeFor) -> None:
         # one line and exit code 2. Errors raised later are bugs and keep their traceback.
         cfg = load_config(dict_cfg)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
-        OmegaConf.save(OmegaConf.structured(cfg), run_dir / "config.yaml", resolve=True)
+        save_run_config(cfg, run_dir / "config.yaml")
         recipe = recipe_for(cfg.mode)(cfg, run_dir)
     except ValueError as exc:
         _exit_bad_input(exc)

@@ -3,9 +3,11 @@ HF causal-LM directory that every component shares (tokenizer, generation config
 
 ``model.path`` empty means the embedded default: a tiny Qwen2-style model with a task
 tokenizer, built locally and cached on first use (``recipe.tiny``). Real users pass the path
-of any local HF causal-LM directory; nothing is downloaded at run time, so a directory without
-weights or tokenizer files (a config-only or half-finished download) fails at startup with
-what is missing and what is there.
+of any local HF causal-LM directory, the name of a real pretrained model of the catalog
+(``python -m recipe.models list``) or a ``.gguf`` file; the last two are converted into a
+cached HF folder on first use (``recipe.models``). Nothing is downloaded from a model hub, so
+a directory without weights or tokenizer files (a config-only or half-finished download)
+fails at startup with what is missing and what is there.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from recipe.models.convert import is_causal_lm_config
+from recipe.models.store import read_provenance, resolve_model_path, unknown_model_hint
 from recipe.utils.config_check import require_choice
 
 logger = logging.getLogger(__name__)
@@ -43,7 +47,9 @@ MAX_FILES_SHOWN = 8
 @dataclass
 class ModelConfig:
     path: str = ""
-    """Local HF causal-LM directory. Empty: the embedded tiny default (built and cached)."""
+    """Local HF causal-LM directory, a catalog model's name (``python -m recipe.models list``)
+    or a ``.gguf`` file (both built into the cache on first use). Empty: the embedded tiny
+    default (built and cached)."""
     tiny_warm_start: str = "arithmetic"
     """With ``path`` empty: the task the embedded tiny model is warm-started on,
     ``arithmetic`` (the default task) or ``calculator`` (the calculator environment's
@@ -58,18 +64,15 @@ class ModelConfig:
         require_choice("model.tiny_warm_start", self.tiny_warm_start, TINY_WARM_STARTS)
 
 
+def model_provenance(cfg: ModelConfig) -> dict[str, Any] | None:
+    """Where ``model.path``'s weights came from, for the run's config.yaml: the build record
+    of a catalog model or GGUF file (built here, before any worker starts, when it is not
+    built yet); None for a plain folder or the tiny default."""
+    return read_provenance(resolve_model_path(cfg.path)) if cfg.path else None
+
+
 class ModelPathError(ValueError):
     """The model path is missing or is not an HF causal-LM directory."""
-
-
-def _is_causal_lm_config(config: Any) -> bool:
-    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
-        return True
-    # Remote-code models name their causal-LM class in auto_map.
-    auto_map = getattr(config, "auto_map", None) or {}
-    return "AutoModelForCausalLM" in auto_map
 
 
 def _found(path: Path) -> str:
@@ -134,7 +137,9 @@ class HFModelConfig:
         self.dtype = dtype
         self.trust_remote_code = trust_remote_code
         if not self.path.exists():
-            raise ModelPathError(f"model.path={str(path)!r}: no such directory")
+            raise ModelPathError(
+                f"model.path={str(path)!r}: no such directory{unknown_model_hint(str(path))}"
+            )
         if not self.path.is_dir():
             raise ModelPathError(f"model.path={str(path)!r}: not a directory")
         if not (self.path / "config.json").is_file():
@@ -149,7 +154,7 @@ class HFModelConfig:
     def from_config(cls, cfg: ModelConfig) -> HFModelConfig:
         """Resolve ``model.*``: the given path, or the embedded default built on first use."""
         if cfg.path:
-            path = Path(cfg.path)
+            path = resolve_model_path(cfg.path)
         elif cfg.tiny_warm_start == "calculator":
             from recipe.tiny.calculator import ensure_calculator_model
 
@@ -169,7 +174,7 @@ class HFModelConfig:
             raise ModelPathError(
                 f"model.path={str(self.path)!r}: unreadable config.json ({exc})"
             ) from exc
-        if not _is_causal_lm_config(config):
+        if not is_causal_lm_config(config):
             raise ModelPathError(
                 f"model.path={str(self.path)!r}: model_type={config.model_type!r} is not a "
                 "causal LM (AutoModelForCausalLM cannot load it)"
