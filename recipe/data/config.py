@@ -1,32 +1,54 @@
-"""Config schema of the data component (``data.*``)."""
+"""Config schema of the data component (``data.*``).
+
+Where prompts come from is ``data.source``:
+
+    auto           files when data.train_files is set, else the synthetic data.task (default)
+    files          data.train_files / data.val_files in verl's row schema
+    synthetic      the built-in generator named by data.task
+    reasoning_gym  a reasoning-gym task (data.reasoning_gym.*; pip install the [reasoning] extra)
+
+``auto`` keeps the behaviour of configs written before ``data.source`` existed; the explicit
+values make a run fail at startup instead of quietly falling back to another source.
+"""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
+from recipe.data.reasoning_gym import ReasoningGymConfig, check_reasoning_gym_config
 from recipe.utils.config_check import require, require_choice, require_positive
 
+logger = logging.getLogger(__name__)
+
 TASKS = ("arithmetic", "calculator")
+SOURCES = ("auto", "files", "synthetic", "reasoning_gym")
 
 
 @dataclass
 class DataConfig:
+    source: str = "auto"
+    """Where prompts come from: ``auto``, ``files``, ``synthetic`` or ``reasoning_gym`` (see
+    the module docstring)."""
     train_files: list[str] = field(default_factory=list)
-    """Parquet/jsonl files in verl's row schema. Empty: the synthetic ``task`` is used."""
+    """Parquet/jsonl files in verl's row schema. Empty (``source=auto``): the synthetic
+    ``task`` is used."""
     val_files: list[str] = field(default_factory=list)
-    """Validation files in the same schema. Empty: a held-out synthetic set when the train set
-    is synthetic too, else no validation (warned)."""
+    """Validation files in the same schema, the validation set whatever the source. Empty: a
+    held-out generated set when the train set is generated, else no validation (warned)."""
     task: str = "arithmetic"
-    """Synthetic task used when no files are given: ``arithmetic`` (``a+b=``, one answer) or
-    ``calculator`` (multi-step problems for the calculator environment, ``env=calculator``)."""
+    """Synthetic task of ``source=synthetic`` (and ``auto`` without files): ``arithmetic``
+    (``a+b=``, one answer) or ``calculator`` (multi-step problems for the calculator
+    environment, ``env=calculator``)."""
     difficulty: int = 2
     """Synthetic task difficulty: the number of digits of each operand (1-6)."""
     num_operands: int = 3
     """Operands per problem of the ``calculator`` task (2-8)."""
     num_train_prompts: int = 8000
-    """Size of the synthetic train set (prompts)."""
+    """Size of a generated train set (synthetic task or reasoning-gym), in prompts."""
     num_val_prompts: int = 256
-    """Size of the synthetic validation set (prompts), disjoint from the train set."""
+    """Size of a generated validation set (prompts), disjoint from the train set (reasoning-gym:
+    before its repeats of train questions are dropped)."""
     seed: int = 1
     """Seed of the synthetic sets and of the prompt order."""
     shuffle: bool = True
@@ -37,8 +59,11 @@ class DataConfig:
     """Prompts longer than this (tokens) fail at load time with the row named."""
     prompt_key: str = "prompt"
     """Column holding the prompt (chat messages or a plain string)."""
+    reasoning_gym: ReasoningGymConfig = field(default_factory=ReasoningGymConfig)
+    """The reasoning-gym task of ``source=reasoning_gym``."""
 
     def __post_init__(self) -> None:
+        require_choice("data.source", self.source, SOURCES)
         require_choice("data.task", self.task, TASKS)
         require(1 <= self.difficulty <= 6, "data.difficulty", self.difficulty, "an integer in 1..6")
         require(
@@ -52,3 +77,35 @@ class DataConfig:
         require_positive("data.train_batch_size", self.train_batch_size)
         require_positive("data.max_prompt_length", self.max_prompt_length)
         require(bool(self.prompt_key), "data.prompt_key", self.prompt_key, "a column name")
+        self._check_source()
+
+    @property
+    def resolved_source(self) -> str:
+        """``files``, ``synthetic`` or ``reasoning_gym``: ``source`` with ``auto`` resolved."""
+        if self.source != "auto":
+            return self.source
+        return "files" if self.train_files else "synthetic"
+
+    def _check_source(self) -> None:
+        source = self.resolved_source
+        if source == "files":
+            require(
+                bool(self.train_files),
+                "data.train_files",
+                self.train_files,
+                "at least one file with data.source=files",
+            )
+        elif self.train_files:
+            _warn_ignored("data.train_files", source)
+        if source == "reasoning_gym":
+            check_reasoning_gym_config(
+                self.reasoning_gym,
+                num_train=self.num_train_prompts,
+                num_val=self.num_val_prompts,
+            )
+        elif self.reasoning_gym.dataset:
+            _warn_ignored("data.reasoning_gym.dataset", source)
+
+
+def _warn_ignored(key: str, source: str) -> None:
+    logger.warning("%s has no effect with data.source=%s; it is ignored", key, source)

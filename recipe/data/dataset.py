@@ -1,10 +1,12 @@
 """Build the train and validation prompt sets from ``data.*``.
 
-Files win over the synthetic task: ``data.train_files`` / ``data.val_files`` are loaded in
-verl's row schema (``recipe.data.loaders``); without train files the synthetic task
-(``data.task``) generates both sets, disjoint by construction. Train files without val files
-mean no validation: nothing is held out of the user's train set behind their back, and a
-warning says so.
+``data.source`` (``DataConfig.resolved_source``) picks the train set: files in verl's row
+schema (``recipe.data.loaders``), the synthetic ``data.task``, or a reasoning-gym task
+(``recipe.data.reasoning_gym``). ``data.val_files``, when set, is the validation set whatever
+the source. Otherwise a generated train set comes with a held-out generated validation set
+(the synthetic tasks are disjoint by construction; reasoning-gym's val set drops the train
+set's questions, logged), and train files mean no validation: nothing is held out of the
+user's train set behind their back, and a warning says so.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 
 from recipe.data.config import DataConfig
 from recipe.data.loaders import load_records
+from recipe.data.reasoning_gym import drop_train_questions, make_reasoning_gym_records
 from recipe.protocol import PromptRecord
 
 logger = logging.getLogger(__name__)
@@ -20,25 +23,30 @@ logger = logging.getLogger(__name__)
 
 def build_datasets(cfg: DataConfig) -> tuple[list[PromptRecord], list[PromptRecord]]:
     """Return ``(train, val)`` prompt records for ``cfg``; ``val`` may be empty."""
-    if cfg.train_files:
+    source = cfg.resolved_source
+    if source == "files":
         train = load_records(list(cfg.train_files), split="train", prompt_key=cfg.prompt_key)
     else:
-        train = _synthetic(cfg, split="train", num=cfg.num_train_prompts)
+        train = _generated(cfg, split="train", num=cfg.num_train_prompts)
     if cfg.val_files:
         val = load_records(list(cfg.val_files), split="val", prompt_key=cfg.prompt_key)
-    elif cfg.train_files:
+    elif source == "files":
         logger.warning(
             "data.train_files is set but data.val_files is empty: no validation set, val/* "
             "metrics will be absent (nothing is held out of the train files)"
         )
         val = []
     else:
-        val = _synthetic(cfg, split="val", num=cfg.num_val_prompts)
+        val = _generated(cfg, split="val", num=cfg.num_val_prompts)
+        if source == "reasoning_gym":
+            val = drop_train_questions(val, train)
     logger.info("datasets: %d train prompts, %d val prompts", len(train), len(val))
     return train, val
 
 
-def _synthetic(cfg: DataConfig, *, split: str, num: int) -> list[PromptRecord]:
+def _generated(cfg: DataConfig, *, split: str, num: int) -> list[PromptRecord]:
+    if cfg.resolved_source == "reasoning_gym":  # imports reasoning-gym, an optional extra
+        return make_reasoning_gym_records(cfg.reasoning_gym, split=split, num=num)
     # Imported here so that file-based runs never pay for (or depend on) the generators.
     if cfg.task == "arithmetic":
         from recipe.data.arithmetic import make_arithmetic_records

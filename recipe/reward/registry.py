@@ -1,8 +1,8 @@
 """The scorer registry: ``data_source`` -> reward function, as verl's ``default_compute_score``.
 
 Every record names its ``data_source``; the reward component looks the scorer up here. The
-built-ins cover the synthetic task, MATH-style and GSM8K-style sources. Other sources either
-register a scorer in code::
+built-ins cover the synthetic task, MATH-style and GSM8K-style sources, and reasoning-gym's
+tasks (``recipe.reward.reasoning_gym``). Other sources either register a scorer in code::
 
     @register_scorer("my_org/my_dataset")
     def my_score(data_source, solution_str, ground_truth, extra_info=None) -> float: ...
@@ -16,6 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from recipe.reward import scorers
+from recipe.reward.reasoning_gym import DATA_SOURCE as REASONING_GYM_SOURCE
+from recipe.reward.reasoning_gym import reasoning_gym_score
 
 Scorer = Callable[..., Any]
 """``fn(data_source, solution_str, ground_truth, extra_info=None) -> float | dict``."""
@@ -81,3 +83,4 @@ register_scorer("arithmetic")(scorers.arithmetic_score)
 register_scorer("calculator")(scorers.calculator_score)
 register_scorer(*MATH_SOURCES)(scorers.math_score)
 register_scorer(*GSM8K_SOURCES)(scorers.gsm8k_score)
+register_scorer(REASONING_GYM_SOURCE)(reasoning_gym_score)

@@ -84,6 +84,7 @@ def test_config_key_set_matches_snapshot():
         ("model.dtype=int8", "model.dtype"),
         ("checkpoint_engine.backend=smoke", "checkpoint_engine.backend"),
         ("data.difficulty=9", "data.difficulty"),
+        ("data.source=s3", "data.source"),
         ("trainer.device=tpu", "trainer.device"),
         ("algorithm.adv_estimator=gae", "algorithm.adv_estimator"),
         ("logger.backends=[console,mlflow]", "logger.backends"),

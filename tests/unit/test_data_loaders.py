@@ -1,4 +1,5 @@
-"""Unit tests of the parquet/jsonl loaders (verl row schema) and of ``build_datasets``."""
+"""Unit tests of the parquet/jsonl loaders (verl row schema), of ``build_datasets`` and of
+``data.source``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from recipe.data.config import DataConfig
 from recipe.data.dataset import build_datasets
 from recipe.data.loaders import DataError, load_records
 from recipe.protocol import PromptRecord
+from recipe.utils.config_check import ConfigError
 
 CHAT_ROWS = [
     {
@@ -276,3 +278,32 @@ def test_build_datasets_uses_the_synthetic_task_without_files(
     train, val = build_datasets(cfg)
     assert (len(train), len(val)) == (5, 2)
     assert calls == [(5, 3, 9, "train"), (2, 3, 9, "val")]
+
+
+# ---------------------------------------------------------------- data.source
+
+
+def test_source_auto_means_files_when_given_else_the_synthetic_task(tmp_path: Path) -> None:
+    train = write_parquet(tmp_path / "train.parquet", CHAT_ROWS)
+    assert DataConfig(train_files=[train]).resolved_source == "files"
+    assert DataConfig().resolved_source == "synthetic"
+    assert DataConfig(source="files", train_files=[train]).resolved_source == "files"
+
+
+def test_source_files_without_train_files_fails_naming_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"^data\.train_files=\[\] is invalid: allowed at least"):
+        DataConfig(source="files")
+
+
+def test_explicit_synthetic_source_ignores_train_files_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    train = write_parquet(tmp_path / "train.parquet", CHAT_ROWS)
+    with caplog.at_level(logging.WARNING, logger="recipe.data.config"):
+        cfg = DataConfig(
+            source="synthetic", train_files=[train], num_train_prompts=4, num_val_prompts=2
+        )
+    assert "data.train_files has no effect with data.source=synthetic" in caplog.text
+    train_records, val_records = build_datasets(cfg)
+    assert {r.data_source for r in train_records + val_records} == {"arithmetic"}
+    assert (len(train_records), len(val_records)) == (4, 2)

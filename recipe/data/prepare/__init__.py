@@ -1,0 +1,69 @@
+"""Turn published datasets into parquet files in verl's row schema.
+
+    python -m recipe.data.prepare NAME SRC_DIR OUT_DIR
+
+    SRC_DIR (the files as the dataset's authors publish them)
+        --PREPARERS[NAME].read--> rows of each split, all checked
+        --write_parquet_atomic--> OUT_DIR/<split>.parquet
+
+A preparer is a name, the Arrow schema of its rows and a function from the source folder to
+the rows of each split. Every source row is read and checked before anything is written, so
+bad input leaves OUT_DIR as it was; each file is written to a temporary name and renamed.
+The files load with ``recipe.data.loaders.load_records`` and are scored by the scorer
+registered for their ``data_source``. To add a dataset, add its module and one entry to
+``PREPARERS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recipe.data.prepare import gsm8k
+from recipe.data.prepare.common import PrepareError, ensure_out_dir, write_parquet_atomic
+
+__all__ = ["PREPARERS", "PrepareError", "Preparer", "prepare"]
+
+
+@dataclass(frozen=True, slots=True)
+class Preparer:
+    """How one dataset is prepared."""
+
+    description: str
+    """One line for ``--help``: where the source comes from and what it holds."""
+    read: Callable[[Path], dict[str, list[dict[str, Any]]]]
+    """Source folder -> rows of each split (the split names the output file)."""
+    schema: Callable[[], Any]
+    """The Arrow schema of the rows (a function: pyarrow is imported only when writing)."""
+
+
+PREPARERS: Mapping[str, Preparer] = {
+    "gsm8k": Preparer(
+        description="OpenAI's grade-school-math/data/{train,test}.jsonl",
+        read=gsm8k.prepare_gsm8k,
+        schema=gsm8k.row_schema,
+    ),
+}
+
+
+def prepare(name: str, src_dir: Path, out_dir: Path) -> dict[Path, int]:
+    """Prepare dataset ``name`` from ``src_dir`` into ``out_dir``; the rows written per file.
+
+    Raises ``PrepareError`` for an unknown name, a missing or malformed source, or an
+    ``out_dir`` that is a file.
+    """
+    preparer = PREPARERS.get(name)
+    if preparer is None:
+        raise PrepareError(f"unknown dataset {name!r}; known: {', '.join(sorted(PREPARERS))}")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise PrepareError(f"{out_dir}: the output folder is a file")
+    splits = preparer.read(src_dir)  # everything is checked before the first write
+    ensure_out_dir(out_dir)
+    written = {}
+    for split, rows in splits.items():
+        path = out_dir / f"{split}.parquet"
+        write_parquet_atomic(rows, path, preparer.schema())
+        written[path] = len(rows)
+    return written

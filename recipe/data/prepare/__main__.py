@@ -1,0 +1,42 @@
+"""``python -m recipe.data.prepare NAME SRC_DIR OUT_DIR``: see ``recipe.data.prepare``.
+
+Bad input (an unknown name, a missing or malformed source, an OUT_DIR that is a file) prints
+one line on stderr and exits with code 2, as ``python -m recipe`` does; ``RECIPE_DEBUG=1``
+shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from recipe.data.prepare import PREPARERS, PrepareError, prepare
+
+
+def main(argv: list[str] | None = None) -> None:
+    names = "\n".join(f"  {name}: {p.description}" for name, p in sorted(PREPARERS.items()))
+    parser = argparse.ArgumentParser(
+        prog="python -m recipe.data.prepare",
+        description="Write a published dataset as parquet files in verl's row schema.",
+        epilog=f"datasets:\n{names}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("name", help="the dataset (see below)")
+    parser.add_argument("src_dir", type=Path, help="folder holding the published files")
+    parser.add_argument("out_dir", type=Path, help="folder for <split>.parquet (created)")
+    args = parser.parse_args(argv)
+    try:
+        written = prepare(args.name, args.src_dir, args.out_dir)
+    except PrepareError as err:
+        if os.environ.get("RECIPE_DEBUG", "0") not in ("", "0"):
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    for path, num_rows in written.items():
+        print(f"wrote {num_rows} rows to {path}")
+
+
+if __name__ == "__main__":
+    main()
