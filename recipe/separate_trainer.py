@@ -329,6 +329,7 @@ class SeparateRayPPOTrainer:
             logger.warning(warning)
         return {
             "val/accuracy": sum(s >= 1.0 for s in scores) / len(scores),
+            "val/num_prompts": float(len(scores)),
             "val/reward_mean": sum(scores) / len(scores),
             "val/response_length_mean": sum(lengths) / len(lengths),
             "response/clip_ratio": clipped,

@@ -81,10 +81,16 @@ class ReasoningGymConfig:
     system_prompt_in_user: bool = False
     """Put the system prompt at the top of the user message instead of a system message: for
     chat templates without a system role, and small models that follow the user turn better."""
+    few_shot: int = 0
+    """Worked examples before each question, as user/assistant turns whose answer is
+    ``<answer>ANSWER</answer>``: small models copy the answer format from them (reasoning-gym
+    scores only tagged answers). Drawn from the entries just before the val set's
+    (``val_seed - few_shot + i``), the same for every prompt."""
 
     def __post_init__(self) -> None:
         require_non_negative("data.reasoning_gym.seed", self.seed)
         require_non_negative("data.reasoning_gym.val_seed", self.val_seed)
+        require(0 <= self.few_shot <= 16, "data.reasoning_gym.few_shot", self.few_shot, "0..16")
         for key, set_by in _SET_BY_OTHER_KEYS.items():
             if key in self.config:
                 raise ConfigError(
@@ -146,13 +152,16 @@ def _check_task_config(cfg: ReasoningGymConfig, config_cls: type, num_train: int
 
 
 def _check_seed_ranges(cfg: ReasoningGymConfig, *, num_train: int, num_val: int) -> None:
-    # Entry i of seed s comes from Random(s + i): equal s + i means an equal entry.
-    overlap = cfg.val_seed < cfg.seed + num_train and cfg.seed < cfg.val_seed + num_val
+    # Entry i of seed s comes from Random(s + i): equal s + i means an equal entry. The
+    # few-shot examples come just before the val range, so it is extended by them.
+    low = cfg.val_seed - cfg.few_shot
+    overlap = low < cfg.seed + num_train and cfg.seed < cfg.val_seed + num_val
     require(
         not overlap,
         "data.reasoning_gym.val_seed",
         cfg.val_seed,
-        f"a seed whose entries val_seed + i (i < data.num_val_prompts={num_val}) miss the train "
+        f"a seed whose entries val_seed + i (-few_shot={-cfg.few_shot} <= i < "
+        f"data.num_val_prompts={num_val}) miss the train "
         f"set's seed + i (seed={cfg.seed}, i < data.num_train_prompts={num_train}); reasoning-"
         "gym draws entry i from Random(seed + i), so overlapping ranges share entries",
     )
@@ -182,11 +191,14 @@ def make_reasoning_gym_records(
     # Shared by the records (read-only): the arguments the scorer rebuilds the task from.
     task_args = {**cfg.config, "seed": seed, "size": num}
     system_prompt = system_prompt_text(cfg)
+    examples = few_shot_turns(cfg)
     start_s = time.monotonic()
     records = [
         PromptRecord(
             uid=f"{split}:{DATA_SOURCE}/{cfg.dataset}:{index}",
-            prompt=_prompt(entry["question"], system_prompt, in_user=cfg.system_prompt_in_user),
+            prompt=_prompt(
+                entry["question"], system_prompt, examples, in_user=cfg.system_prompt_in_user
+            ),
             # A few tasks have no single answer (None): their scorer checks the response itself.
             ground_truth="" if entry.get("answer") is None else str(entry["answer"]),
             data_source=DATA_SOURCE,
@@ -230,12 +242,35 @@ def _entries(name: str, task_args: dict[str, Any], split: str) -> Iterator[dict[
         yield entry
 
 
-def _prompt(question: str, system_prompt: str, *, in_user: bool) -> ChatMessages:
+def few_shot_turns(cfg: ReasoningGymConfig) -> ChatMessages:
+    """The ``few_shot`` worked examples as chat turns (user question, assistant answer)."""
+    if not cfg.few_shot:
+        return []
+    args = {**cfg.config, "seed": cfg.val_seed - cfg.few_shot, "size": cfg.few_shot}
+    turns: ChatMessages = []
+    for entry in _entries(cfg.dataset, args, "few-shot"):
+        if entry.get("answer") is None:
+            raise ConfigError(
+                f"data.reasoning_gym.few_shot={cfg.few_shot} is invalid for {cfg.dataset}: its "
+                "entries have no single answer to show; allowed 0"
+            )
+        turns += [
+            {"role": "user", "content": entry["question"]},
+            {"role": "assistant", "content": f"<answer>{entry['answer']}</answer>"},
+        ]
+    return turns
+
+
+def _prompt(
+    question: str, system_prompt: str, examples: ChatMessages, *, in_user: bool
+) -> ChatMessages:
+    turns = [*examples, {"role": "user", "content": question}]
     if not system_prompt:
-        return [{"role": "user", "content": question}]
+        return turns
     if in_user:
-        return [{"role": "user", "content": f"{system_prompt.rstrip()}\n\n{question}"}]
-    return [{"role": "system", "content": system_prompt}, {"role": "user", "content": question}]
+        first = {"role": "user", "content": f"{system_prompt.rstrip()}\n\n{turns[0]['content']}"}
+        return [first, *turns[1:]]
+    return [{"role": "system", "content": system_prompt}, *turns]
 
 
 def question_of(record: PromptRecord) -> str:

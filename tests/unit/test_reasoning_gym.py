@@ -30,6 +30,7 @@ from recipe.data.reasoning_gym import (
     ReasoningGymConfig,
     drop_train_questions,
     make_reasoning_gym_records,
+    question_of,
 )
 from recipe.protocol import PromptRecord
 from recipe.reward import RewardConfig, RewardFunction, get_scorer
@@ -101,6 +102,30 @@ def test_system_prompt_presets_text_placement_and_none() -> None:
         {"role": "user", "content": f"{direct}\n\n{question}"}
     ]
     assert prompt(system_prompt="") == [{"role": "user", "content": question}]
+
+
+def test_few_shot_examples_come_before_the_question_as_tagged_answers() -> None:
+    cfg = chain_sum(few_shot=2, system_prompt="direct", val_seed=500)
+    train = make_reasoning_gym_records(cfg, split="train", num=3)
+    val = make_reasoning_gym_records(cfg, split="val", num=3)
+    shots = create_dataset("chain_sum", **SMALL_SUMS, seed=498, size=2)  # val_seed - few_shot
+    expected = []
+    for entry in shots:
+        expected += [
+            {"role": "user", "content": entry["question"]},
+            {"role": "assistant", "content": f"<answer>{entry['answer']}</answer>"},
+        ]
+    for record in train + val:
+        assert record.prompt[0] == {"role": "system", "content": SYSTEM_PROMPTS["direct"]}
+        assert record.prompt[1:5] == expected  # the same examples for every prompt
+        assert record.prompt[5] == {"role": "user", "content": question_of(record)}
+    in_user = make_reasoning_gym_records(
+        chain_sum(few_shot=1, system_prompt="direct", system_prompt_in_user=True),
+        split="train",
+        num=1,
+    )[0].prompt
+    assert [m["role"] for m in in_user] == ["user", "assistant", "user"]
+    assert in_user[0]["content"].startswith(SYSTEM_PROMPTS["direct"])
 
 
 def test_uids_name_the_same_prompts_across_builds_and_set_sizes() -> None:
@@ -264,6 +289,9 @@ CONFIG_ERRORS = [
     ({"val_seed": 30}, "data.reasoning_gym.val_seed=30 is invalid"),
     ({"seed": 1_000_000_000 - 10}, "data.reasoning_gym.val_seed=1000000000 is invalid"),
     ({"system_prompt": "drect"}, "data.reasoning_gym.system_prompt='drect' is invalid"),
+    ({"few_shot": 17}, "data.reasoning_gym.few_shot=17 is invalid"),
+    # the examples sit just before val_seed: here on the train set's last entries
+    ({"seed": 1_000_000_000 - 45, "few_shot": 8}, "data.reasoning_gym.val_seed=1000000000"),
 ]
 
 

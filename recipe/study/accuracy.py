@@ -1,0 +1,221 @@
+"""Time to accuracy: how soon each mode reaches the synchronous baseline's final accuracy.
+
+Per run (read from its run directory once, kept as a small JSON record): the validation curve
+as points ``(param_version, step, samples, train_s, accuracy)``, where
+
+    samples   trained samples when the weights of that version existed (the end of the step
+              that produced it), so modes compare at equal trained samples;
+    train_s   wall-clock seconds from the run's start to that step's end, minus the time the
+              trainer spent blocked in validation (the initial one in every mode; later ones
+              in sync and one_step_off, which validate in their loop, while fully_async
+              validates on the rollouter as the trainer trains), so how often a run
+              validates does not decide the race.
+
+Per mode (over its seeds): final accuracy mean and standard error (between seeds; with one
+seed, the binomial error of the validation set, sqrt(p(1-p)/n)), and the time to the target:
+the first validation at or above sync's mean final accuracy. The headline ratio is a mode's
+time to the target over sync's own (the first time sync reached its final accuracy).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from recipe.report.data import load_run
+
+BLOCKING_VAL_MODES = ("sync", "one_step_off")
+
+
+@dataclass(slots=True)
+class ValPoint:
+    version: int
+    step: int
+    samples: int
+    train_s: float
+    accuracy: float
+
+
+@dataclass(slots=True)
+class RunRecord:
+    """One run's figures (committed as ``<records>/<mode>-seed<seed>.json``)."""
+
+    mode: str
+    seed: int
+    steps: int
+    samples: int
+    wall_s: float
+    samples_per_s: float
+    val_prompts: int
+    curve: list[ValPoint] = field(default_factory=list)
+
+    @property
+    def final_accuracy(self) -> float:
+        return self.curve[-1].accuracy
+
+    def time_to(self, target: float) -> float | None:
+        """``train_s`` of the first validation at or above ``target``; None if never."""
+        return next((p.train_s for p in self.curve if p.accuracy >= target - 1e-12), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunRecord:
+        curve = [ValPoint(**p) for p in data.pop("curve")]
+        return cls(**data, curve=curve)
+
+
+def read_run(run_dir: Path, *, seed: int) -> RunRecord:
+    """The record of a finished run directory (it must have its summary.json)."""
+    run = load_run(run_dir)
+    steps = {int(r["step"]): r for r in run.records}
+    samples, blocked, by_version = 0, 0.0, {0: (0, 0, 0.0)}
+    for step in sorted(steps):
+        record = steps[step]
+        samples += int(record.get("throughput/samples", 0))
+        # The initial validation precedes training in every mode; later ones block only the
+        # loops that validate in line.
+        if step == 0 or run.mode in BLOCKING_VAL_MODES:
+            blocked += float(record.get("timing/val_s", 0.0))
+        version = int(record.get("param_version", step))
+        wall = run.wall_s(step) or 0.0
+        by_version.setdefault(version, (step, samples, max(0.0, wall - blocked)))
+    curve = []
+    for record in run.records:
+        if "val/accuracy" not in record:
+            continue
+        version = int(record.get("val/param_version", record.get("param_version", 0)))
+        step, at_samples, train_s = by_version.get(version, by_version[max(by_version)])
+        curve.append(ValPoint(version, step, at_samples, round(train_s, 2), record["val/accuracy"]))
+    final = run.summary.get("final/val_accuracy")
+    if final is not None and (not curve or curve[-1].version != run.summary["param_version"]):
+        step, at_samples, train_s = by_version[max(by_version)]
+        curve.append(ValPoint(max(by_version), step, at_samples, round(train_s, 2), final))
+    if not curve:
+        raise ValueError(f"{run_dir}: no validation in the run (set data.val_files or a val set)")
+    return RunRecord(
+        mode=run.mode,
+        seed=seed,
+        steps=int(run.summary["steps"]),
+        samples=samples,
+        wall_s=round(float(run.summary["wall_s"]), 2),
+        samples_per_s=round(float(run.summary["throughput/samples_per_s"]), 3),
+        val_prompts=int(run.records[-1].get("val/num_prompts", 0) or _val_prompts(run.records)),
+        curve=_dedupe(curve),
+    )
+
+
+def _val_prompts(records: list[dict[str, Any]]) -> int:
+    return max((int(r.get("val/num_prompts", 0)) for r in records), default=0)
+
+
+def _dedupe(curve: list[ValPoint]) -> list[ValPoint]:
+    seen, out = set(), []
+    for point in sorted(curve, key=lambda p: p.version):
+        if point.version not in seen:
+            seen.add(point.version)
+            out.append(point)
+    return out
+
+
+def _mean_se(values: list[float], *, val_prompts: int) -> tuple[float, float]:
+    mean = statistics.fmean(values)
+    if len(values) >= 2:
+        return mean, statistics.stdev(values) / math.sqrt(len(values))
+    return mean, math.sqrt(mean * (1 - mean) / max(val_prompts, 1))
+
+
+def table(runs: list[RunRecord]) -> list[dict[str, Any]]:
+    """One row per mode (sync first): accuracy, throughput and time to sync's final accuracy."""
+    by_mode: dict[str, list[RunRecord]] = {}
+    for run in runs:
+        by_mode.setdefault(run.mode, []).append(run)
+    if "sync" not in by_mode:
+        raise ValueError("no sync run: the baseline that sets the target is missing")
+    target = statistics.fmean(r.final_accuracy for r in by_mode["sync"])
+    sync_time = _mean_time(by_mode["sync"], target)
+    rows = []
+    for mode in sorted(by_mode, key=lambda m: (m != "sync", m)):
+        group = by_mode[mode]
+        mean, se = _mean_se([r.final_accuracy for r in group], val_prompts=group[0].val_prompts)
+        time_s = _mean_time(group, target)
+        rows.append(
+            {
+                "mode": mode,
+                "seeds": len(group),
+                "final_accuracy": round(mean, 4),
+                "final_accuracy_se": round(se, 4),
+                "target": round(target, 4),
+                "time_to_target_s": None if time_s is None else round(time_s, 1),
+                "time_ratio": None
+                if time_s is None or not sync_time
+                else round(time_s / sync_time, 3),
+                "samples_per_s": round(statistics.fmean(r.samples_per_s for r in group), 2),
+                "wall_s": round(statistics.fmean(r.wall_s for r in group), 1),
+            }
+        )
+    return rows
+
+
+def _mean_time(runs: list[RunRecord], target: float) -> float | None:
+    times = [r.time_to(target) for r in runs]
+    return None if any(t is None for t in times) else statistics.fmean(times)
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    print(
+        f"{'mode':14s} {'seeds':>5s} {'final acc':>15s} {'to target s':>11s} "
+        f"{'x sync':>7s} {'samples/s':>9s} {'wall s':>7s}"
+    )
+    for r in rows:
+        acc = f"{r['final_accuracy']:.3f}+-{r['final_accuracy_se']:.3f}"
+        to = "never" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.0f}"
+        ratio = "-" if r["time_ratio"] is None else f"{r['time_ratio']:.2f}"
+        print(
+            f"{r['mode']:14s} {r['seeds']:5d} {acc:>15s} {to:>11s} {ratio:>7s} "
+            f"{r['samples_per_s']:9.1f} {r['wall_s']:7.0f}"
+        )
+    print(f"target: sync's final accuracy {rows[0]['target']:.3f}")
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
+def write_plot(path: Path, runs: list[RunRecord], *, title: str = "") -> None:
+    """Validation accuracy vs trained samples (left) and vs ``train_s`` (right), one line per
+    run, sync's final accuracy dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_samples, by_time) = plt.subplots(1, 2, figsize=(11, 4))
+    colours = {"sync": "tab:blue", "one_step_off": "tab:green", "fully_async": "tab:red"}
+    for run in runs:
+        style = {
+            "color": colours.get(run.mode),
+            "marker": ".",
+            "label": f"{run.mode} seed {run.seed}",
+        }
+        accuracy = [p.accuracy for p in run.curve]
+        by_samples.plot([p.samples for p in run.curve], accuracy, **style)
+        by_time.plot([p.train_s for p in run.curve], accuracy, **style)
+    rows = table(runs)
+    for ax in (by_samples, by_time):
+        ax.axhline(rows[0]["target"], color="grey", linestyle="--", linewidth=0.8)
+        ax.set_ylabel("greedy validation accuracy")
+        ax.grid(alpha=0.3)
+    by_samples.set(xlabel="trained samples", title=f"{title} vs trained samples".strip())
+    by_time.set(xlabel="seconds (validation pauses excluded)", title=f"{title} vs time".strip())
+    by_time.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
