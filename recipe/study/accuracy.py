@@ -105,13 +105,9 @@ def read_run(run_dir: Path, *, seed: int) -> RunRecord:
         samples=samples,
         wall_s=round(float(run.summary["wall_s"]), 2),
         samples_per_s=round(float(run.summary["throughput/samples_per_s"]), 3),
-        val_prompts=int(run.records[-1].get("val/num_prompts", 0) or _val_prompts(run.records)),
+        val_prompts=max((int(r.get("val/num_prompts", 0)) for r in run.records), default=0),
         curve=_dedupe(curve),
     )
-
-
-def _val_prompts(records: list[dict[str, Any]]) -> int:
-    return max((int(r.get("val/num_prompts", 0)) for r in records), default=0)
 
 
 def _dedupe(curve: list[ValPoint]) -> list[ValPoint]:

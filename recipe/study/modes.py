@@ -24,15 +24,15 @@ Study keys (everything else is a config override for every run):
 
 from __future__ import annotations
 
+import json
 import logging
-import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from recipe.study.accuracy import RunRecord, print_rows, read_run, table, write_json, write_plot
+from recipe.study.runs import LOG_FILE, run_logged
 
 logger = logging.getLogger(__name__)
 
@@ -114,26 +114,11 @@ def run_one(study: Study, mode: str, seed: int) -> bool:
     if record.is_file():
         return True
     if not (run_dir / "summary.json").is_file():
-        run_dir.mkdir(parents=True, exist_ok=True)
-        start = time.perf_counter()
-        with (run_dir / "study.log").open("w", encoding="utf-8") as log:
-            try:
-                proc = subprocess.run(
-                    study.command(mode, seed),
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    timeout=study.timeout_s,
-                    env=os.environ.copy(),
-                    check=False,
-                )
-                failed = proc.returncode != 0 and f"exit {proc.returncode}"
-            except subprocess.TimeoutExpired:
-                failed = f"past timeout_s={study.timeout_s:.0f}"
-        took = time.perf_counter() - start
-        if failed or not (run_dir / "summary.json").is_file():
-            print(f"{name}: FAILED ({failed or 'no summary.json'}; see {run_dir}/study.log)")
+        failed, took_s = run_logged(study.command(mode, seed), run_dir, timeout_s=study.timeout_s)
+        if failed is not None:
+            print(f"{name}: FAILED ({failed}; see {run_dir}/{LOG_FILE})", flush=True)
             return False
-        print(f"{name}: done in {took:.0f} s", flush=True)
+        print(f"{name}: done in {took_s:.0f} s", flush=True)
     write_json(record, read_run(run_dir, seed=seed).to_json())
     return True
 
@@ -159,8 +144,6 @@ def main(argv: list[str]) -> int:
 
 
 def read_json(path: Path) -> dict:
-    import json
-
     return json.loads(path.read_text(encoding="utf-8"))
 
 

@@ -32,13 +32,11 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipe.study.runs import run_logged
 from recipe.study.table import Cell, collect, print_table, write_plot, write_results
 
 logger = logging.getLogger(__name__)
@@ -170,24 +168,10 @@ def run_cell(study: Study, cell: Cell) -> bool:
     run_dir = study.out / cell.name
     if (study.records / f"{cell.name}.json").is_file() or (run_dir / "summary.json").is_file():
         return True
-    run_dir.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    with (run_dir / "study.log").open("w", encoding="utf-8") as log:
-        try:
-            proc = subprocess.run(
-                study.command(cell),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                timeout=study.timeout_s,
-                env=os.environ.copy(),
-                check=False,
-            )
-            ok = proc.returncode == 0
-        except subprocess.TimeoutExpired:
-            ok = False
-    status = "done" if ok else "FAILED (see study.log)"
-    print(f"{cell.name}: {status} in {time.perf_counter() - start:.0f} s", flush=True)
-    return ok and (run_dir / "summary.json").is_file()
+    failed, took_s = run_logged(study.command(cell), run_dir, timeout_s=study.timeout_s)
+    status = "done" if failed is None else f"FAILED ({failed}; see study.log)"
+    print(f"{cell.name}: {status} in {took_s:.0f} s", flush=True)
+    return failed is None
 
 
 def main(argv: list[str]) -> int:

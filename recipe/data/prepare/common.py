@@ -7,10 +7,11 @@ names the file (and line) to fix, so the command line can print it as one line.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
+
+from recipe.data.loaders import DataError, iter_jsonl_objects
 
 
 class PrepareError(ValueError):
@@ -23,23 +24,10 @@ def read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
     1-based, as an editor shows them, and errors name them."""
     if not path.is_file():
         raise PrepareError(f"{path}: source file not found")
-    rows = []
     try:
-        with path.open(encoding="utf-8") as f:
-            for line_no, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise PrepareError(f"{path}: line {line_no}: invalid JSON: {err}") from None
-                if not isinstance(row, dict):
-                    raise PrepareError(
-                        f"{path}: line {line_no}: expected a JSON object, got {type(row).__name__}"
-                    )
-                rows.append((line_no, row))
-    except (OSError, UnicodeDecodeError) as err:
-        raise PrepareError(f"{path}: cannot read the file: {err}") from err
+        rows = list(iter_jsonl_objects(path))
+    except DataError as err:
+        raise PrepareError(str(err)) from err
     if not rows:
         raise PrepareError(f"{path}: the file holds no rows")
     return rows

@@ -1,0 +1,112 @@
+"""The modes study's records and table (``recipe.study.accuracy``), on run directories written
+here: validation points land at the samples and seconds of the version they measured, blocking
+validations are taken out of the clock, and the time to sync's final accuracy is a ratio to
+sync's own (the runs themselves are real: ``python -m recipe.study.modes``)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from recipe.study.accuracy import read_run, table
+from recipe.study.modes import parse
+
+
+def _write_run(path, mode, steps, *, step_s, val_s, versions_per_step, vals):
+    """``vals``: {version: accuracy}; each step trains 10 samples and takes ``step_s``."""
+    path.mkdir(parents=True)
+    records = [{"step": 0, "param_version": 0, "val/accuracy": vals[0], "timing/val_s": val_s,
+                "val/num_prompts": 100.0}]  # fmt: skip
+    for step in range(1, steps + 1):
+        version = int(step * versions_per_step)
+        record = {"step": step, "param_version": version, "throughput/samples": 10.0,
+                  "timing/step_s": step_s}  # fmt: skip
+        if version in vals and version and (mode == "sync" or step == steps):
+            record |= {"val/accuracy": vals[version], "timing/val_s": val_s}
+            if mode == "fully_async":
+                record["val/param_version"] = float(version)
+        records.append(record)
+    (path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    final = vals[max(vals)]
+    summary = {"mode": mode, "steps": steps, "param_version": int(steps * versions_per_step),
+               "final/val_accuracy": final, "wall_s": steps * step_s,
+               "throughput/samples_per_s": 10.0 / step_s}  # fmt: skip
+    (path / "summary.json").write_text(json.dumps(summary))
+    return path
+
+
+def test_the_clock_leaves_out_blocking_validations_and_samples_follow_versions(tmp_path):
+    sync = read_run(
+        _write_run(
+            tmp_path / "s",
+            "sync",
+            4,
+            step_s=1.0,
+            val_s=0.5,
+            versions_per_step=1,
+            vals={0: 0.1, 2: 0.3, 4: 0.5},
+        ),
+        seed=0,
+    )
+    # No trace: a step ends at the sum of step times; every validation up to it (0.5 s each,
+    # the initial one included) is taken out: step 2 at 2.0 - 1.0 s, step 4 at 4.0 - 1.5 s.
+    assert [(p.version, p.samples, p.train_s, p.accuracy) for p in sync.curve] == [
+        (0, 0, 0.0, 0.1), (2, 20, 1.0, 0.3), (4, 40, 2.5, 0.5)
+    ]  # fmt: skip
+    assert sync.val_prompts == 100 and sync.samples == 40
+
+
+def test_the_table_gives_each_mode_its_time_to_syncs_final_accuracy(tmp_path):
+    sync = read_run(
+        _write_run(
+            tmp_path / "s",
+            "sync",
+            4,
+            step_s=1.0,
+            val_s=0.0,
+            versions_per_step=1,
+            vals={0: 0.1, 2: 0.5, 4: 0.5},
+        ),
+        seed=0,
+    )
+    fast = read_run(
+        _write_run(
+            tmp_path / "f",
+            "fully_async",
+            4,
+            step_s=0.5,
+            val_s=0.0,
+            versions_per_step=0.5,
+            vals={0: 0.1, 2: 0.6},
+        ),
+        seed=0,
+    )
+    slow = read_run(
+        _write_run(
+            tmp_path / "o",
+            "one_step_off",
+            4,
+            step_s=0.5,
+            val_s=0.0,
+            versions_per_step=1,
+            vals={0: 0.1, 4: 0.4},
+        ),
+        seed=0,
+    )
+    rows = {r["mode"]: r for r in table([fast, slow, sync])}
+    assert rows["sync"]["time_to_target_s"] == 2.0 and rows["sync"]["time_ratio"] == 1.0
+    assert rows["fully_async"]["time_to_target_s"] == 2.0  # version 2 exists after step 4
+    assert rows["one_step_off"]["time_to_target_s"] is None  # never reached 0.5
+    # one seed: the binomial error of a 100-prompt validation set
+    assert rows["sync"]["final_accuracy_se"] == pytest.approx(math.sqrt(0.25 / 100), abs=1e-4)
+
+
+def test_the_study_needs_sync_and_keeps_its_own_keys():
+    with pytest.raises(SystemExit, match="must include sync"):
+        parse(["modes=fully_async"])
+    with pytest.raises(SystemExit, match="set by the study"):
+        parse(["trainer.seed=3"])
+    study, _ = parse(["modes=fully_async,sync", "seeds=0,1", "actor.lr=1e-5"])
+    assert study.modes == ("sync", "fully_async") and "actor.lr=1e-5" in study.command("sync", 1)
