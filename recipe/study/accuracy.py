@@ -41,6 +41,15 @@ class ValPoint:
 
 
 @dataclass(slots=True)
+class TrainPoint:
+    """One trainer step: its mean training reward (``reward/mean``) at ``samples``."""
+
+    step: int
+    samples: int
+    reward: float
+
+
+@dataclass(slots=True)
 class RunRecord:
     """One run's figures (committed as ``<records>/<mode>-seed<seed>.json``)."""
 
@@ -52,6 +61,8 @@ class RunRecord:
     samples_per_s: float
     val_prompts: int
     curve: list[ValPoint] = field(default_factory=list)
+    train: list[TrainPoint] = field(default_factory=list)
+    """Per-step training reward, to compare modes per sample (absent in older records)."""
 
     @property
     def final_accuracy(self) -> float:
@@ -67,7 +78,8 @@ class RunRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunRecord:
         curve = [ValPoint(**p) for p in data.pop("curve")]
-        return cls(**data, curve=curve)
+        train = [TrainPoint(**p) for p in data.pop("train", [])]
+        return cls(**data, curve=curve, train=train)
 
 
 def read_run(run_dir: Path, *, seed: int) -> RunRecord:
@@ -75,9 +87,12 @@ def read_run(run_dir: Path, *, seed: int) -> RunRecord:
     run = load_run(run_dir)
     steps = {int(r["step"]): r for r in run.records}
     samples, blocked, by_version = 0, 0.0, {0: (0, 0, 0.0)}
+    train = []
     for step in sorted(steps):
         record = steps[step]
         samples += int(record.get("throughput/samples", 0))
+        if "reward/mean" in record:
+            train.append(TrainPoint(step, samples, round(float(record["reward/mean"]), 4)))
         # The initial validation precedes training in every mode; later ones block only the
         # loops that validate in line.
         if step == 0 or run.mode in BLOCKING_VAL_MODES:
@@ -107,6 +122,7 @@ def read_run(run_dir: Path, *, seed: int) -> RunRecord:
         samples_per_s=round(float(run.summary["throughput/samples_per_s"]), 3),
         val_prompts=max((int(r.get("val/num_prompts", 0)) for r in run.records), default=0),
         curve=_dedupe(curve),
+        train=train,
     )
 
 
@@ -185,14 +201,14 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def write_plot(path: Path, runs: list[RunRecord], *, title: str = "") -> None:
-    """Validation accuracy vs trained samples (left) and vs ``train_s`` (right), one line per
-    run, sync's final accuracy dashed."""
+    """Validation accuracy vs trained samples (left) and vs ``train_s`` (middle), one line per
+    run, sync's final accuracy dashed; training reward vs trained samples (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (by_samples, by_time) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (by_samples, by_time, reward) = plt.subplots(1, 3, figsize=(16, 4))
     colours = {"sync": "tab:blue", "one_step_off": "tab:green", "fully_async": "tab:red"}
     for run in runs:
         style = {
@@ -203,6 +219,8 @@ def write_plot(path: Path, runs: list[RunRecord], *, title: str = "") -> None:
         accuracy = [p.accuracy for p in run.curve]
         by_samples.plot([p.samples for p in run.curve], accuracy, **style)
         by_time.plot([p.train_s for p in run.curve], accuracy, **style)
+        style["marker"] = None
+        reward.plot([p.samples for p in run.train], [p.reward for p in run.train], **style)
     rows = table(runs)
     for ax in (by_samples, by_time):
         ax.axhline(rows[0]["target"], color="grey", linestyle="--", linewidth=0.8)
@@ -210,6 +228,9 @@ def write_plot(path: Path, runs: list[RunRecord], *, title: str = "") -> None:
         ax.grid(alpha=0.3)
     by_samples.set(xlabel="trained samples", title=f"{title} vs trained samples".strip())
     by_time.set(xlabel="seconds (validation pauses excluded)", title=f"{title} vs time".strip())
+    reward.set(xlabel="trained samples", ylabel="training reward (step mean)")
+    reward.set_title(f"{title} training reward".strip())
+    reward.grid(alpha=0.3)
     by_time.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from recipe.workers.config import ActorConfig
@@ -103,6 +103,22 @@ def shard_policy(
     for module in (*layers, policy):  # both setters act on one module's own shard group only
         module.set_gradient_divide_factor(1.0)
         module.set_force_sum_reduction_for_comms(True)
+
+
+def reshard_all(module: nn.Module) -> None:
+    """Free every gathered parameter under ``module`` and register the shards again; a plain
+    module is left as it is.
+
+    FSDP2's ``reshard()`` acts on one module's own shard group only, and at world size 1 the
+    decoder layers keep their gathered (compute-dtype) weights after a forward
+    (``shard_policy``). Until they are resharded, ``module.parameters()`` yields those
+    temporary copies: a weight copied into them is lost at the next backward, and the
+    optimizer steps the shards it never reached. Call this before reading or writing
+    parameters outside a training step.
+    """
+    for sub in module.modules():
+        if isinstance(sub, FSDPModule):
+            sub.reshard()
 
 
 def lr_factor(step: int, cfg: ActorConfig, total_steps: int | None) -> float:

@@ -46,6 +46,7 @@ from recipe.workers.fsdp_utils import (
     iter_full_tensors,
     join_process_group,
     load_full_state_dict,
+    reshard_all,
     shard_policy,
 )
 from recipe.workers.micro_batches import (
@@ -172,8 +173,9 @@ class TrainerWorker:
                 logprob_bt[index, : micro.seq_len] = lp_bt
                 if entropy_bt is not None:
                     entropy_bt[index, : micro.seq_len] = ent_bt
-        # The FSDP root keeps its parameters gathered after a forward without backward.
-        module.reshard()
+        # Gathered weights outlive a forward without backward (the root always, the layers at
+        # world size 1): free them, so that nothing reads or writes a stale copy.
+        reshard_all(module)
         return logprob_bt.cpu(), None if entropy_bt is None else entropy_bt.cpu()
 
     def _micro_plan(self, lengths: list[int], *, grad: bool) -> MicroPlan:
@@ -284,7 +286,7 @@ class TrainerWorker:
         """Full (unsharded) HF-named tensors on this rank's device, tied weights once.
         Collective: all ranks must iterate together. At world size 1 a tensor may alias the
         live weight: consume it before the next optimizer step."""
-        self._policy.reshard()
+        reshard_all(self._policy)
         yield from iter_full_tensors(self._policy.lm)
 
     def iter_push_params(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -357,7 +359,7 @@ class TrainerWorker:
         from transformers import AutoModelForCausalLM
 
         source = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        self._policy.reshard()
+        reshard_all(self._policy)
         load_full_state_dict(self._policy.lm, source.state_dict())
 
     # ---- optimizer, LR schedule and RNG (checkpoints) ---------------------------------------

@@ -24,6 +24,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from recipe.workers.fsdp_utils import reshard_all
+
 _CURRENT = "__current__"
 _GIB = 1 << 30
 
@@ -57,7 +59,7 @@ class WeightSlots:
 
     @torch.no_grad()
     def save(self, slot: str) -> None:
-        self._module.reshard()  # only sharded (DTensor) parameters have a stable local shard
+        reshard_all(self._module)  # only sharded (DTensor) parameters are the weights
         current = list(_local_shards(self._module))
         self._slots.pop(slot, None)  # its memory counts as free for the new copy
         if _fits_on_device(current, keep_free_bytes=4 * _GIB, keep_share=0.25):
@@ -88,7 +90,7 @@ class WeightSlots:
     @contextmanager
     def swapped_in(self, slot: str) -> Iterator[None]:
         """The module holds ``slot``'s weights inside the block and its own again after."""
-        self._module.reshard()
+        reshard_all(self._module)
         current = list(_local_shards(self._module))
         if _fits_on_device(current, keep_free_bytes=2 * _GIB, keep_share=0.0):
             with torch.no_grad():
@@ -106,6 +108,6 @@ class WeightSlots:
 
     @torch.no_grad()
     def _copy_into_module(self, tensors: list[torch.Tensor]) -> None:
-        self._module.reshard()
+        reshard_all(self._module)
         for local, saved in zip(_local_shards(self._module), tensors, strict=True):
             local.copy_(saved)

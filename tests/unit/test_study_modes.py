@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from recipe.study.accuracy import read_run, table
+from recipe.study.accuracy import RunRecord, read_run, table
 from recipe.study.modes import parse
 
 
@@ -22,7 +22,7 @@ def _write_run(path, mode, steps, *, step_s, val_s, versions_per_step, vals):
     for step in range(1, steps + 1):
         version = int(step * versions_per_step)
         record = {"step": step, "param_version": version, "throughput/samples": 10.0,
-                  "timing/step_s": step_s}  # fmt: skip
+                  "timing/step_s": step_s, "reward/mean": step / 10}  # fmt: skip
         if version in vals and version and (mode == "sync" or step == steps):
             record |= {"val/accuracy": vals[version], "timing/val_s": val_s}
             if mode == "fully_async":
@@ -56,6 +56,13 @@ def test_the_clock_leaves_out_blocking_validations_and_samples_follow_versions(t
         (0, 0, 0.0, 0.1), (2, 20, 1.0, 0.3), (4, 40, 2.5, 0.5)
     ]  # fmt: skip
     assert sync.val_prompts == 100 and sync.samples == 40
+    assert [(p.step, p.samples, p.reward) for p in sync.train] == [
+        (1, 10, 0.1), (2, 20, 0.2), (3, 30, 0.3), (4, 40, 0.4)
+    ]  # fmt: skip
+    assert RunRecord.from_json(sync.to_json()) == sync
+    older = sync.to_json()
+    del older["train"]  # records written before the training reward was kept
+    assert RunRecord.from_json(older).train == []
 
 
 def test_the_table_gives_each_mode_its_time_to_syncs_final_accuracy(tmp_path):

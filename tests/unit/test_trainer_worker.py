@@ -222,3 +222,31 @@ def test_pushes_are_sent_in_the_engines_dtype(worker, model_dir):
     for name, tensor in pushed.items():
         assert tensor.dtype == torch.bfloat16
         assert torch.equal(tensor, full[name].to(torch.bfloat16))
+
+
+def test_old_log_probs_from_the_saved_copy_leave_training_where_it_was(model_dir):
+    """Decoupled local step 2: a forward with the pushed copy swapped in must not undo step 1.
+    At world size 1 the decoder layers keep their gathered weights after a forward, so the
+    swap must write the trained weights back to the shards the optimizer steps, not to the
+    gathered copies (which the next backward frees)."""
+    first = random_train_batch(model_dir, seed=5)
+    second = random_train_batch(model_dir, seed=6)
+    actor = ActorConfig(lr=1e-5, ppo_mini_batch_size=3, ppo_micro_batch_size_per_gpu=3)
+    port, weights = free_port(), []
+    for use_slot in (False, True):
+        w = TrainerWorker(actor, TrainerSpec(str(model_dir)), master_port=port)
+        try:
+            w.save_model_to_cpu("pushed")
+            old_bt = w.compute_log_prob(first)[0]
+            pushed_bt = w.compute_log_prob(second)[0]
+            w.update_actor(dataclasses.replace(first, old_logprobs_bt=old_bt))
+            # both runs forward here and then train on the same old log-probs
+            forward_bt = w.compute_log_prob(second, slot="pushed" if use_slot else None)[0]
+            assert torch.equal(forward_bt, pushed_bt) == use_slot
+            w.update_actor(dataclasses.replace(second, old_logprobs_bt=pushed_bt))
+            weights.append(w.full_state_dict())
+        finally:
+            w.close()
+    plain, swapped = weights
+    moved = [k for k in plain if not torch.equal(plain[k], swapped[k])]
+    assert not moved, f"{len(moved)} tensors differ, e.g. {moved[:3]}"
