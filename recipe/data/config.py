@@ -49,6 +49,12 @@ class DataConfig:
     num_val_prompts: int = 256
     """Size of a generated validation set (prompts), disjoint from the train set (reasoning-gym:
     before its repeats of train questions are dropped)."""
+    train_max_samples: int = -1
+    """Train on the first N rows of ``data.train_files`` only (their order in the files);
+    -1: all of them. verl's key."""
+    val_max_samples: int = -1
+    """Validate on the first N rows of ``data.val_files`` only; -1: all. A fixed subset,
+    so runs of one study validate on the same prompts. verl's key."""
     seed: int = 1
     """Seed of the synthetic sets and of the prompt order."""
     shuffle: bool = True
@@ -74,6 +80,9 @@ class DataConfig:
         )
         require_positive("data.num_train_prompts", self.num_train_prompts)
         require_positive("data.num_val_prompts", self.num_val_prompts)
+        for key in ("train_max_samples", "val_max_samples"):
+            value = getattr(self, key)
+            require(value == -1 or value > 0, f"data.{key}", value, "-1 (all rows) or > 0")
         require_positive("data.train_batch_size", self.train_batch_size)
         require_positive("data.max_prompt_length", self.max_prompt_length)
         require(bool(self.prompt_key), "data.prompt_key", self.prompt_key, "a column name")

@@ -26,10 +26,12 @@ def build_datasets(cfg: DataConfig) -> tuple[list[PromptRecord], list[PromptReco
     source = cfg.resolved_source
     if source == "files":
         train = load_records(list(cfg.train_files), split="train", prompt_key=cfg.prompt_key)
+        train = _first(train, cfg.train_max_samples, "data.train_max_samples")
     else:
         train = _generated(cfg, split="train", num=cfg.num_train_prompts)
     if cfg.val_files:
         val = load_records(list(cfg.val_files), split="val", prompt_key=cfg.prompt_key)
+        val = _first(val, cfg.val_max_samples, "data.val_max_samples")
     elif source == "files":
         logger.warning(
             "data.train_files is set but data.val_files is empty: no validation set, val/* "
@@ -42,6 +44,14 @@ def build_datasets(cfg: DataConfig) -> tuple[list[PromptRecord], list[PromptReco
             val = drop_train_questions(val, train)
     logger.info("datasets: %d train prompts, %d val prompts", len(train), len(val))
     return train, val
+
+
+def _first(records: list[PromptRecord], limit: int, key: str) -> list[PromptRecord]:
+    """The first ``limit`` records (-1: all), the cut logged with the key that made it."""
+    if limit == -1 or limit >= len(records):
+        return records
+    logger.info("%s=%d: %d of %d rows kept", key, limit, limit, len(records))
+    return records[:limit]
 
 
 def _generated(cfg: DataConfig, *, split: str, num: int) -> list[PromptRecord]:

@@ -253,6 +253,20 @@ def test_build_datasets_loads_train_and_val_files(tmp_path: Path) -> None:
     assert [r.uid for r in val_records] == ["val:val.jsonl:0", "val:val.jsonl:1"]
 
 
+def test_max_samples_keep_the_first_rows_of_the_files(tmp_path: Path) -> None:
+    train = write_parquet(tmp_path / "train.parquet", CHAT_ROWS)
+    val = write_jsonl(tmp_path / "val.jsonl", STRING_ROWS)
+    cfg = DataConfig(train_files=[train], val_files=[val], train_max_samples=1, val_max_samples=1)
+    train_records, val_records = build_datasets(cfg)
+    assert train_records == expected_chat_records("train", "train.parquet")[:1]
+    assert [r.uid for r in val_records] == ["val:val.jsonl:0"]
+    big = DataConfig(train_files=[train], val_files=[val], val_max_samples=100)
+    assert len(build_datasets(big)[1]) == len(STRING_ROWS)
+    for bad in (0, -2):
+        with pytest.raises(ConfigError, match=r"^data\.val_max_samples=.* -1 \(all rows\)"):
+            DataConfig(train_files=[train], val_max_samples=bad)
+
+
 def test_build_datasets_without_val_files_warns_and_holds_out_nothing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
