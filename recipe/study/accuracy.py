@@ -13,8 +13,9 @@ as points ``(param_version, step, samples, train_s, accuracy)``, where
 
 Per mode (over its seeds): final accuracy mean and standard error (between seeds; with one
 seed, the binomial error of the validation set, sqrt(p(1-p)/n)), and the time to the target:
-the first validation at or above sync's mean final accuracy. The headline ratio is a mode's
-time to the target over sync's own (the first time sync reached its final accuracy).
+the first validation at which the mode's seed-averaged curve (accuracy and seconds averaged
+over its seeds at each version they all validated) is at or above sync's mean final accuracy.
+The headline ratio is a mode's time to the target over sync's own.
 """
 
 from __future__ import annotations
@@ -175,8 +176,16 @@ def table(runs: list[RunRecord]) -> list[dict[str, Any]]:
 
 
 def _mean_time(runs: list[RunRecord], target: float) -> float | None:
-    times = [r.time_to(target) for r in runs]
-    return None if any(t is None for t in times) else statistics.fmean(times)
+    """When the seed-averaged curve first reaches ``target``: accuracy and ``train_s``
+    averaged over the runs at each weight version they all validated (sync's averaged curve
+    ends at its mean final accuracy, so sync always has a time, though some of its seeds end
+    below the mean). None if the averaged curve never gets there."""
+    common = set.intersection(*({p.version for p in r.curve} for r in runs))
+    for version in sorted(common):
+        points = [next(p for p in r.curve if p.version == version) for r in runs]
+        if statistics.fmean(p.accuracy for p in points) >= target - 1e-12:
+            return statistics.fmean(p.train_s for p in points)
+    return None
 
 
 def print_rows(rows: list[dict[str, Any]]) -> None:

@@ -110,6 +110,28 @@ def test_the_table_gives_each_mode_its_time_to_syncs_final_accuracy(tmp_path):
     assert rows["sync"]["final_accuracy_se"] == pytest.approx(math.sqrt(0.25 / 100), abs=1e-4)
 
 
+def test_seeds_are_averaged_per_version_so_sync_always_reaches_its_own_mean(tmp_path):
+    def run(name, mode, vals, *, step_s=1.0, versions_per_step=1.0):
+        path = _write_run(tmp_path / name, mode, 4, step_s=step_s, val_s=0.0,
+                          versions_per_step=versions_per_step, vals=vals)  # fmt: skip
+        return read_run(path, seed=0)
+
+    # Sync's seeds end at 0.5 and 0.4: the one ending at 0.4 never reaches their mean 0.45,
+    # their averaged curve (0.1, 0.35, 0.45) does, at version 4 (4 steps of 1 s).
+    syncs = [
+        run("s0", "sync", {0: 0.1, 2: 0.3, 4: 0.5}),
+        run("s1", "sync", {0: 0.1, 2: 0.4, 4: 0.4}),
+    ]
+    # fully_async's seeds average 0.45 at version 2 (0.6 and 0.3): 4 steps of 0.5 s.
+    fast = [run(f"f{i}", "fully_async", {0: 0.1, 2: acc}, step_s=0.5, versions_per_step=0.5)
+            for i, acc in enumerate((0.6, 0.3))]  # fmt: skip
+    rows = {r["mode"]: r for r in table(syncs + fast)}
+    assert rows["sync"]["target"] == 0.45 and rows["sync"]["time_to_target_s"] == 4.0
+    assert rows["fully_async"]["time_to_target_s"] == 2.0
+    assert rows["fully_async"]["time_ratio"] == 0.5
+    assert rows["sync"]["final_accuracy_se"] == pytest.approx(0.05)  # between seeds
+
+
 def test_the_study_needs_sync_and_keeps_its_own_keys():
     with pytest.raises(SystemExit, match="must include sync"):
         parse(["modes=fully_async"])
