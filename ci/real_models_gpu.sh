@@ -8,7 +8,9 @@
 #   ci/real_models_gpu.sh reasoning [MODES [KEY=VALUE ...]]
 #                                              SmolLM2-135M-Instruct on reasoning-gym chain_sum
 #   ci/real_models_gpu.sh gsm8k [MODES [KEY=VALUE ...]]
-#                                              Qwen2.5-Coder-0.5B-Instruct on GSM8K
+#                                              Qwen2.5-Coder-0.5B-Instruct on GSM8K (32 steps,
+#                                              greedy validation on the first VAL_ROWS=500
+#                                              test problems; GSM8K_SRC: OpenAI's jsonl files)
 #
 # KEY=VALUE: more overrides for every run (a variant, e.g. the correction); give the variant
 # its own STUDY_NAME (default: the task's name), the records of each go to RECORDS/STUDY_NAME.
@@ -65,9 +67,9 @@ case ${1:-} in
       "${GSM8K_SRC:-../shared/data/gsm8k}" "$data"
     study gsm8k "${2:-sync,fully_async}" model.path=qwen2.5-coder-0.5b-instruct \
       data.train_files="[$data/train.parquet]" data.val_files="[$data/test.parquet]" \
-      data.max_prompt_length=512 rollout.n=8 rollout.response_length=512 \
-      data.train_batch_size=32 actor.ppo_mini_batch_size=32 \
-      rollout.total_rollout_steps="${PROMPTS:-1536}" trainer.test_freq="${TEST_FREQ:-6}" \
+      data.val_max_samples="${VAL_ROWS:-500}" data.max_prompt_length=512 rollout.n=8 \
+      rollout.response_length=512 data.train_batch_size=32 actor.ppo_mini_batch_size=32 \
+      rollout.total_rollout_steps="${PROMPTS:-1024}" trainer.test_freq="${TEST_FREQ:-4}" \
       actor.lr="${LR:-3e-6}" "${@:3}" ;;
   *)
     echo "usage: $0 setup WHEELS_DIR | reasoning [MODES] | gsm8k [MODES]" >&2
