@@ -6,7 +6,13 @@ turns in-flight trajectories into JSON. What goes into a checkpoint is decided b
 recipes (recipe/run/checkpointing.py, and the loop state each recipe adds).
 """
 
-from recipe.checkpoint.ledger import LEDGER_FILE, StepLedger, num_filtered, read_ledger
+from recipe.checkpoint.ledger import (
+    LEDGER_FILE,
+    StepLedger,
+    num_filtered,
+    num_skipped,
+    read_ledger,
+)
 from recipe.checkpoint.store import (
     MARKER,
     RUN_STATE_DIR,
@@ -31,6 +37,7 @@ __all__ = [
     "latest_checkpoint",
     "list_checkpoints",
     "num_filtered",
+    "num_skipped",
     "read_ledger",
     "read_state",
     "resolve_resume",

@@ -2,6 +2,9 @@
 
     {"step": 7, "param_version": 3, "trained": ["train-000412", "train-003107", ...],
      "filtered": ["train-000077"]}            (dynamic sampling only: groups filtered out)
+    {"step": 8, "param_version": 4, "trained": [], "skipped": ["train-000981", ...]}
+                                              (every optimizer step of the trainer step had a
+                                               non-finite gradient norm: nothing was applied)
 
 One line per trainer step, appended and flushed by the driver right after the step's metrics.
 On resume the lines past the checkpoint's step are dropped (like ``metrics.jsonl``): those
@@ -34,12 +37,16 @@ class StepLedger:
         param_version: int,
         trained_uids: Sequence[str],
         filtered_uids: Sequence[str] = (),
+        skipped_uids: Sequence[str] = (),
     ) -> None:
         """``filtered_uids``: prompts generated for this step whose groups were filtered
-        (``algorithm.filter_groups``); the key is written only when there are some."""
+        (``algorithm.filter_groups``); ``skipped_uids``: prompts of a step whose update was
+        skipped (non-finite gradients). Each key is written only when there are some."""
         record: dict = {"step": step, "param_version": param_version, "trained": list(trained_uids)}
         if filtered_uids:
             record["filtered"] = list(filtered_uids)
+        if skipped_uids:
+            record["skipped"] = list(skipped_uids)
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
@@ -57,6 +64,11 @@ def read_ledger(run_dir: Path) -> list[dict]:
         except ValueError:
             logger.warning("%s: skipping a torn line", path)
     return records
+
+
+def num_skipped(run_dir: Path) -> int:
+    """Prompts the ledger records as skipped (their step's update was not applied)."""
+    return sum(len(record.get("skipped", [])) for record in read_ledger(run_dir))
 
 
 def num_filtered(run_dir: Path) -> int:

@@ -31,10 +31,18 @@ HEADLINE_KEYS = ("reward/mean", "val/accuracy", "actor/pg_loss", "staleness/mean
 """Keys the console line shows by value when present; the rest are only counted."""
 
 
+NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+"""How non-finite floats are written: as these strings, so the output stays strict JSON and
+a reader still sees that a value was NaN or infinite (``float()`` parses them back)."""
+
+
 def json_safe(value: Any) -> Any:
-    """Non-finite floats become ``None`` (JSON ``null``), recursively, so output is strict JSON."""
+    """Non-finite floats become the strings of ``NON_FINITE``, recursively: strict JSON in
+    which a NaN loss or gradient norm stays visible."""
     if isinstance(value, float):
-        return value if math.isfinite(value) else None
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if isinstance(value, Mapping):
         return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -64,7 +72,8 @@ PARAM_VERSION_KEY = "trainer/param_version"
 
 
 class JsonlBackend(Backend):
-    """``run_dir/metrics.jsonl``: one JSON object per step, ``step`` first, NaN/inf as null.
+    """``run_dir/metrics.jsonl``: one JSON object per step, ``step`` first, NaN/inf as the
+    strings ``"NaN"`` / ``"Infinity"`` / ``"-Infinity"``.
 
     Opened in append mode so a resumed run continues the file; every line is flushed so a crash
     loses nothing already logged.

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recipe.observability.backends import NON_FINITE
 from recipe.observability.trace import PHASES_TID, STEPS_TID, TRACE_FILE, TRAINER_PID
 from recipe.observability.trace_file import load_trace
 
@@ -221,7 +222,8 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
             continue
         if not isinstance(record, dict) or "step" not in record:
             raise ValueError(f"{path}:{number}: a record needs a 'step' field")
-        records.append(record)
+        records.append({k: NON_FINITE.get(v, v) if isinstance(v, str) else v
+                        for k, v in record.items()})  # fmt: skip
     return records
 
 

@@ -72,10 +72,16 @@ class RunCheckpointer:
         return freq > 0 and (version % freq == 0 or last)
 
     def record_trained(
-        self, step: int, version: int, prompt_uids: list[str], filtered_uids: Sequence[str] = ()
+        self,
+        step: int,
+        version: int,
+        prompt_uids: Sequence[str],
+        filtered_uids: Sequence[str] = (),
+        skipped_uids: Sequence[str] = (),
     ) -> None:
-        """One ``ledger.jsonl`` line: the prompts trained at ``step`` (and those filtered)."""
-        self.ledger.append(step, version, prompt_uids, filtered_uids)
+        """One ``ledger.jsonl`` line: the prompts trained at ``step`` (and those filtered or
+        skipped)."""
+        self.ledger.append(step, version, prompt_uids, filtered_uids, skipped_uids)
 
     def save(
         self,

@@ -6,6 +6,9 @@
       trace          RunTrace: trace.json, every process's timeline
       initial_val    validation of the initial weights (kept across resumes)
       totals         RunTotals: responses trained and their staleness (kept across resumes)
+      skips          trainer steps whose every optimizer step had a non-finite gradient norm:
+                     their prompts go to the ledger as skipped, and actor.max_skipped_steps
+                     of them in a row stop the run
 
 One per run, opened by the recipe whose driver owns the trainer (sync, one_step_off, the fully
 async trainer); the fully async rollouter runs beside it and writes none of these. The recipe
@@ -21,6 +24,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from recipe.checkpoint.ledger import num_skipped
+from recipe.faults import RunFailure
 from recipe.observability.trace import RunTrace, Tracer
 from recipe.observability.tracking import Tracker
 from recipe.run.checkpointing import RunCheckpointer
@@ -52,6 +57,9 @@ class TrainingRun:
         saved = self.checkpointer.resume_state.get("totals")
         self.totals = RunTotals.from_state(saved) if saved is not None else RunTotals()
         """Responses trained and their staleness over the run (``add`` them each step)."""
+        self.prompts_skipped = num_skipped(Path(run_dir))
+        """Prompts of steps whose update was skipped, over the run (the ledger's count)."""
+        self.consecutive_skips = 0
 
     @property
     def tracer(self) -> Tracer:
@@ -107,9 +115,32 @@ class TrainingRun:
         trained_uids: list[str],
         filtered_uids: Sequence[str] = (),
     ) -> None:
-        """The step's metrics record, then its ``ledger.jsonl`` line."""
+        """The step's metrics record, then its ``ledger.jsonl`` line. A step whose every
+        optimizer step was skipped lists its prompts as skipped; ``RunFailure`` (after both
+        are written) when ``actor.max_skipped_steps`` such steps came in a row."""
         self.tracker.log({**metrics, "trainer/param_version": version}, step=step)
-        self.checkpointer.record_trained(step, version, trained_uids, filtered_uids)
+        if not _update_skipped(metrics):
+            self.consecutive_skips = 0
+            self.checkpointer.record_trained(step, version, trained_uids, filtered_uids)
+            return
+        self.checkpointer.record_trained(step, version, [], filtered_uids, trained_uids)
+        self.prompts_skipped += len(trained_uids)
+        self.consecutive_skips += 1
+        logger.warning(
+            "step %d: every optimizer step had a non-finite gradient norm (actor/grad_norm=%s)"
+            ": no update applied, its %d prompts recorded as skipped in ledger.jsonl",
+            step,
+            metrics.get("actor/grad_norm"),
+            len(trained_uids),
+        )
+        limit = self.cfg.actor.max_skipped_steps
+        if limit and self.consecutive_skips >= limit:
+            raise RunFailure(
+                f"actor.max_skipped_steps={limit}: {self.consecutive_skips} trainer steps in a "
+                f"row (the last: step {step}) had non-finite gradient norms and were not "
+                "applied; lower actor.lr, keep actor.grad_clip > 0, or look at those steps' "
+                "prompts (ledger.jsonl, 'skipped')"
+            )
 
     # ---- checkpoints --------------------------------------------------------------------
 
@@ -154,6 +185,9 @@ class TrainingRun:
             wall_s=wall_s,
         )
         summary |= extra
+        if "prompts/trained" in summary:  # the recipe counts prompts taken into steps
+            summary["prompts/trained"] -= self.prompts_skipped
+        summary["prompts/skipped"] = self.prompts_skipped
         self.tracker.log_summary(summary)
         return summary
 
@@ -165,3 +199,9 @@ class TrainingRun:
         except Exception:  # closing must go on: the tracker still holds the summary
             logger.exception("closing trace.json failed")
         self.tracker.close()
+
+
+def _update_skipped(metrics: dict[str, float]) -> bool:
+    """Whether the step's update applied nothing: every optimizer step was skipped."""
+    steps = metrics.get("actor/optimizer_steps", 0.0)
+    return steps > 0 and metrics.get("actor/skipped_steps", 0.0) >= steps

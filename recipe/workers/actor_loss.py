@@ -8,6 +8,7 @@ and one all-reduce per update brings every rank's sums together.
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import torch
@@ -111,7 +112,10 @@ def update_metrics(
     num_steps, num_tokens = len(grad_norms), max(totals["tokens"], 1.0)
     metrics = {
         "actor/pg_loss": totals["pg_loss"] / num_steps,
+        # A non-finite norm stays in the mean: a skipped step shows as NaN/inf, not as 0.
         "actor/grad_norm": sum(grad_norms) / num_steps,
+        "actor/optimizer_steps": float(num_steps),
+        "actor/skipped_steps": float(sum(not math.isfinite(n) for n in grad_norms)),
         "actor/lr": lr,
         "actor/entropy": totals["entropy"] / num_tokens,
         "actor/ppo_kl": totals["ppo_kl"] / num_tokens,

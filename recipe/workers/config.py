@@ -38,6 +38,11 @@ class ActorConfig:
     """Cosine schedule floor as a fraction of ``lr``."""
     grad_clip: float = 1.0
     """Max global gradient norm; <= 0 disables clipping."""
+    max_skipped_steps: int = 3
+    """An optimizer step whose gradient norm is not finite is skipped (counted as
+    ``actor/skipped_steps``; a trainer step whose every optimizer step was skipped lists its
+    prompts under ``skipped`` in ledger.jsonl, not ``trained``). After this many consecutive
+    such trainer steps the run stops with one line; 0: never stop."""
     ppo_mini_batch_size: int = 16
     """Prompts per optimizer step (each brings ``rollout.n`` responses)."""
     ppo_micro_batch_size_per_gpu: int = 32
@@ -88,6 +93,7 @@ class ActorConfig:
         require_non_negative("actor.lr_warmup_steps", self.lr_warmup_steps)
         require(0 <= self.min_lr_ratio <= 1, "actor.min_lr_ratio", self.min_lr_ratio, "in [0, 1]")
         require_positive("actor.ppo_mini_batch_size", self.ppo_mini_batch_size)
+        require_non_negative("actor.max_skipped_steps", self.max_skipped_steps)
         require_positive("actor.ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu)
         require_positive("actor.ppo_epochs", self.ppo_epochs)
         require_positive("actor.ppo_max_token_len_per_gpu", self.ppo_max_token_len_per_gpu)

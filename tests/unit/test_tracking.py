@@ -107,14 +107,18 @@ def test_jsonl_writes_one_object_per_step_with_step_first_and_float_values(tmp_p
     assert isinstance(json.loads(lines[0])["queue/size"], float)
 
 
-def test_jsonl_writes_non_finite_values_as_null(tmp_path):
+def test_jsonl_writes_non_finite_values_as_strings_a_reader_sees(tmp_path):
     with _jsonl_tracker(tmp_path) as tracker:
-        tracker.log({"actor/pg_loss": math.nan, "actor/grad_norm": math.inf}, step=0)
+        tracker.log(
+            {"actor/pg_loss": math.nan, "actor/grad_norm": math.inf, "x/low": -math.inf}, step=0
+        )
     text = (tmp_path / "metrics.jsonl").read_text()
-    assert "NaN" not in text and "Infinity" not in text
-    assert _read_jsonl(tmp_path / "metrics.jsonl") == [
-        {"step": 0, "actor/pg_loss": None, "actor/grad_norm": None}
-    ]
+    json.loads(text, parse_constant=lambda name: pytest.fail(f"bare {name}: not strict JSON"))
+    [record] = _read_jsonl(tmp_path / "metrics.jsonl")
+    assert record == {
+        "step": 0, "actor/pg_loss": "NaN", "actor/grad_norm": "Infinity", "x/low": "-Infinity"
+    }  # fmt: skip
+    assert math.isnan(float(record["actor/pg_loss"])) and float(record["x/low"]) == -math.inf
 
 
 def test_jsonl_line_is_on_disk_before_close(tmp_path):
@@ -143,14 +147,14 @@ def test_jsonl_starts_a_fresh_line_after_a_record_cut_by_a_crash(tmp_path):
 # --- summary --------------------------------------------------------------------------------
 
 
-def test_summary_json_is_merged_across_calls_with_nan_as_null(tmp_path):
+def test_summary_json_is_merged_across_calls_with_nan_written_as_a_string(tmp_path):
     with _jsonl_tracker(tmp_path) as tracker:
         tracker.log_summary({"val/accuracy": 0.5, "run/steps": 10})
         tracker.log_summary({"val/accuracy": 0.75, "actor/pg_loss": math.nan})
     assert json.loads((tmp_path / "summary.json").read_text()) == {
         "val/accuracy": 0.75,
         "run/steps": 10,
-        "actor/pg_loss": None,
+        "actor/pg_loss": "NaN",
     }
 
 

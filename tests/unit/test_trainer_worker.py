@@ -1,6 +1,7 @@
 """TrainBatch packing / sharding and a world-size-1 TrainerWorker driven in-process (gloo)."""
 
 import dataclasses
+import math
 import socket
 from pathlib import Path
 
@@ -21,6 +22,8 @@ METRIC_KEYS = {
     "actor/entropy",
     "actor/ppo_kl",
     "actor/clipfrac",
+    "actor/optimizer_steps",
+    "actor/skipped_steps",
 }
 
 
@@ -250,3 +253,23 @@ def test_old_log_probs_from_the_saved_copy_leave_training_where_it_was(model_dir
     plain, swapped = weights
     moved = [k for k in plain if not torch.equal(plain[k], swapped[k])]
     assert not moved, f"{len(moved)} tensors differ, e.g. {moved[:3]}"
+
+
+def test_a_diverging_learning_rate_skips_non_finite_steps_and_counts_them(model_dir):
+    """Adam moves every weight by ~lr: at lr=1e8 the first update blows the logits up, and the
+    next updates' gradients are not finite; they are skipped (weights left as they were) and
+    counted, the grad norm reported as the non-finite value it was."""
+    batch = random_train_batch(model_dir, seed=7)
+    actor = ActorConfig(lr=1e8, ppo_mini_batch_size=3, ppo_micro_batch_size_per_gpu=3)
+    w = TrainerWorker(actor, TrainerSpec(str(model_dir)), master_port=free_port())
+    try:
+        first = w.update_actor(batch)
+        assert first["actor/skipped_steps"] == 0 and math.isfinite(first["actor/grad_norm"])
+        before = w.full_state_dict()
+        second = w.update_actor(batch)
+        after = w.full_state_dict()
+    finally:
+        w.close()
+    assert second["actor/optimizer_steps"] == 1 and second["actor/skipped_steps"] == 1
+    assert not math.isfinite(second["actor/grad_norm"])
+    assert all(torch.equal(before[k], after[k]) for k in before)
