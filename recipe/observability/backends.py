@@ -109,7 +109,9 @@ def _ends_mid_line(path: Path) -> bool:
 
 
 class ConsoleBackend(Backend):
-    """A compact rich line per ``console_every`` steps: headline values plus a count of the rest.
+    """A compact rich line per ``console_every`` steps: the headline values, each the mean over
+    the steps since the previous line (one step's value would mislead: ``staleness/mean``
+    alternates 0 and 1 at T = 2, and every tenth step is even), plus a count of the rest.
 
     Lines go through ``progress.bar_paused``, so each starts on a line of its own even while the
     step bar is drawn on the same terminal or log file.
@@ -121,12 +123,21 @@ class ConsoleBackend(Backend):
         self.every = every
         self.quiet = quiet
         self.console = console if console is not None else Console(highlight=False)
+        self._since_last: dict[str, list[float]] = {}
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        if self.quiet or step % self.every != 0:
+        if self.quiet:
             return
+        for key in HEADLINE_KEYS:
+            if key in metrics:
+                self._since_last.setdefault(key, []).append(float(metrics[key]))
+        if step % self.every != 0:
+            return
+        means = {key: sum(values) / len(values) for key, values in self._since_last.items()}
+        self._since_last = {}
+        line = format_console_line({**metrics, **means}, step)
         with bar_paused(self.console.file):
-            self.console.print(format_console_line(metrics, step), markup=False, soft_wrap=True)
+            self.console.print(line, markup=False, soft_wrap=True)
 
     def summary(self, summary: Mapping[str, Any]) -> None:
         if self.quiet or not summary:

@@ -188,6 +188,7 @@ class TrainingRun:
         if "prompts/trained" in summary:  # the recipe counts prompts taken into steps
             summary["prompts/trained"] -= self.prompts_skipped
         summary["prompts/skipped"] = self.prompts_skipped
+        summary["status"] = "completed"  # a failure later on writes "failed" over it
         self.tracker.log_summary(summary)
         return summary
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recipe.study.runs import run_logged
-from recipe.study.table import Cell, collect, print_table, write_plot, write_results
+from recipe.study.table import Cell, collect, print_table, run_row, write_plot, write_results
 
 logger = logging.getLogger(__name__)
 
@@ -164,10 +164,11 @@ def parse(argv: list[str]) -> tuple[Study, bool]:
 
 
 def run_cell(study: Study, cell: Cell) -> bool:
-    """Run one cell unless its summary exists; True when it has one afterwards."""
-    run_dir = study.out / cell.name
-    if (study.records / f"{cell.name}.json").is_file() or (run_dir / "summary.json").is_file():
+    """Run one cell unless it has a record or a finished run (a failed one runs again);
+    True when it has one afterwards."""
+    if (study.records / f"{cell.name}.json").is_file() or run_row(study.out, cell) is not None:
         return True
+    run_dir = study.out / cell.name
     failed, took_s = run_logged(study.command(cell), run_dir, timeout_s=study.timeout_s)
     status = "done" if failed is None else f"FAILED ({failed}; see study.log)"
     print(f"{cell.name}: {status} in {took_s:.0f} s", flush=True)
@@ -183,6 +184,11 @@ def main(argv: list[str]) -> int:
             run_cell(study, cell)
     rows = [row for row in collect(study.records, study.out, cells) if row["seeds"]]
     print_table(rows)
+    for row in rows:
+        if row["seeds"] < len(study.seeds):
+            print(f"note: {row['correction']} at threshold {row['threshold']:g} averages "
+                  f"{row['seeds']} of {len(study.seeds)} seeds (the others failed or are "
+                  "still to run)")  # fmt: skip
     write_results(study.records / "results.json", rows)
     write_plot(study.records / "staleness.png", rows)
     return 0

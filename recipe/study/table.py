@@ -73,12 +73,15 @@ def _mean_of(records: list[dict[str, Any]], key: str) -> float | None:
 
 
 def run_row(out: Path, cell: Cell) -> dict[str, Any] | None:
-    """One finished run's figures (None when it has no summary yet)."""
+    """One finished run's figures (None when it has no summary yet, or a summary of a run
+    that failed or never validated: such a run is no seed of its grid point)."""
     run_dir = out / cell.name
     path = run_dir / "summary.json"
     if not path.is_file():
         return None
     summary = json.loads(path.read_text(encoding="utf-8"))
+    if summary.get("status") == "failed" or summary.get("final/val_accuracy") is None:
+        return None
     records = _records(run_dir)
     curve = val_curve(records, summary)
     return {

@@ -102,3 +102,15 @@ def test_quiet_bar_writes_nothing_and_lines_still_print():
     update_bar(bar, {"reward/mean": 0.5}, version=1)
     bar.close()
     assert log.getvalue() == "step 1 | reward/mean 0.5\n"
+
+
+def test_a_metric_line_shows_means_over_the_steps_since_the_last_one():
+    log = io.StringIO()
+    backend = ConsoleBackend(every=4, quiet=False, console=Console(file=log, width=200))
+    for step in range(1, 9):  # staleness alternates 0, 1 at T = 2; the printed step is even
+        backend.log({"staleness/mean": float(step % 2), "reward/mean": step / 10}, step)
+    lines = [line for line in log.getvalue().splitlines() if line.startswith("step ")]
+    assert lines == [
+        "step 4 | reward/mean 0.25 | staleness/mean 0.5",
+        "step 8 | reward/mean 0.65 | staleness/mean 0.5",
+    ]

@@ -40,6 +40,7 @@ def test_a_skipped_step_lists_its_prompts_as_skipped_and_the_books_count_them(tm
     summary = run.finish(step=3, version=3, final_val={}, wall_s=1.0,
                          extra={"prompts/trained": 6})  # fmt: skip
     assert summary["prompts/trained"] == 4 and summary["prompts/skipped"] == 2
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
     # the NaN norm is in metrics.jsonl for a reader to see
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert json.loads(lines[1])["actor/grad_norm"] == "NaN"

@@ -84,3 +84,22 @@ def test_table_only_aggregates_what_is_there_and_writes_results_and_a_plot(tmp_p
     assert [(r["threshold"], r["seeds"]) for r in results] == [(0.0, 1)]  # none at 2 yet
     assert "readmitted" in printed
     assert (tmp_path / "records" / "staleness.png").stat().st_size > 0
+
+
+def test_a_failed_run_is_no_seed_and_runs_again(tmp_path, capsys, monkeypatch):
+    cells = [Cell(0.5, "bypass", s) for s in (0, 1)]
+    _write_run(tmp_path, cells[0], [(0, 0.3), (20, 0.5)])
+    _write_run(tmp_path, cells[1], [(0, 0.3), (20, 0.6)])
+    failed = tmp_path / cells[1].name / "summary.json"
+    failed.write_text(json.dumps({**json.loads(failed.read_text()), "status": "failed"}))
+    [row] = collect(tmp_path / "records", tmp_path, cells)
+    assert row["seeds"] == 1 and row["final_acc"] == 0.5
+    ran = []
+    monkeypatch.setattr(
+        "recipe.study.staleness.run_logged", lambda cmd, run_dir, timeout_s: ran.append(run_dir)
+        or ("exit code 1", 1.0)
+    )  # fmt: skip
+    args = ["thresholds=0.5", "corrections=bypass", "seeds=0,1", f"out={tmp_path}"]
+    assert main([*args, f"records={tmp_path / 'records'}"]) == 0
+    assert ran == [tmp_path / cells[1].name]  # the failed seed only, not the recorded one
+    assert "averages 1 of 2 seeds" in capsys.readouterr().out
