@@ -224,7 +224,9 @@ class SeparateRayPPOTrainer:
 
     @traced("advantages")
     def _compute_advantages(self, batch: TrainBatch) -> TrainBatch:
-        adv_b = compute_advantages(batch.rewards_b, batch.group_index_b, self.cfg.algorithm)
+        adv_b = compute_advantages(
+            batch.rewards_b, batch.group_index_b, self.cfg.algorithm, batch.counted_b
+        )
         return batch.with_advantages(adv_b)
 
     @traced("update")

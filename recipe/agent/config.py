@@ -44,8 +44,8 @@ class MultiTurnConfig:
     observation_role: str = "user"
     """Chat role of a text observation under a chat template (``user`` or ``tool``)."""
     step_timeout_s: float = 60.0
-    """A ``reset``/``step`` call running longer fails: a timed-out step is a tool error the
-    model sees, a timed-out reset an environment error."""
+    """A ``reset``/``step`` call running longer ends its episode as ``env_error`` (not
+    trained on, counted as ``agent/env_timeouts``, toward ``max_env_error_ratio``)."""
     max_env_error_ratio: float = 0.5
     """The run stops when more than this fraction of one step's episodes end in
     ``env_error`` (one line naming the environment and a prompt uid)."""

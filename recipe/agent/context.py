@@ -98,6 +98,8 @@ class AgentContext:
         self._finish: tuple[str, str | None] | None = None
         self.num_turns = self.num_observations = self.num_tool_calls = 0
         self.num_tool_errors = self.num_truncated_observations = 0
+        self.timed_out = False
+        """An environment call ran past ``step_timeout_s`` (the episode ended there)."""
         self.env_s: list[float] = []
 
     # ---- building the sequence ---------------------------------------------------------
@@ -227,6 +229,7 @@ class AgentContext:
             num_truncated_observations=self.num_truncated_observations,
             env_s=list(self.env_s),
             error=error,
+            timed_out=self.timed_out,
             info={k: sum(v) / len(v) for k, v in self._info.items()},
             response_text="\n".join(self._texts),
         )

@@ -2,12 +2,17 @@
 
     obs = reset(record) -> prompt        (a continued episode: load_state_dict instead)
     repeat: action = model turn          (None: a budget is spent -> "length")
-            result = step(action)        (timed out: a tool error the model is told about)
+            result = step(action)
             reward += result.reward; done -> "stop"; else append result.observation
 
-An environment that raises ends its episode as ``env_error`` with reward 0 and the error on
-the episode (counted by the caller); nothing else is affected. ``reset``/``step`` written as
-plain (blocking) functions run in a worker thread. ``SingleTurnEnvironment`` is
+An environment that raises, or whose ``reset``/``step`` runs past ``step_timeout_s``, ends its
+episode as ``env_error`` with the error on the episode: it is not trained on (masked out of the
+loss and out of its group's baseline), counted (``agent/env_errors``, ``agent/env_timeouts``)
+and counts toward ``max_env_error_ratio``; nothing else is affected. A tool failure the
+environment reports itself (``StepResult.tool_error``) is part of the episode the model
+learns from. ``reset``/``step`` written as plain (blocking) functions run in a worker thread;
+one past its deadline cannot be stopped: it is abandoned, logged once, and finishes in the
+background. ``SingleTurnEnvironment`` is
 the one-step case: the prompt, one model turn, done, scored by the reward function.
 """
 
@@ -41,7 +46,7 @@ class EnvironmentLoop(AgentLoop):
                 first = await ctx.call_env(_call(self.environment.reset, record))
             except Exception as exc:  # the environment's failure ends only its own episode
                 ctx.start(record.prompt)  # so the failed episode still has a sequence
-                ctx.finish("env_error", f"reset: {error_line(exc)}")
+                self._failed(ctx, "reset", exc)
                 return
             ctx.start(first)
         while True:
@@ -65,11 +70,8 @@ class EnvironmentLoop(AgentLoop):
         ctx.num_tool_calls += 1
         try:
             result = await ctx.call_env(_call(self.environment.step, action))
-        except EnvTimeoutError as exc:
-            ctx.num_tool_errors += 1
-            return StepResult(observation=f"Error: {exc}", tool_error=True)
         except Exception as exc:
-            ctx.finish("env_error", f"step: {error_line(exc)}")
+            self._failed(ctx, "step", exc)
             return None
         if not isinstance(result, StepResult):
             ctx.finish(
@@ -79,6 +81,20 @@ class EnvironmentLoop(AgentLoop):
             return None
         ctx.num_tool_errors += int(result.tool_error)
         return result
+
+    def _failed(self, ctx: AgentContext, call: str, exc: Exception) -> None:
+        """End the episode as ``env_error``; a call past its deadline is also logged, as its
+        thread (a blocking environment) runs on unseen otherwise."""
+        if isinstance(exc, EnvTimeoutError):
+            ctx.timed_out = True
+            logger.warning(
+                "%s.%s: %s; the episode ends as env_error (a blocking call's thread is "
+                "abandoned and finishes in the background)",
+                type(self.environment).__name__,
+                call,
+                exc,
+            )
+        ctx.finish("env_error", f"{call}: {error_line(exc)}")
 
 
 def _call(method: Callable[[Any], Any], arg: Any) -> Awaitable[Any]:

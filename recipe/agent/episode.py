@@ -111,13 +111,15 @@ class Episode:
     num_tool_calls: int = 0
     """Environment steps taken (each model turn answered by the environment)."""
     num_tool_errors: int = 0
-    """Steps whose tool failed (or ran past ``rollout.multi_turn.step_timeout_s``)."""
+    """Steps whose tool failed (``StepResult.tool_error``)."""
     num_truncated_observations: int = 0
     """Observations cut to ``rollout.multi_turn.max_tool_response_length`` tokens."""
     env_s: list[float] = field(default_factory=list)
     """Wall seconds of each ``reset``/``step`` call."""
     error: str | None = None
     """With ``env_error``: the environment's exception, one line."""
+    timed_out: bool = False
+    """With ``env_error``: a ``reset``/``step`` call ran past ``step_timeout_s``."""
     info: dict[str, float] = field(default_factory=dict)
     """Means of the steps' numeric ``info`` values."""
     response_text: str = ""
@@ -149,6 +151,7 @@ class Episode:
                 "tool_errors": float(self.num_tool_errors),
                 "truncated_observations": float(self.num_truncated_observations),
                 "env_s": float(sum(self.env_s)),
+                "env_timeouts": float(self.timed_out),
                 "env_reward": float(self.reward is not None),
                 **{f"{INFO_PREFIX}{key}": value for key, value in self.info.items()},
             },

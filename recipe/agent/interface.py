@@ -64,8 +64,9 @@ class Environment(ABC):
 
     Methods are coroutines, or plain functions when they block (a subprocess, a sandbox, a
     synchronous client): those run in a worker thread, so they never block other episodes
-    or the engine. Raising from ``reset`` or ``step`` ends the episode with finish reason
-    ``env_error`` and reward 0 (counted); it does not stop the run unless more than
+    or the engine. Raising from ``reset`` or ``step``, or running past
+    ``rollout.multi_turn.step_timeout_s``, ends the episode with finish reason ``env_error``
+    (counted, not trained on); it does not stop the run unless more than
     ``rollout.multi_turn.max_env_error_ratio`` of a step's episodes fail.
     """
 

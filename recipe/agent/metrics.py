@@ -2,6 +2,7 @@
 
 agent/turns_mean, agent/tool_calls_mean     per episode
 agent/tool_errors, agent/env_errors,
+agent/env_timeouts (episodes ended by a call past step_timeout_s; also env_errors),
 agent/truncated_observations                counts over the step
 agent/env_s_p50, agent/env_s_p99            environment seconds per episode
 agent/finish_<reason>                       share of episodes per finish reason
@@ -34,6 +35,7 @@ def agent_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "agent/tool_calls_mean": sum(t.episode.get("tool_calls", 0.0) for t in episodes) / num,
         "agent/tool_errors": sum(t.episode.get("tool_errors", 0.0) for t in episodes),
         "agent/env_errors": float(sum(t.finish_reason == "env_error" for t in episodes)),
+        "agent/env_timeouts": sum(t.episode.get("env_timeouts", 0.0) for t in episodes),
         "agent/truncated_observations": sum(
             t.episode.get("truncated_observations", 0.0) for t in episodes
         ),

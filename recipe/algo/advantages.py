@@ -21,18 +21,28 @@ AdvantageFn = Callable[..., torch.Tensor]
 
 
 def _group_sums(
-    values_b: torch.Tensor, group_index_b: torch.Tensor
+    values_b: torch.Tensor, group_index_b: torch.Tensor, counted_b: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row group size and group sum of ``values_b``, both (B,)."""
+    """Per-row group size and group sum of ``values_b`` over the group's counted rows (all
+    when ``counted_b`` is None), both (B,)."""
     _, inverse_b = torch.unique(group_index_b, return_inverse=True)
     num_groups = int(inverse_b.max().item()) + 1 if inverse_b.numel() else 0
+    weight_b = torch.ones_like(values_b) if counted_b is None else counted_b.to(values_b.dtype)
     counts_g = torch.zeros(num_groups, dtype=values_b.dtype, device=values_b.device).index_add_(
-        0, inverse_b, torch.ones_like(values_b)
+        0, inverse_b, weight_b
     )
     sums_g = torch.zeros(num_groups, dtype=values_b.dtype, device=values_b.device).index_add_(
-        0, inverse_b, values_b
+        0, inverse_b, values_b * weight_b
     )
     return counts_g[inverse_b], sums_g[inverse_b]
+
+
+def _only_counted(adv_b: torch.Tensor, counts_b: torch.Tensor, counted_b) -> torch.Tensor:
+    """0 for rows without a baseline (a group of one counted row) and rows not counted."""
+    keep_b = counts_b > 1
+    if counted_b is not None:
+        keep_b = keep_b & counted_b.to(torch.bool)
+    return torch.where(keep_b, adv_b, torch.zeros_like(adv_b)).to(torch.float32)
 
 
 def grpo_advantages(
@@ -41,52 +51,62 @@ def grpo_advantages(
     *,
     norm_by_std: bool = True,
     eps: float = 1e-6,
+    counted_b: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """GRPO: ``(r - mean_g) / (std_g + eps)`` with the unbiased group std (as ``torch.std``).
 
     ``norm_by_std=False`` gives Dr.GRPO's ``r - mean_g``. Singleton groups get 0.
+    ``counted_b``: the group statistics over these rows only; the others get 0.
     Returns (B,) float32 (computed in float64 so the group statistics do not round).
     """
     rewards_b = rewards_b.detach().to(torch.float64)
-    counts_b, sums_b = _group_sums(rewards_b, group_index_b)
-    mean_b = sums_b / counts_b
+    counts_b, sums_b = _group_sums(rewards_b, group_index_b, counted_b)
+    mean_b = sums_b / counts_b.clamp(min=1)
     centered_b = rewards_b - mean_b
     if norm_by_std:
-        sq_sums_b = _group_sums(centered_b.square(), group_index_b)[1]
+        sq_sums_b = _group_sums(centered_b.square(), group_index_b, counted_b)[1]
         std_b = torch.sqrt(sq_sums_b / (counts_b - 1).clamp(min=1))
         centered_b = centered_b / (std_b + eps)
-    return torch.where(counts_b > 1, centered_b, torch.zeros_like(centered_b)).to(torch.float32)
+    return _only_counted(centered_b, counts_b, counted_b)
 
 
-def rloo_advantages(rewards_b: torch.Tensor, group_index_b: torch.Tensor) -> torch.Tensor:
+def rloo_advantages(
+    rewards_b: torch.Tensor, group_index_b: torch.Tensor, counted_b: torch.Tensor | None = None
+) -> torch.Tensor:
     """RLOO: each response's baseline is the mean reward of the OTHER responses of its group,
-    i.e. ``r_i - (sum_g - r_i) / (n_g - 1)``. Singleton groups get 0. Returns (B,) float32."""
+    i.e. ``r_i - (sum_g - r_i) / (n_g - 1)``. Singleton groups get 0. ``counted_b``: the
+    baseline over these rows only; the others get 0. Returns (B,) float32."""
     rewards_b = rewards_b.detach().to(torch.float64)
-    counts_b, sums_b = _group_sums(rewards_b, group_index_b)
+    counts_b, sums_b = _group_sums(rewards_b, group_index_b, counted_b)
     baseline_b = (sums_b - rewards_b) / (counts_b - 1).clamp(min=1)
-    adv_b = torch.where(counts_b > 1, rewards_b - baseline_b, torch.zeros_like(rewards_b))
-    return adv_b.to(torch.float32)
+    return _only_counted(rewards_b - baseline_b, counts_b, counted_b)
 
 
-def _grpo_from_config(rewards_b, group_index_b, config: AlgorithmConfig) -> torch.Tensor:
-    return grpo_advantages(rewards_b, group_index_b, norm_by_std=config.norm_adv_by_std_in_grpo)
+def _grpo_from_config(rewards_b, group_index_b, config: AlgorithmConfig, counted_b=None):
+    return grpo_advantages(
+        rewards_b, group_index_b, norm_by_std=config.norm_adv_by_std_in_grpo, counted_b=counted_b
+    )
 
 
-def _rloo_from_config(rewards_b, group_index_b, config: AlgorithmConfig) -> torch.Tensor:
-    return rloo_advantages(rewards_b, group_index_b)
+def _rloo_from_config(rewards_b, group_index_b, config: AlgorithmConfig, counted_b=None):
+    return rloo_advantages(rewards_b, group_index_b, counted_b)
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
     "grpo": _grpo_from_config,
     "rloo": _rloo_from_config,
 }
-"""``algorithm.adv_estimator`` -> ``fn(rewards_b, group_index_b, config) -> advantages_b``."""
+"""``algorithm.adv_estimator`` -> ``fn(rewards_b, group_index_b, config, counted_b)``."""
 
 
 def compute_advantages(
-    rewards_b: torch.Tensor, group_index_b: torch.Tensor, config: AlgorithmConfig
+    rewards_b: torch.Tensor,
+    group_index_b: torch.Tensor,
+    config: AlgorithmConfig,
+    counted_b: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Advantages (B,) with the estimator that ``config.adv_estimator`` names."""
+    """Advantages (B,) with the estimator that ``config.adv_estimator`` names; rows where
+    ``counted_b`` is False get 0 and stay out of their group's statistics."""
     try:
         fn = ADVANTAGE_ESTIMATORS[config.adv_estimator]
     except KeyError:
@@ -99,4 +119,4 @@ def compute_advantages(
             f"rewards_b {tuple(rewards_b.shape)} and group_index_b "
             f"{tuple(group_index_b.shape)} must both be (B,)"
         )
-    return fn(rewards_b, group_index_b, config)
+    return fn(rewards_b, group_index_b, config, counted_b)

@@ -46,6 +46,11 @@ class TrainBatch:
     """(B,) int64 GRPO group of each row (one group per prompt)."""
     rewards_b: torch.Tensor
     """(B,) float32 scalar reward of each response."""
+    counted_b: torch.Tensor | None = None
+    """(B,) bool, False on rows that are no sample of the policy's behaviour: episodes that
+    ended in ``env_error`` (an infrastructure fault, not a learning signal). Such rows have
+    no response tokens in ``response_mask_bt`` and stay out of their group's baseline.
+    None: every row counts."""
     advantages_bt: torch.Tensor | None = None
     """(B, T) float32 per-token advantages (0 off the response), once computed."""
     old_logprobs_bt: torch.Tensor | None = None
@@ -76,7 +81,9 @@ class TrainBatch:
             end = num_prompt + num_resp
             input_ids_bt[row, :end] = torch.tensor(traj.prompt_ids + traj.response_ids)
             attention_mask_bt[row, :end] = 1
-            if traj.loss_mask is None:
+            if traj.finish_reason == "env_error":
+                pass  # not trained on: its tokens stay out of the mask
+            elif traj.loss_mask is None:
                 response_mask_bt[row, num_prompt:end] = True
             else:  # multi-turn: observation tokens are context, not targets
                 response_mask_bt[row, num_prompt:end] = torch.tensor(traj.loss_mask) > 0
@@ -92,6 +99,7 @@ class TrainBatch:
             rollout_logprobs_bt=rollout_logprobs_bt,
             group_index_b=torch.tensor([group_of_uid[t.prompt_uid] for t in trajs]),
             rewards_b=torch.tensor([t.reward for t in trajs], dtype=torch.float32),
+            counted_b=_counted(trajs),
         )
 
     @property
@@ -196,3 +204,9 @@ class TrainBatch:
         """Drop trailing columns that are padding in every row (saves compute per micro-batch)."""
         num_cols = int(self.attention_mask_bt.sum(dim=1).max().item()) if self.batch_size else 0
         return self._map(lambda t: t[:, :num_cols] if t.dim() == 2 else t)
+
+
+def _counted(trajs: Sequence[Trajectory]) -> torch.Tensor | None:
+    """``TrainBatch.counted_b`` of ``trajs`` (None when every row counts)."""
+    counted = [t.finish_reason != "env_error" for t in trajs]
+    return None if all(counted) else torch.tensor(counted)

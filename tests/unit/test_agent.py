@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from recipe.agent.env_loop import EnvironmentLoop, SingleTurnEnvironment
 from recipe.agent.episode import ENV_VERSION
 from recipe.agent.interface import Environment, StepResult
 from recipe.agent.loading import agent_loop_factory
+from recipe.agent.metrics import agent_metrics
 from recipe.agent.render import ObservationRenderer
 from recipe.protocol import PromptRecord
 from recipe.tiny import EOS_TOKEN, build_tokenizer
@@ -154,12 +157,34 @@ def test_an_environment_step_spanning_a_sync_is_not_cut_and_the_next_turn_is_new
     assert set(model[:first_len]) == {0} and set(model[first_len:]) == {1}
 
 
-def test_a_step_past_its_timeout_is_a_tool_error_the_model_sees(tokenizer):
+def test_a_step_past_its_timeout_ends_the_episode_as_an_env_error(tokenizer):
     engine = ScriptedEngine(tokenizer, ["calc: 2+3", "answer: 5"])
     episode = _run(Calculator(delay_s=1.0), engine, tokenizer, step_timeout_s=0.05)
-    assert episode.num_tool_errors == 1 and episode.finish_reason == "stop"
-    shown = tokenizer.decode([t for t, m in zip(*_pair(episode), strict=True) if m == 0])
-    assert "no answer within rollout.multi_turn.step_timeout_s=0.05 s" in shown
+    assert (episode.finish_reason, episode.timed_out) == ("env_error", True)
+    assert episode.error == (
+        "step: EnvTimeoutError: no answer within rollout.multi_turn.step_timeout_s=0.05 s"
+    )
+    traj = episode.to_trajectory("p", 0)
+    assert traj.episode["env_timeouts"] == 1.0 and traj.reward == 0.0
+    assert agent_metrics([traj])["agent/env_timeouts"] == 1.0
+
+
+def test_a_blocking_step_past_its_timeout_is_abandoned_and_logged_once(tokenizer, caplog):
+    release = threading.Event()
+
+    class Hung(Calculator):
+        def step(self, action):  # blocking: runs in a worker thread
+            release.wait(10)
+            return StepResult(done=True)
+
+    engine = ScriptedEngine(tokenizer, ["calc: 2+3"])
+    threading.Timer(1.0, release.set).start()  # asyncio.run waits for the thread at its end
+    with caplog.at_level(logging.WARNING, logger="recipe.agent.env_loop"):
+        episode = _run(Hung(), engine, tokenizer, step_timeout_s=0.05)
+    assert episode.env_s[-1] < 0.5  # the episode went on without the thread
+    assert episode.finish_reason == "env_error" and episode.timed_out
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and warnings[0].startswith("Hung.step: no answer within")
 
 
 def _pair(episode):

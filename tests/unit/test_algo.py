@@ -46,6 +46,22 @@ def test_rloo_advantages_use_the_mean_of_the_other_responses():
     torch.testing.assert_close(adv, torch.tensor([1.0, -2.0, -0.5, 2.0, -0.5, 0.0]))
 
 
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+def test_rows_not_counted_get_no_advantage_and_stay_out_of_the_baseline(estimator):
+    """An episode that ended in env_error: its reward 0 is no sample of the policy."""
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0])
+    groups = torch.tensor([0, 0, 0, 1, 1, 1])
+    counted = torch.tensor([True, True, False, True, True, False])
+    config = AlgorithmConfig(adv_estimator=estimator)
+    adv = compute_advantages(rewards, groups, config, counted)
+    without = compute_advantages(rewards[[0, 1, 3, 4]], groups[[0, 1, 3, 4]], config)
+    torch.testing.assert_close(adv[[0, 1, 3, 4]], without)
+    assert adv[2] == adv[5] == 0.0
+    # a group with one counted row has no baseline; one with none is all 0
+    lone = compute_advantages(rewards[:3], groups[:3], config, torch.tensor([True, False, False]))
+    assert lone.tolist() == [0.0, 0.0, 0.0]
+
+
 def test_compute_advantages_dispatches_on_adv_estimator():
     grpo = compute_advantages(REWARDS, GROUPS, AlgorithmConfig(adv_estimator="grpo"))
     rloo = compute_advantages(REWARDS, GROUPS, AlgorithmConfig(adv_estimator="rloo"))

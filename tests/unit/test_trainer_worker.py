@@ -72,6 +72,16 @@ def test_train_batch_aligns_values_with_the_token_they_score():
     assert batch.group_index_b.tolist() == [0, 0]
 
 
+def test_an_env_error_episode_has_no_trained_tokens_and_does_not_count():
+    trajs = random_trajectories(50, num_prompts=1, n=3)
+    assert TrainBatch.from_trajectories(trajs, pad_token_id=7).counted_b is None
+    trajs[1] = dataclasses.replace(trajs[1], finish_reason="env_error")
+    batch = TrainBatch.from_trajectories(trajs, pad_token_id=7)
+    assert batch.counted_b.tolist() == [True, False, True]
+    assert batch.response_mask_bt.sum(dim=1).tolist() == [2, 0, 6]
+    assert batch.select([1, 2]).counted_b.tolist() == [False, True]
+
+
 def test_shard_interleaves_mini_batches_so_every_rank_gets_its_slice_of_each():
     trajs = random_trajectories(50, num_prompts=4, n=2)
     batch = TrainBatch.from_trajectories(trajs, pad_token_id=0)
