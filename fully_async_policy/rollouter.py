@@ -151,7 +151,9 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         self._loop_done = asyncio.Event()
         self._loop_done.set()
         self._clock = _IdleClock()
-        self.validation = VersionValidation(self._validate, self.replicas, cfg.trainer.test_freq)
+        self.validation = VersionValidation(
+            self._validate_here, self.replicas, cfg.trainer.test_freq
+        )
         for track, tid in ROLLOUTER_TIDS.items():
             self.tracer.name_thread(tid, track)
 
@@ -377,6 +379,30 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         """Validation metrics of the version the engines serve now (once per version)."""
         return await self.validation.result(self.version)
 
+    @traced("validate", tid=ROLLOUTER_TIDS["validation"])
+    async def _validate_here(self) -> dict[str, float]:
+        """The val set generated and scored on this actor's event loop, as training groups
+        are: the replica supervisor is touched by this loop only, and a user's async reward
+        function runs on the one loop it always runs on (``RewardFunction``)."""
+        if not self.val_records:
+            return {}
+        start = time.perf_counter()
+        sampling = self._val_sampling()
+        refs = [
+            self.rollout_group.submit(r.uid, self.prompt_ids[r.uid], record=r, **sampling)
+            for r in self.val_records
+        ]
+        try:
+            groups = await asyncio.gather(*(_awaited(ref) for ref in refs))
+        except Exception as exc:
+            error = self.rollout_group.as_worker_error(exc)
+            if error is None:
+                raise
+            raise error from exc
+        for record, trajs in zip(self.val_records, groups, strict=True):
+            await self.reward_fn.ascore_group(record, trajs)
+        return self._val_metrics(groups, start)
+
     # ---- checkpoints ------------------------------------------------------------------------
 
     async def snapshot(self) -> dict[str, Any]:
@@ -531,3 +557,8 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         """No more restarts, then the engines shut down (``SeparateRayPPOTrainer.close``)."""
         self.replicas.close()
         super().close()
+
+
+async def _awaited(ref: Any) -> Any:
+    """A Ray ObjectRef as a coroutine (what ``asyncio.gather`` takes)."""
+    return await ref

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from fully_async_policy.replicas import ReplicaSupervisor
 from recipe.faults import RolloutWorkerError
@@ -28,10 +28,14 @@ class VersionValidation:
     """Validation results by version (see the module docstring)."""
 
     def __init__(
-        self, validate: Callable[[], dict[str, float]], replicas: ReplicaSupervisor, test_freq: int
+        self,
+        validate: Callable[[], Awaitable[dict[str, float]]],
+        replicas: ReplicaSupervisor,
+        test_freq: int,
     ) -> None:
-        """``validate()``: generate and score the val set on the engines (blocking; it runs
-        in a thread)."""
+        """``await validate()``: generate and score the val set on the engines, on the
+        rollouter's event loop (no thread: the supervisor and a user's async reward function
+        see one loop)."""
         self._validate, self.replicas, self.test_freq = validate, replicas, test_freq
         self._task: asyncio.Task | None = None
         self._results: dict[int, dict[str, float]] = {}
@@ -66,7 +70,7 @@ class VersionValidation:
         results: dict[str, float] = {}
         try:
             if any(self.replicas.in_service):
-                results = await asyncio.to_thread(self._validate)
+                results = await self._validate()
         except RolloutWorkerError as exc:  # skipped; a dead replica is restarted
             logger.warning("validation of version %d skipped: %s", version, exc)
             await self.replicas.check_all()

@@ -314,19 +314,26 @@ class SeparateRayPPOTrainer:
         groups = self.rollout_group.generate(
             self.val_records,
             [self.prompt_ids[r.uid] for r in self.val_records],
-            version=self.version,
-            n=1,
-            temperature=self.cfg.rollout.val_temperature,
-            top_p=1.0,
-            top_k=-1,
-            training=False,
+            **self._val_sampling(),
         )
-        scores, lengths = [], []
         for record, trajs in zip(self.val_records, groups, strict=True):
             self._score(record, trajs)
-            scores += [t.reward for t in trajs]
-            lengths += [t.num_response_tokens for t in trajs]
-        clipped = response_clip_ratio([t for g in groups for t in g])
+        return self._val_metrics(groups, start)
+
+    def _val_sampling(self) -> dict[str, Any]:
+        """Generation arguments of a validation: one greedy (``rollout.val_temperature``)
+        answer per prompt on the version served now, to its end of sequence."""
+        temperature = self.cfg.rollout.val_temperature
+        return {"version": self.version, "n": 1, "temperature": temperature,
+                "top_p": 1.0, "top_k": -1, "training": False}  # fmt: skip
+
+    def _val_metrics(self, groups: list[list[Trajectory]], start: float) -> dict[str, float]:
+        """``val/*`` of scored validation ``groups`` (one per val record), begun at ``start``
+        (``time.perf_counter()``)."""
+        trajs = [t for group in groups for t in group]
+        scores = [t.reward for t in trajs]
+        lengths = [t.num_response_tokens for t in trajs]
+        clipped = response_clip_ratio(trajs)
         if (warning := clip_warning(clipped, self.cfg.rollout.response_length)) is not None:
             logger.warning(warning)
         return {

@@ -9,11 +9,16 @@ with a ``"score"`` key (extra numeric keys become ``extras``, e.g. ``acc``), so 
 functions written for verl work unchanged. ``RewardFunction`` turns whatever they return into
 a typed ``RewardResult`` and fails loudly on anything else.
 
-A reward function may also be an ``async def`` (a call to a reward service, a sandbox):
-``ascore_group`` then scores a group's responses concurrently, ``score_group`` runs them on
-the function's own event loop. Whatever a function raises, or a return value that is no
-score (None, NaN, a string), stops the run with a ``RewardError`` naming the function and the
-prompt's uid (``split:file:row``): a reward that cannot be computed is never a silent 0.
+A reward function may also be an ``async def`` (a call to a reward service, a sandbox): a
+group's responses are then scored concurrently, always on one event loop of the function's
+own (a thread started on first use), whoever calls: ``score_group`` from a plain thread,
+``ascore_group`` from another event loop (the fully async rollouter's), training and
+validation alike. A client the function keeps across calls (an HTTP session, an
+``asyncio.Lock``) is bound to that loop and stays valid for the whole run.
+
+Whatever a function raises, or a return value that is no score (None, NaN, a string), stops
+the run with a ``RewardError`` naming the function and the prompt's uid (``split:file:row``):
+a reward that cannot be computed is never a silent 0.
 
 ``RewardFunction.check_data_sources`` is meant for startup: a dataset source without a scorer
 fails before any generation, not at the first batch.
@@ -27,6 +32,8 @@ import inspect
 import logging
 import math
 import numbers
+import threading
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,7 +89,8 @@ class RewardFunction:
                 f"rollout.response_length={response_length}"
             )
         self._custom_fn: Scorer | None = load_custom_fn(cfg.custom_fn) if cfg.custom_fn else None
-        self._loop: asyncio.AbstractEventLoop | None = None  # score_group's, for async fns
+        self._loop: asyncio.AbstractEventLoop | None = None  # where async fns run
+        self._loop_lock = threading.Lock()
 
     def __reduce__(self) -> tuple[type[RewardFunction], tuple[RewardConfig, int | None]]:
         return (RewardFunction, (self.cfg, self.response_length))
@@ -120,19 +128,33 @@ class RewardFunction:
         """Fill ``reward`` and ``reward_extras`` of each response to ``record`` (in place);
         ``RewardError`` naming the function and the prompt if one cannot be scored. Not for
         a thread that runs an event loop: there, await ``ascore_group``."""
-        if self._custom_fn is not None and inspect.iscoroutinefunction(self._custom_fn):
-            self._own_loop().run_until_complete(self.ascore_group(record, trajs))
+        if self._is_async():
+            self._on_own_loop(self._score_concurrently(record, trajs)).result()
             return
         for traj in filter(scored_here, trajs):
             raw = self._call(record, traj)
             if inspect.isawaitable(raw):  # a plain function that returned a coroutine
-                raw = self._own_loop().run_until_complete(self._awaited(record, traj, raw))
+                raw = self._on_own_loop(self._awaited(record, traj, raw)).result()
             _fill(traj, self._checked(record, traj, raw))
         self._shape(trajs)
 
     async def ascore_group(self, record: PromptRecord, trajs: list[Trajectory]) -> None:
         """``score_group`` from a coroutine: an async function scores the responses
-        concurrently; a plain one runs in line (rule-based scorers take microseconds)."""
+        concurrently on its own loop (this one waits for it); a plain one runs in line
+        (rule-based scorers take microseconds)."""
+        if self._is_async():
+            await asyncio.wrap_future(self._on_own_loop(self._score_concurrently(record, trajs)))
+            return
+        for traj in filter(scored_here, trajs):
+            raw = self._call(record, traj)
+            if inspect.isawaitable(raw):
+                future = self._on_own_loop(self._awaited(record, traj, raw))
+                raw = await asyncio.wrap_future(future)
+            _fill(traj, self._checked(record, traj, raw))
+        self._shape(trajs)
+
+    async def _score_concurrently(self, record: PromptRecord, trajs: list[Trajectory]) -> None:
+        """Every response of the group at once (on the function's own loop)."""
 
         async def one(traj: Trajectory) -> RewardResult:
             raw = self._call(record, traj)
@@ -144,6 +166,13 @@ class RewardFunction:
         for traj, result in zip(scored, await asyncio.gather(*map(one, scored)), strict=True):
             _fill(traj, result)
         self._shape(trajs)
+
+    def _is_async(self) -> bool:
+        return self._custom_fn is not None and inspect.iscoroutinefunction(self._custom_fn)
+
+    def _on_own_loop(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` on the function's own loop; its ``concurrent.futures.Future``."""
+        return asyncio.run_coroutine_threadsafe(coro, self._own_loop())
 
     def _shape(self, trajs: list[Trajectory]) -> None:
         """Reward shaping after scoring (every response of the group, environment rewards
@@ -170,9 +199,13 @@ class RewardFunction:
             raise self._error(record, traj, err) from err
 
     def _own_loop(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None:  # one loop for the run: clients an async fn keeps stay valid
-            self._loop = asyncio.new_event_loop()
-        return self._loop
+        """The one loop async reward functions run on, in a daemon thread of its own."""
+        with self._loop_lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="reward-loop", daemon=True).start()
+                self._loop = loop
+            return self._loop
 
     async def _awaited(self, record: PromptRecord, traj: Trajectory, raw: Any) -> Any:
         try:

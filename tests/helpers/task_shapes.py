@@ -174,6 +174,30 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
     await asyncio.sleep(0.001)  # a remote judge
     return float(ground_truth in solution_str)
 """
+LOOP_BOUND_REWARD = """
+import asyncio
+
+from recipe.reward import get_scorer
+
+class Judge:  # a reward service's client: a lock and a queue bound to the loop that made them
+    def __init__(self):
+        self.lock, self.pending = asyncio.Lock(), asyncio.Queue()
+
+    async def score(self, data_source, solution_str, ground_truth):
+        async with self.lock:  # held across awaits, as a connection pool is
+            await self.pending.put(solution_str)
+            await asyncio.sleep(0.001)
+            text = await self.pending.get()
+        scorer = get_scorer(data_source)  # the built-in scorer of the row's data_source
+        return scorer(data_source=data_source, solution_str=text, ground_truth=ground_truth)
+
+judge = None
+
+async def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    global judge
+    judge = judge or Judge()  # made on the first call's loop and kept for the run
+    return await judge.score(data_source, solution_str, ground_truth)
+"""
 RAISES_ON_ROW = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     if extra_info["index"] == {row}:

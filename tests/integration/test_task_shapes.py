@@ -9,7 +9,8 @@ cover several shapes at once, so the tier costs three engine starts:
                   function returning a dict (its extra numbers logged as reward/<key>), and
                   steps whose prompts exceed the engine's per-step token budget ~10x over
     fully_async   parquet, plain strings, NO chat template, MATH + GSM8K rows scored by the
-                  built-in scorers picked per row, 256-token responses cut by syncs mid-way
+                  built-in scorers picked per row (through an async reward whose client is
+                  bound to one event loop), 256-token responses cut by syncs mid-way
     one_step_off  jsonl, chat messages joined without a template, an ``async def`` reward
                   returning a float
 
@@ -138,8 +139,12 @@ def test_sync_chat_template_gsm8k_long_prompts_over_the_token_budget_dict_reward
 def test_fully_async_parquet_plain_strings_math_and_gsm8k_scorers_responses_cut_by_syncs(
     tiny_model_path, tmp_path
 ):
+    """The built-in scorers are reached through a user's async reward whose client (a lock
+    and a queue) is bound to the loop of its first call: training scores on the rollouter's
+    loop and validation after it, and both must reach that one loop."""
     train = shapes.write_parquet(tmp_path / "math_train.parquet", shapes.mixed_math_rows(48, 3))
     val = shapes.write_parquet(tmp_path / "math_test.parquet", shapes.mixed_math_rows(8, 4))
+    reward = shapes.write_reward(tmp_path / "judge.py", shapes.LOOP_BOUND_REWARD)
     run_dir = tmp_path / "run"
     summary, recipe = run(
         run_dir,
@@ -147,6 +152,7 @@ def test_fully_async_parquet_plain_strings_math_and_gsm8k_scorers_responses_cut_
             "mode=fully_async",
             f"data.train_files=[{train}]",
             f"data.val_files=[{val}]",
+            f"reward.custom_fn={reward}",
             "actor.ppo_mini_batch_size=4",
             "rollout.n=4",
             "rollout.response_length=256",

@@ -128,3 +128,47 @@ def test_a_plain_function_that_returns_a_coroutine_is_awaited(tmp_path):
     assert [t.reward for t in group] == [1.0, 0.0]
     asyncio.run(reward.ascore_group(RECORD, regroup := _group("6", "5")))
     assert [t.reward for t in regroup] == [0.0, 1.0]
+
+
+LOOP_BOUND = """
+import asyncio
+
+class Client:  # what a reward service's client keeps: a lock and a queue of its loop
+    def __init__(self):
+        self.lock, self.replies = asyncio.Lock(), asyncio.Queue()
+
+    async def ask(self, text):
+        async with self.lock:  # held across an await, as a connection pool would
+            await self.replies.put(text)
+            await asyncio.sleep(0.01)
+            return await self.replies.get()
+
+client = None
+loops = set()
+
+async def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    global client
+    client = client or Client()  # created on the first call's loop, kept for the run
+    loops.add(id(asyncio.get_running_loop()))
+    return float(ground_truth in await client.ask(solution_str))
+"""
+
+
+def test_an_async_function_keeps_one_loop_for_every_caller(tmp_path):
+    """Training and validation call from different threads and loops (a plain thread in the
+    batch recipes, the rollouter's loop in fully_async): a client bound to the loop of the
+    first call must keep working, so every call runs on the function's own loop."""
+    import threading
+
+    reward = _reward(tmp_path, LOOP_BOUND)
+    first = _group("5", "6")
+    reward.score_group(RECORD, first)  # from this plain thread
+    on_a_loop = _group("a 5", "x")
+    asyncio.run(reward.ascore_group(RECORD, on_a_loop))  # from another event loop
+    in_a_thread = _group("5 5")
+    worker = threading.Thread(target=reward.score_group, args=(RECORD, in_a_thread))
+    worker.start()
+    worker.join(10)
+    assert [t.reward for t in first + on_a_loop + in_a_thread] == [1.0, 0.0, 1.0, 0.0, 1.0]
+    module = reward._custom_fn.__globals__
+    assert len(module["loops"]) == 1
