@@ -247,7 +247,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         import ray
 
         run = self.run
-        start = time.perf_counter()
+        start = run.begin()
         run.initial_validation(lambda: ray.get(self.rollouter.validate.remote()))
         if run.resume_from is not None:  # the sync the checkpoint was taken in ends here
             ray.get(self.rollouter.end_sync.remote(self.version, len(self.trained_uids)))

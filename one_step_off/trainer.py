@@ -85,7 +85,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
     def fit(self) -> dict[str, Any]:
         run = self.run
         assert run is not None
-        start = time.perf_counter()
+        start = run.begin()
         last_val = run.initial_validation(self._validate)
         bar = step_bar(self.total_steps, self.cfg.mode, quiet=self.cfg.logger.quiet)
         pending = self._first_batch()

@@ -61,7 +61,7 @@ class SyncTrainer(SeparateRayPPOTrainer):
     def fit(self) -> dict[str, Any]:
         run = self.run
         assert run is not None
-        start = time.perf_counter()
+        start = run.begin()
         last_val = run.initial_validation(self._validate)
         bar = step_bar(self.total_steps, self.cfg.mode, quiet=self.cfg.logger.quiet)
         for _ in range(self.global_step, self.total_steps):

@@ -57,6 +57,10 @@ class TrainingRun:
         saved = self.checkpointer.resume_state.get("totals")
         self.totals = RunTotals.from_state(saved) if saved is not None else RunTotals()
         """Responses trained and their staleness over the run (``add`` them each step)."""
+        self.prior_wall_s = float(self.checkpointer.resume_state.get("wall_s", 0.0))
+        """Seconds the run trained before this process (its checkpoint's), so throughput and
+        ``trainer.max_wall_s`` count the whole run across resumes."""
+        self._start: float | None = None
         self.prompts_skipped = num_skipped(Path(run_dir))
         """Prompts of steps whose update was skipped, over the run (the ledger's count)."""
         self.consecutive_skips = 0
@@ -94,10 +98,21 @@ class TrainingRun:
         final validation is done."""
         return self.should_validate(version) and step > self.checkpointer.resumed_step
 
+    def begin(self) -> float:
+        """Start this process's clock (``time.perf_counter()``, returned) at the fit's start."""
+        self._start = time.perf_counter()
+        return self._start
+
+    def elapsed_s(self) -> float:
+        """Seconds the run has trained, earlier processes included."""
+        since = 0.0 if self._start is None else time.perf_counter() - self._start
+        return self.prior_wall_s + since
+
     def out_of_time(self, start: float) -> bool:
-        """``trainer.max_wall_s`` has passed since ``start`` (``time.perf_counter()``)."""
+        """``trainer.max_wall_s`` has passed over the whole run (this process since
+        ``start``, ``time.perf_counter()``, plus the processes before a resume)."""
         budget = self.cfg.trainer.max_wall_s
-        return budget is not None and time.perf_counter() - start > budget
+        return budget is not None and self.prior_wall_s + time.perf_counter() - start > budget
 
     def trace_step(
         self, step: int, version: int, metrics: dict[str, float], sources: list[TraceSource]
@@ -158,7 +173,12 @@ class TrainingRun:
     ) -> Path:
         """A checkpoint of ``step`` (RunCheckpointer.save) holding the initial validation,
         the run totals and the recipe's loop ``state``."""
-        state = {"initial_val": self.initial_val, "totals": self.totals.state_dict(), **state}
+        state = {
+            "initial_val": self.initial_val,
+            "totals": self.totals.state_dict(),
+            "wall_s": self.elapsed_s(),
+            **state,
+        }
         with self.tracer.span("checkpoint"):
             return self.checkpointer.save(
                 trainer_group, step=step, version=version, state=state, extra=extra
@@ -182,7 +202,7 @@ class TrainingRun:
             totals=self.totals,
             initial_val=self.initial_val,
             final_val=final_val,
-            wall_s=wall_s,
+            wall_s=self.prior_wall_s + wall_s,  # the whole run's, across resumes
         )
         summary |= extra
         if "prompts/trained" in summary:  # the recipe counts prompts taken into steps

@@ -197,6 +197,10 @@ def test_sigkill_at_a_random_step_then_auto_resume_trains_every_prompt_exactly_o
     # ... and the checkpoint's own ledger agrees with the file up to its step.
     before = [uid for r in ledger[:resume_step] for uid in r["trained"]]
     assert checkpoint_state["trained_uids"] == before
+    # The books count the whole run: its seconds include those before the resume.
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["wall_s"] > checkpoint_state["wall_s"] > 0
 
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, TOTAL_STEPS + 1))
