@@ -347,7 +347,6 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         self._num_rollout_retired = ledger.num_retired
         extra = {
             "prompts/admitted": len(ledger.admitted_uids),
-            "prompts/trained": len(self.trained_uids),
             "prompts/readmitted": ledger.num_readmitted,
             "prompts/in_flight": len(self.ledger["in_flight"]),
             "prompts/filtered": len(ledger.filtered_uids),

@@ -125,7 +125,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
                 break
         bar.close()
         final = last_val if run.validated_last(self.global_step, self.version) else self._validate()
-        return self._summarize(final, time.perf_counter() - start)
+        return self._summarize(final, time.perf_counter() - start, pending)
 
     # ---- steps of the loop --------------------------------------------------------------
 
@@ -253,7 +253,11 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         self.run.totals.add(trajs, self.version)
         return {**sample_metrics(trajs), **staleness_metrics(trajs, self.version)}
 
-    def _summarize(self, final: dict[str, float], wall_s: float) -> dict[str, Any]:
+    def _summarize(
+        self, final: dict[str, float], wall_s: float, pending: PendingBatch | None
+    ) -> dict[str, Any]:
+        """``pending``: a batch generated but not trained (a ``trainer.max_wall_s`` stop); its
+        prompts are counted as in flight (the checkpoint keeps it for a resume)."""
         return self.run.finish(
             step=self.global_step,
             version=self.version,
@@ -261,7 +265,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
             wall_s=wall_s,
             extra={
                 "prompts/admitted": self.cursor.num_handed_out,
-                "prompts/trained": self.global_step * self.cfg.prompts_per_step,
+                "prompts/in_flight": 0 if pending is None else len(pending.records),
                 "prompts/filtered": num_filtered(self.run_dir),
                 **self.fault_counts,
                 **self.sync_summary,

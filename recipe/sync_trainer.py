@@ -96,7 +96,6 @@ class SyncTrainer(SeparateRayPPOTrainer):
             wall_s=time.perf_counter() - start,
             extra={
                 "prompts/admitted": self.cursor.num_handed_out,
-                "prompts/trained": self.global_step * self.cfg.prompts_per_step,
                 "prompts/filtered": num_filtered(self.run_dir),
                 **self.fault_counts,
                 **self.sync_summary,

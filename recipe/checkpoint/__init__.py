@@ -11,6 +11,7 @@ from recipe.checkpoint.ledger import (
     StepLedger,
     num_filtered,
     num_skipped,
+    num_trained,
     read_ledger,
 )
 from recipe.checkpoint.store import (
@@ -38,6 +39,7 @@ __all__ = [
     "list_checkpoints",
     "num_filtered",
     "num_skipped",
+    "num_trained",
     "read_ledger",
     "read_state",
     "resolve_resume",

@@ -66,6 +66,11 @@ def read_ledger(run_dir: Path) -> list[dict]:
     return records
 
 
+def num_trained(run_dir: Path) -> int:
+    """Prompts the ledger records as trained, over the whole run."""
+    return sum(len(record.get("trained", [])) for record in read_ledger(run_dir))
+
+
 def num_skipped(run_dir: Path) -> int:
     """Prompts the ledger records as skipped (their step's update was not applied)."""
     return sum(len(record.get("skipped", [])) for record in read_ledger(run_dir))

@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from recipe.checkpoint.ledger import num_skipped
+from recipe.checkpoint.ledger import num_skipped, num_trained
 from recipe.faults import RunFailure
 from recipe.observability.trace import RunTrace, Tracer
 from recipe.observability.tracking import Tracker
@@ -61,6 +61,8 @@ class TrainingRun:
         """Seconds the run trained before this process (its checkpoint's), so throughput and
         ``trainer.max_wall_s`` count the whole run across resumes."""
         self._start: float | None = None
+        self.prompts_trained = num_trained(Path(run_dir))
+        """Prompts trained over the run: the ledger's count, kept as lines are written."""
         self.prompts_skipped = num_skipped(Path(run_dir))
         """Prompts of steps whose update was skipped, over the run (the ledger's count)."""
         self.consecutive_skips = 0
@@ -137,6 +139,7 @@ class TrainingRun:
         if not _update_skipped(metrics):
             self.consecutive_skips = 0
             self.checkpointer.record_trained(step, version, trained_uids, filtered_uids)
+            self.prompts_trained += len(trained_uids)
             return
         self.checkpointer.record_trained(step, version, [], filtered_uids, trained_uids)
         self.prompts_skipped += len(trained_uids)
@@ -205,8 +208,8 @@ class TrainingRun:
             wall_s=self.prior_wall_s + wall_s,  # the whole run's, across resumes
         )
         summary |= extra
-        if "prompts/trained" in summary:  # the recipe counts prompts taken into steps
-            summary["prompts/trained"] -= self.prompts_skipped
+        # Counted, not computed: what the ledger lists as trained and as skipped.
+        summary["prompts/trained"] = self.prompts_trained
         summary["prompts/skipped"] = self.prompts_skipped
         summary["status"] = "completed"  # a failure later on writes "failed" over it
         self.tracker.log_summary(summary)
