@@ -386,7 +386,8 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             ready, _ = ray.wait([self._trace_ref], timeout=30 if wait else 0)
             if not ready:
                 return events
-            events = ray.get(self._trace_ref)
+            ref, self._trace_ref = self._trace_ref, None
+            events = ray.get(ref)  # a failed drain raises once: the next call asks anew
         self._trace_ref = self.rollouter.drain_trace.remote()
         if wait:
             ref, self._trace_ref = self._trace_ref, None
