@@ -22,6 +22,8 @@ spent, and the episode finishes as ``length``.
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -31,7 +33,9 @@ from recipe.agent.config import MultiTurnConfig
 from recipe.agent.episode import Episode, EpisodeTokens, Observation
 from recipe.agent.render import ObservationRenderer
 from recipe.observability.trace import now_us
+from recipe.utils.metric_names import is_metric_part
 
+logger = logging.getLogger(__name__)
 T = TypeVar("T")
 SliceSink = Callable[[str, float, float, dict[str, Any]], None]
 """``(name, start_us, end_us, args)`` of one trace slice."""
@@ -205,8 +209,12 @@ class AgentContext:
         self._rewards.append(float(reward))
 
     def add_info(self, info: dict[str, Any]) -> None:
+        """The step's numeric ``info`` values, logged as ``agent/info/<key>``; a key that
+        cannot be part of a metric key is dropped here, with one warning per key."""
         for key, value in info.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not is_metric_part(str(key)):
+                _warn_dropped_info(str(key))
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 self._info.setdefault(key, []).append(float(value))
 
     def finish(self, reason: str, error: str | None = None) -> None:
@@ -284,3 +292,12 @@ class AgentContext:
         if self.tokens is None:
             raise RuntimeError("AgentContext.start(observation) must come first")
         return self.tokens
+
+
+@functools.cache
+def _warn_dropped_info(key: str) -> None:
+    logger.warning(
+        "an environment's StepResult.info has the key %r (a space or a slash): not an "
+        "agent/info/<key> metric, not logged",
+        key,
+    )

@@ -41,6 +41,7 @@ from recipe.protocol import PromptRecord, Trajectory
 from recipe.reward.config import RewardConfig
 from recipe.reward.custom import load_custom_fn
 from recipe.reward.registry import Scorer, get_scorer, known_data_sources, register_scorer
+from recipe.utils.metric_names import is_metric_part
 
 __all__ = [
     "RewardConfig",
@@ -268,10 +269,12 @@ def to_reward_result(raw: Any, *, fn_name: str) -> RewardResult:
         for key, value in raw.items():
             if key == "score":
                 continue
-            if isinstance(value, numbers.Real):
+            if not is_metric_part(str(key)):
+                _warn_dropped_extra(fn_name, str(key), "a name with a space or a slash")
+            elif isinstance(value, numbers.Real):
                 extras[str(key)] = float(value)
             else:
-                _warn_dropped_extra(fn_name, str(key), type(value).__name__)
+                _warn_dropped_extra(fn_name, str(key), f"non-numeric {type(value).__name__}")
         return RewardResult(score=score, extras=extras)
     return RewardResult(score=_as_score(raw, fn_name))
 
@@ -290,8 +293,11 @@ def _as_score(value: Any, fn_name: str) -> float:
 
 
 @functools.cache
-def _warn_dropped_extra(fn_name: str, key: str, type_name: str) -> None:
+def _warn_dropped_extra(fn_name: str, key: str, why: str) -> None:
     # Once per (function, key): verl scorers return e.g. {"pred": "72"} on every call.
     logger.warning(
-        "reward function %s returned non-numeric %r (%s); it is not logged", fn_name, key, type_name
+        "reward function %s returned %r (%s): not a reward/<key> metric, not logged",
+        fn_name,
+        key,
+        why,
     )

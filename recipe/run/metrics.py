@@ -28,6 +28,7 @@ from typing import Any
 
 from recipe.agent.metrics import agent_metrics
 from recipe.protocol import Trajectory
+from recipe.utils.metric_names import is_metric_part
 
 CLIP_WARN_RATIO = 0.1
 """Validation warns when more than this fraction of responses hit ``rollout.response_length``."""
@@ -63,7 +64,7 @@ def reward_extra_means(trajs: Sequence[Trajectory]) -> dict[str, float]:
     return {
         f"reward/{key if key not in reserved else 'fn_' + key}": sums[key] / counts[key]
         for key in sorted(sums)
-        if _is_metric_name(key)
+        if is_metric_part(key)
     }
 
 
@@ -82,11 +83,6 @@ def clip_warning(ratio: float, response_length: int) -> str | None:
         f"{response_length} tokens (finish_reason 'length'; more than {CLIP_WARN_RATIO:.0%}): "
         f"their answers are cut off. Raise it, e.g. rollout.response_length={2 * response_length}"
     )
-
-
-def _is_metric_name(key: str) -> bool:
-    # A metric key part: no whitespace or slashes (tracking.validate_metric_key).
-    return bool(key) and not any(c.isspace() or c == "/" for c in key)
 
 
 def staleness_metrics(trajs: Sequence[Trajectory], trainer_version: int) -> dict[str, float]:

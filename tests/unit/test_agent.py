@@ -201,6 +201,20 @@ def test_an_environment_that_raises_ends_its_episode_with_reward_zero(tokenizer)
     assert episode.error == "step: KeyError: 'no such tool'"
 
 
+def test_an_info_key_that_cannot_name_a_metric_is_dropped_with_one_warning(tokenizer, caplog):
+    class Reporting(Calculator):
+        async def step(self, action):
+            return StepResult(done=True, info={"tool latency": 1.0, "calls": 2})
+
+    engine = ScriptedEngine(tokenizer, ["calc: 1+1"])
+    with caplog.at_level(logging.WARNING, logger="recipe.agent.context"):
+        episode = _run(Reporting(), engine, tokenizer)
+    assert episode.info == {"calls": 2.0}
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "an environment's StepResult.info has the key 'tool latency' (a space or a slash)"
+    ]
+
+
 def test_budgets_end_an_episode_as_length_and_long_observations_are_cut(tokenizer):
     engine = ScriptedEngine(tokenizer, ["calc: 2+3"] * 3)
 

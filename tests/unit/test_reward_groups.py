@@ -172,3 +172,16 @@ def test_an_async_function_keeps_one_loop_for_every_caller(tmp_path):
     assert [t.reward for t in first + on_a_loop + in_a_thread] == [1.0, 0.0, 1.0, 0.0, 1.0]
     module = reward._custom_fn.__globals__
     assert len(module["loops"]) == 1
+
+
+def test_an_extra_key_that_cannot_name_a_metric_is_dropped_with_one_warning(tmp_path, caplog):
+    reward = _reward(
+        tmp_path,
+        "def compute_score(**kw):\n    return {'score': 1.0, 'format ok': 1.0, 'a/b': 2.0}\n",
+    )
+    group = _group("5", "5")
+    with caplog.at_level("WARNING", logger="recipe.reward"):
+        reward.score_group(RECORD, group)
+    assert all(t.reward_extras == {} for t in group)
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2 and "'format ok' (a name with a space or a slash)" in warned[0]
