@@ -3,8 +3,8 @@
     push v  --> keep(v): every trainer rank saves its weights to the CPU slot "pushed"
                 (once per version; right after a push they are the served ones)
     local steps 2..T of a window, bypass_mode=false: old log-probs forward with that slot
-    a replica died --> heal(v): the rollouter restarts it; the slot is exported to a file in
-                       shared memory and the new replica loads it, serving v again
+    a replica died --> heal(v): the rollouter restarts it; the slot is exported to a file
+                       under the run directory and the new replica loads it, serving v again
     resume  --> serve_resumed(v): the trainer's (loaded) weights become every engine's
 
 The slot is needed only while the trainer's own weights differ from the served ones (between
@@ -15,6 +15,7 @@ still be given version v.
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from recipe.observability.tracking import MetricsAccumulator
@@ -33,8 +34,9 @@ read it, and a restarted rollout worker is loaded from it (``rollout.max_restart
 class ServedWeights:
     """The served version's weights, kept in every trainer rank (module docstring)."""
 
-    def __init__(self, trainer_group: TrainerGroup, rollouter: ActorHandle) -> None:
-        self.trainer_group, self.rollouter = trainer_group, rollouter
+    def __init__(self, trainer_group: TrainerGroup, rollouter: ActorHandle, run_dir: Path) -> None:
+        """``run_dir``: where files of weights for the engines go (every node reads it)."""
+        self.trainer_group, self.rollouter, self.run_dir = trainer_group, rollouter, run_dir
         self.kept_version: int | None = None
         """The version held in ``PUSHED_SLOT`` (None: nothing kept yet)."""
 
@@ -52,7 +54,7 @@ class ServedWeights:
         start from ``model.path`` at version 0); they are then also the kept copy."""
         import ray
 
-        with exported_weights(self.trainer_group, f"resume-v{version}") as path:
+        with exported_weights(self.trainer_group, self.run_dir, f"resume-v{version}") as path:
             ray.get(self.rollouter.load_weights.remote(path, version))
         self.keep(version)
 
@@ -70,6 +72,6 @@ class ServedWeights:
                 continue
             assert self.kept_version == version, "no copy of the served weights"
             tag = f"restart-v{version}"
-            with exported_weights(self.trainer_group, tag, slot=PUSHED_SLOT) as path:
+            with exported_weights(self.trainer_group, self.run_dir, tag, slot=PUSHED_SLOT) as path:
                 ray.get(self.rollouter.install_weights.remote(replica, path, version))
         return ray.get(self.rollouter.engine_workers.remote()) != before

@@ -96,7 +96,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         import ray
 
         self.rollouter, self.queue = rollouter, queue
-        self.served = ServedWeights(self.trainer_group, rollouter)
+        self.served = ServedWeights(self.trainer_group, rollouter, self.run_dir)
         if self.run.resume_from is not None:
             self.served.serve_resumed(self.version)
             ray.get(self.rollouter.restore.remote(str(self.run.resume_from)))

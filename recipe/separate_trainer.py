@@ -299,7 +299,8 @@ class SeparateRayPPOTrainer:
         them."""
         assert self.version > 0, "checkpoints are taken after a push"
         assert self.trainer_group is not None and self.rollout_group is not None
-        with exported_weights(self.trainer_group, f"resume-v{self.version}") as path:
+        tag = f"resume-v{self.version}"
+        with exported_weights(self.trainer_group, self.run_dir, tag) as path:
             self.rollout_group.update_weights_from_file(path, self.version)
         logger.info("engines serve the resumed version %d", self.version)
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +35,6 @@ from recipe.checkpoint.store import (
     write_checkpoint,
     write_json,
 )
-from recipe.checkpoint_engine.host import shm_dir
 from recipe.observability.backends import METRICS_FILE
 
 if TYPE_CHECKING:
@@ -168,14 +167,25 @@ class RunCheckpointer:
                 logger.warning("starting fresh: the earlier %s is now %s.prev", name, name)
 
 
+EXPORT_DIR = ".weights"
+"""Under the run directory: full weights written for engines that load a file."""
+
+
 @contextlib.contextmanager
 def exported_weights(
-    trainer_group: TrainerGroup, tag: str, *, slot: str | None = None
+    trainer_group: TrainerGroup, run_dir: Path, tag: str, *, slot: str | None = None
 ) -> Iterator[str]:
-    """The trainer's weights (or those saved in CPU ``slot``) as one safetensors file in
-    shared memory, for engines that load a file (a resume, a restarted replica); removed
-    on exit."""
-    path = Path(shm_dir()) / f"{tag}-{os.getpid()}.safetensors"
+    """The trainer's weights (or those saved in CPU ``slot``) as one safetensors file, for
+    engines that load a file (a resume, a restarted replica); removed on exit.
+
+    The file lives under the run directory, which every node reads (checked at startup on
+    several hosts), not in trainer rank 0's node-local shared memory, which an engine on
+    another host cannot see; in a directory only the run's user may enter (0700), with a
+    name no other process can guess, written 0600."""
+    directory = Path(run_dir) / EXPORT_DIR
+    directory.mkdir(mode=0o700, exist_ok=True)
+    directory.chmod(0o700)  # mkdir's mode is cut by the umask and ignored for an old dir
+    path = directory / f"{tag}-{uuid.uuid4().hex}.safetensors"
     try:
         trainer_group.export_weights(str(path), slot=slot)
         yield str(path)

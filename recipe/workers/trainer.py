@@ -340,6 +340,7 @@ class TrainerWorker:
 
         tmp_path = f"{path}.partial"
         save_file(state_dict, tmp_path)
+        os.chmod(tmp_path, 0o600)  # the run's user only: these are the model's weights
         os.replace(tmp_path, path)
         return sum(t.numel() * t.element_size() for t in state_dict.values())
 

@@ -283,3 +283,23 @@ def test_a_diverging_learning_rate_skips_non_finite_steps_and_counts_them(model_
     assert second["actor/optimizer_steps"] == 1 and second["actor/skipped_steps"] == 1
     assert not math.isfinite(second["actor/grad_norm"])
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_exported_weights_are_a_private_file_under_the_run_directory(worker, tmp_path):
+    """A resume or a restarted replica loads the weights from a file every node can read
+    (the run directory, not rank 0's /dev/shm), that only the run's user can read."""
+    import stat
+
+    from safetensors.torch import load_file
+
+    from recipe.run.checkpointing import EXPORT_DIR, exported_weights
+
+    with exported_weights(worker, tmp_path, "resume-v3") as first:
+        with exported_weights(worker, tmp_path, "resume-v3") as second:
+            assert first != second  # a name no other process can guess
+        path = Path(first)
+        assert path.parent == tmp_path / EXPORT_DIR
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        assert load_file(first).keys() == worker.full_state_dict().keys()
+    assert not path.exists() and not Path(second).exists()
