@@ -65,6 +65,7 @@ from recipe.checkpoint.rng import capture_rng, restore_rng
 from recipe.checkpoint.store import RUN_STATE_DIR
 from recipe.config import RecipeConfig
 from recipe.data.cursor import PromptCursor
+from recipe.faults import RunFailure
 from recipe.observability.trace import ROLLOUTER_PID, ROLLOUTER_TIDS, Tracer, now_us, traced
 from recipe.protocol import Trajectory
 from recipe.reward import RewardError
@@ -224,6 +225,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
                 resume=resume,
                 replica=replica,
                 record=self.records[ticket.uid],
+                track=False,
             )
             if any(t.finish_reason == "aborted" for t in trajs):
                 self._partials.append((ticket, trajs))  # cut by a pause: resumed at end_sync
@@ -389,11 +391,21 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         start = time.perf_counter()
         sampling = self._val_sampling()
         refs = [
-            self.rollout_group.submit(r.uid, self.prompt_ids[r.uid], record=r, **sampling)
+            self.rollout_group.submit(
+                r.uid, self.prompt_ids[r.uid], record=r, track=False, **sampling
+            )
             for r in self.val_records
         ]
+        timeout_s = self.cfg.rollout.generation_timeout_s
         try:
-            groups = await asyncio.gather(*(_awaited(ref) for ref in refs))
+            groups = await asyncio.wait_for(
+                asyncio.gather(*(_awaited(ref) for ref in refs)), timeout_s
+            )
+        except TimeoutError:
+            raise RunFailure(
+                f"validation got no answer within rollout.generation_timeout_s={timeout_s:g} s "
+                "(a hung engine process; the engine logs are RUN_DIR/engines/replica_R.log)"
+            ) from None
         except Exception as exc:
             error = self.rollout_group.as_worker_error(exc)
             if error is None:

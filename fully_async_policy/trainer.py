@@ -38,7 +38,7 @@ from fully_async_policy.served_weights import PUSHED_SLOT, ServedWeights
 from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE
 from recipe.checkpoint.store import write_json
 from recipe.config import RecipeConfig
-from recipe.faults import fails_cleanly
+from recipe.faults import RunFailure, fails_cleanly, resume_hint
 from recipe.observability.progress import step_bar, update_bar
 from recipe.observability.trace import traced
 from recipe.observability.tracking import MetricsAccumulator
@@ -185,21 +185,21 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         """Pause generation, push weights (version + 1), resume. The push reports its own
         ``sync/*`` phases; this adds the window in which generation was paused. When the new
         version is to be checkpointed, the rollouter's state is taken while still paused."""
-        import ray
 
         metrics = MetricsAccumulator()
         paused: dict[str, Any] = {}
 
         def stop_generation() -> None:  # once the new weights wait in every replica's staging
             paused["start"] = time.perf_counter()
-            paused["pause"] = ray.get(self.rollouter.begin_sync.remote())
+            paused["pause"] = self._within(self.rollouter.begin_sync.remote(), "begin_sync")
             self.served.heal(self.version)  # replicas that died since the last sync: pushed too
 
         self._fit_update_weights(metrics, before_load=stop_generation)
         start, pause = paused["start"], paused["pause"]
         if self.run.should_save(self.version, last=last):
-            self._rollouter_state = ray.get(self.rollouter.snapshot.remote())
-        ray.get(self.rollouter.end_sync.remote(self.version, len(self.trained_uids)))
+            self._rollouter_state = self._within(self.rollouter.snapshot.remote(), "snapshot")
+        end = self.rollouter.end_sync.remote(self.version, len(self.trained_uids))
+        self._within(end, "end_sync")
         pause_window_s = time.perf_counter() - start
         if self.cfg.rollout.max_restarts > 0:
             # After the engines resumed: the trainer's weights stay the served ones until the
@@ -368,6 +368,22 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
     def _recover_from_sync_failure(self, exc: Exception) -> bool:
         """A push that failed because a rollout replica died goes again once it is back."""
         return self.served.heal(self.version)
+
+    def _within(self, ref: Any, phase: str) -> Any:
+        """``ray.get(ref)`` of a sync phase on the rollouter, within
+        ``checkpoint_engine.timeout_s``; past it the run stops (``RunFailure``) naming the
+        phase, instead of waiting on a hung process for good."""
+        import ray
+
+        timeout_s = self.cfg.checkpoint_engine.timeout_s
+        try:
+            return ray.get(ref, timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise RunFailure(
+                f"the rollouter gave no answer to {phase} (a weight sync) within "
+                f"checkpoint_engine.timeout_s={timeout_s:g} s: a hung rollouter or engine "
+                f"process (engine logs: RUN_DIR/engines/); {resume_hint(self.run_dir)}"
+            ) from None
 
     def _trace_sources(self, *, final: bool = False) -> list[TraceSource]:
         """The rollouter's buffered trace events, its engines' among them (``_pull_trace``)."""

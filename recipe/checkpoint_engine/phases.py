@@ -16,6 +16,8 @@ from recipe.checkpoint_engine.base import WeightSyncError
 from recipe.utils.ray_errors import remote_cause
 
 SENDER = "trainer rank 0"
+NO_ANSWER = "no answer within"
+"""How a phase's deadline error begins (``WeightSyncError.detail``)."""
 
 
 def replica_peer(index: int) -> str:
@@ -34,7 +36,7 @@ def wait_phase(phase: str, calls: dict[str, Any], timeout_s: float) -> dict[str,
         remaining = end - time.monotonic()
         if remaining <= 0:
             raise WeightSyncError(
-                phase, ", ".join(pending.values()), f"no answer within {timeout_s:.1f} s"
+                phase, ", ".join(pending.values()), f"{NO_ANSWER} {timeout_s:.1f} s"
             )
         done, _ = ray.wait(list(pending), num_returns=1, timeout=remaining)
         for ref in done:

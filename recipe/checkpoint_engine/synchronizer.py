@@ -45,7 +45,7 @@ from recipe.checkpoint_engine.base import (
 from recipe.checkpoint_engine.config import CheckpointEngineConfig
 from recipe.checkpoint_engine.host import EndpointSite, shm_dir
 from recipe.checkpoint_engine.layout import BucketLayout
-from recipe.checkpoint_engine.phases import SENDER, replica_peer, wait_phase
+from recipe.checkpoint_engine.phases import NO_ANSWER, SENDER, replica_peer, wait_phase
 from recipe.checkpoint_engine.placement import (
     describe_backend_choice,
     order_receivers,
@@ -120,6 +120,8 @@ class ParameterSynchronizer:
         self._backend: str | None = None
         self._connected = False
         self._stale = False
+        self._hung_peers: set[str] = set()
+        """Peers that missed the last failed push's deadline: teardown does not wait on them."""
         self._next_transfer = 1
         self._file_dir: Path | None = None
         self.num_retries = 0
@@ -262,10 +264,13 @@ class ParameterSynchronizer:
                 self.reset_transport()
 
     def _attempt(self, version: int, pending: list[Callable[[], None]]) -> dict[str, float]:
+        self._hung_peers.clear()
         try:
             metrics = self._sync(version, pending)
-        except WeightSyncError:
+        except WeightSyncError as exc:
             self._stale = True
+            if exc.detail.startswith(NO_ANSWER):  # hung peers: teardown does not wait on them
+                self._hung_peers.update(exc.peer.split(", "))
             raise
         self._stale = False
         return metrics
@@ -415,11 +420,10 @@ class ParameterSynchronizer:
         self._connected = False
         if self._backend in (None, "file"):
             return
+        calls = self._on_sender("close") | self._on_replicas("weight_receiver_call", "close")
+        calls = {peer: ref for peer, ref in calls.items() if peer not in self._hung_peers}
         try:
-            self._phase(
-                "shutdown",
-                self._on_sender("close") | self._on_replicas("weight_receiver_call", "close"),
-            )
+            self._phase("shutdown", calls)
         except WeightSyncError as exc:
             logger.warning("closing the weight transport: %s", exc)
 

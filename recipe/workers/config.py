@@ -153,6 +153,10 @@ class RolloutConfig:
     max_restarts: int = 3
     """Rollout workers restarted after dying (a killed actor or a dead engine process) over
     the run, in ``mode=fully_async``; one more death fails the run. 0: the first death does."""
+    generation_timeout_s: float = 1800.0
+    """Deadline of one batch's generation (a step's groups in sync and one_step_off, a
+    validation in every mode): past it the run stops with one line naming the replicas that
+    did not answer (a hung engine process) instead of waiting for good."""
     tensor_parallel_size: int = 1
     """GPUs per engine replica."""
     n_gpus_per_node: int = 1
@@ -203,6 +207,7 @@ class RolloutConfig:
         if self.num_replicas is not None:
             require_positive("rollout.num_replicas", self.num_replicas)
         require_non_negative("rollout.max_restarts", self.max_restarts)
+        require_positive("rollout.generation_timeout_s", self.generation_timeout_s)
         require_positive("rollout.tensor_parallel_size", self.tensor_parallel_size)
         require_positive("rollout.n_gpus_per_node", self.n_gpus_per_node)
         require_positive("rollout.nnodes", self.nnodes)

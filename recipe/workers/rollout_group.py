@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recipe.faults import RolloutWorkerError, describe_death, is_actor_death
+from recipe.faults import RolloutWorkerError, RunFailure, describe_death, is_actor_death
 from recipe.model import HFModelConfig, ModelConfig
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.utils.ray_errors import error_line
@@ -128,6 +128,9 @@ class RolloutGroup:
         ray.get([w.get_version.remote() for w in self.workers])
         self._next_replica = 0
         self._placement: Callable[[], int] | None = None  # see place_with()
+        self._replica_of: dict[Any, int] = {}
+        """The replica of each request of a batch awaited with ``get`` (to name a hung one);
+        entries leave when ``get`` returns or fails."""
 
     def _start_worker(self, index: int) -> Any:
         import ray
@@ -241,12 +244,31 @@ class RolloutGroup:
         import ray
 
         try:
-            return ray.get(refs)
+            return ray.get(refs, timeout=self.cfg.generation_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise self._hung(refs) from None
         except Exception as exc:
             error = self.as_worker_error(exc)
             if error is not None:
                 raise error from exc
             raise
+        finally:
+            for ref in refs:
+                self._replica_of.pop(ref, None)
+
+    def _hung(self, refs: list[Any]) -> RunFailure:
+        """The failure of a batch past ``rollout.generation_timeout_s``, naming the replicas
+        whose requests are still unanswered."""
+        import ray
+
+        _, waiting = ray.wait(refs, num_returns=len(refs), timeout=0)
+        replicas = sorted({self._replica_of.get(ref, -1) for ref in waiting} - {-1})
+        return RunFailure(
+            f"{len(waiting)} of {len(refs)} generation requests got no answer within "
+            f"rollout.generation_timeout_s={self.cfg.generation_timeout_s:g} s (rollout "
+            f"replica(s) {', '.join(map(str, replicas)) or '?'}: a hung engine process; its "
+            "log is RUN_DIR/engines/replica_R.log)"
+        )
 
     def generate(
         self,
@@ -292,12 +314,14 @@ class RolloutGroup:
         training: bool = True,
         replica: int | None = None,
         record: PromptRecord | None = None,
+        track: bool = True,
     ) -> Any:
         """Start one group on ``replica`` (None: ``next_replica()``); returns its Ray
         ObjectRef; ``version`` (served now) seeds its sampling. Training groups follow
         ``rollout.length_profile``; validation (``training=False``) always ends at EOS.
         ``record``: the prompt's record, which multi-turn episodes start from (required with
-        ``rollout.multi_turn.enable``)."""
+        ``rollout.multi_turn.enable``). ``track=False``: a request the caller awaits itself
+        (not through ``get``), so nothing remembers its replica."""
         if self.cfg.multi_turn.enable and record is None:
             raise ValueError(f"prompt {prompt_uid!r}: multi-turn episodes need its PromptRecord")
         longtail = training and self.cfg.length_profile == "longtail"
@@ -321,7 +345,10 @@ class RolloutGroup:
             record=record if self.cfg.multi_turn.enable else None,
         )
         index = self.next_replica() if replica is None else replica
-        return self.workers[index].generate.remote(request)
+        ref = self.workers[index].generate.remote(request)
+        if track:
+            self._replica_of[ref] = index
+        return ref
 
     def update_weights_from_file(self, path: str, version: int) -> None:
         """Every replica loads ``path`` and serves ``version``; raises if any fails."""

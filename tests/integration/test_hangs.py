@@ -1,0 +1,79 @@
+"""A hung (not dead) engine process stops a run within its deadlines (nightly: one sync run).
+
+The engine's vLLM core is SIGSTOPped once the first step is logged: the next wait on it is
+either the step's generation (``rollout.generation_timeout_s``) or the weight push's pause
+(``checkpoint_engine.timeout_s``), whichever the stop lands in. Either way the run must stop
+with one line naming the phase and the replica, exit code 1 and summary.json ``failed``,
+and its teardown must not wait on the hung process a second time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.nightly]
+
+REPO = Path(__file__).resolve().parents[2]
+DEADLINE_S = 15
+
+
+def _first_step_logged(run_dir: Path) -> bool:
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return False
+    lines = [line for line in metrics.read_text().splitlines() if line.strip()]
+    return any(json.loads(line)["step"] >= 1 for line in lines)
+
+
+def test_a_stopped_engine_ends_a_sync_run_within_its_deadline(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "recipe", "mode=sync", "trainer.total_training_steps=30",
+           f"rollout.generation_timeout_s={DEADLINE_S}",
+           f"checkpoint_engine.timeout_s={DEADLINE_S}", "trainer.val_before_train=false",
+           "trainer.test_freq=0", "data.train_batch_size=8", "actor.ppo_mini_batch_size=8",
+           "rollout.n=4", "logger.quiet=true", f"hydra.run.dir={run_dir}"]  # fmt: skip
+    log = tmp_path / "run.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+    stopped: list[psutil.Process] = []
+    try:
+        start = time.monotonic()
+        while not _first_step_logged(run_dir):
+            assert proc.poll() is None and time.monotonic() - start < 600, log.read_text()[-3000:]
+            time.sleep(0.1)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        stopped = [p for p in children if "EngineCore" in p.name()]
+        assert stopped, [p.name() for p in children]
+        for core in stopped:
+            core.send_signal(signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        returncode = proc.wait(timeout=10 * DEADLINE_S)
+        took_s = time.monotonic() - frozen_at
+    finally:
+        for core in stopped:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                core.send_signal(signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    errors = [line for line in text.splitlines() if line.startswith("error:")]
+    assert returncode == 1 and len(errors) == 1, text[-3000:]
+    assert re.search(r"replica(\(s\))? 0", errors[0]), errors[0]
+    deadline = rf"(generation_timeout_s={DEADLINE_S} s|within {DEADLINE_S + 2}\.0 s)"
+    assert re.search(deadline, errors[0]), errors[0]  # the step's or the push's deadline
+    # one deadline, then a bounded teardown (the engines' graceful shutdown: 60 s at most)
+    assert took_s < 2 * DEADLINE_S + 60 + 30, took_s
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"] in errors[0]
