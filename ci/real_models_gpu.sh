@@ -10,7 +10,8 @@
 #   ci/real_models_gpu.sh gsm8k [MODES [KEY=VALUE ...]]
 #                                              Qwen2.5-Coder-0.5B-Instruct on GSM8K (32 steps,
 #                                              greedy validation on the first VAL_ROWS=500
-#                                              test problems; GSM8K_SRC: OpenAI's jsonl files)
+#                                              test problems; GSM8K_SRC: OpenAI's jsonl files,
+#                                              GSM8K_DATA: rows already prepared)
 #
 # KEY=VALUE: more overrides for every run (a variant, e.g. the correction); give the variant
 # its own STUDY_NAME (default: the task's name), the records of each go to RECORDS/STUDY_NAME.
@@ -62,11 +63,13 @@ case ${1:-} in
       actor.ppo_mini_batch_size=32 rollout.total_rollout_steps="${PROMPTS:-2560}" \
       trainer.test_freq="${TEST_FREQ:-5}" actor.lr="${LR:-1e-5}" "${@:3}" ;;
   gsm8k)
-    data=${GSM8K_PARQUET:-outputs/gsm8k}
-    [ -f "$data/train.parquet" ] || "$PYTHON" -m recipe.data.prepare gsm8k \
+    # GSM8K_DATA: verl-schema rows as {train,test}.parquet, or as .jsonl (no pyarrow needed)
+    data=${GSM8K_DATA:-outputs/gsm8k} ext=parquet
+    [ -f "$data/train.jsonl" ] && ext=jsonl
+    [ -f "$data/train.$ext" ] || "$PYTHON" -m recipe.data.prepare gsm8k \
       "${GSM8K_SRC:-../shared/data/gsm8k}" "$data"
     study gsm8k "${2:-sync,fully_async}" model.path=qwen2.5-coder-0.5b-instruct \
-      data.train_files="[$data/train.parquet]" data.val_files="[$data/test.parquet]" \
+      data.train_files="[$data/train.$ext]" data.val_files="[$data/test.$ext]" \
       data.val_max_samples="${VAL_ROWS:-500}" data.max_prompt_length=512 rollout.n=8 \
       rollout.response_length=512 data.train_batch_size=32 actor.ppo_mini_batch_size=32 \
       rollout.total_rollout_steps="${PROMPTS:-1024}" trainer.test_freq="${TEST_FREQ:-4}" \
