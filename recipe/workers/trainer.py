@@ -260,10 +260,30 @@ class TrainerWorker:
         if math.isfinite(norm_value):
             self._optimizer.step()
         else:
-            logger.warning("non-finite grad norm %s: optimizer step skipped", norm_value)
+            bad = self._non_finite_grads()
+            logger.warning(
+                "non-finite grad norm %s: optimizer step skipped; non-finite gradients in %d "
+                "tensors on this rank, first: %s",
+                norm_value,
+                len(bad),
+                ", ".join(bad[:3]) or "none (the norm itself overflowed)",
+            )
         self._scheduler.step()
         self._optimizer.zero_grad(set_to_none=True)
         return norm_value
+
+    def _non_finite_grads(self) -> list[str]:
+        """Model (HF) names of the parameters whose local gradient shard holds a NaN or an
+        inf, in module order (the first is nearest the input)."""
+        bad = []
+        for name, param in self._policy.named_parameters():
+            grad = param.grad
+            if grad is None:
+                continue
+            local = grad.to_local() if isinstance(grad, DTensor) else grad
+            if not bool(torch.isfinite(local).all()):
+                bad.append(name.removeprefix("lm."))
+        return bad
 
     # ---- weights --------------------------------------------------------------------------
 

@@ -255,6 +255,9 @@ def _resume_with_episodes_in_flight(run_dir: Path, overrides: dict, first: dict)
     assert restarts <= later  # the prompts in flight were trained after the resume
 
 
+# Nightly: the calculator model's build (~2 min on a fresh cache) and an engine start; CI
+# keeps multi-turn episodes cut by syncs (above) and the calculator's own unit tests.
+@pytest.mark.nightly
 def test_calculator_environment_trains_on_tool_episodes_with_exact_old_log_probs(
     calculator_model_path, tmp_path
 ):
@@ -314,6 +317,7 @@ def _turn_versions(traj) -> list[list[int]]:
     return turns
 
 
+@pytest.mark.nightly  # a variant of the partial-rollout run above: one more engine start
 def test_without_partial_rollout_a_sync_waits_for_groups_to_finish_on_the_old_weights(
     rollout_model_path, tmp_path
 ):

@@ -341,6 +341,7 @@ def _submit(client: Any, command: str, timeout_s: float = 60.0) -> str:
             time.sleep(1)
 
 
+@pytest.mark.nightly  # the same run as the placement test, submitted as a Ray job
 def test_a_job_submitted_to_the_cluster_trains_through_the_job_client(cluster, tmp_path):
     from ray.job_submission import JobStatus, JobSubmissionClient
 

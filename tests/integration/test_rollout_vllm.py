@@ -69,6 +69,31 @@ def worker(ray_for_module, rollout_model_path):
         ray.kill(actor)
 
 
+@pytest.fixture(autouse=True)
+def _worker_left_running(request, ray_for_module):
+    """A test that fails while the shared worker is paused must not leave it paused for the
+    tests after it (their requests would wait for a resume that never comes)."""
+    yield
+    if "worker" in request.fixturenames:
+        worker = request.getfixturevalue("worker")
+        if ray_for_module.get(worker.is_paused.remote(), timeout=60):
+            ray_for_module.get(worker.resume.remote(), timeout=60)
+
+
+def _pause_mid_generation(ray, worker, request: GenerationRequest):
+    """Start ``request`` and pause the worker a third of the way through it; the reference
+    of the running call. The third is measured on this machine by one uninterrupted run of
+    the same (greedy or seeded) request first, so a faster or a slower engine still pauses
+    mid-generation."""
+    started = time.perf_counter()
+    ray.get(worker.generate.remote(request), timeout=300)
+    full_s = time.perf_counter() - started
+    ref = worker.generate.remote(request)
+    time.sleep(full_s / 3)
+    ray.get(worker.pause.remote(), timeout=60)
+    return ref
+
+
 @pytest.fixture(scope="module")
 def hf_model(rollout_model_path):
     from transformers import AutoModelForCausalLM
@@ -272,9 +297,7 @@ def test_pause_returns_aborted_partials_that_resume_to_completion_with_both_vers
     version = ray.get(worker.get_version.remote())
     budget = 800
     request = GenerationRequest("p", PROMPTS["a"], n=2, max_tokens=budget, temperature=0)
-    ref = worker.generate.remote(request)
-    time.sleep(1.0)
-    ray.get(worker.pause.remote(), timeout=60)
+    ref = _pause_mid_generation(ray, worker, request)
     partial = ray.get(ref, timeout=60)
     for traj in partial:
         assert traj.finish_reason == "aborted"
@@ -337,9 +360,7 @@ def test_a_pause_inside_an_episode_turn_continues_it_on_the_new_weights(
     ray = ray_for_module
     eos_ids = HFModelConfig(rollout_model_path).eos_token_ids
     version = ray.get(worker.get_version.remote())
-    ref = worker.generate.remote(_episode_request("ep-sync", 1000, seed=7))
-    time.sleep(1.0)
-    ray.get(worker.pause.remote(), timeout=60)
+    ref = _pause_mid_generation(ray, worker, _episode_request("ep-sync", 1000, seed=7))
     ready, _ = ray.wait([ref], timeout=1.0)
     assert not ready, "an episode returned at a pause: its turn should wait for the weights"
     perturbed = _perturbed_file(hf_model, tmp_path / "episode_next.safetensors")

@@ -62,6 +62,7 @@ def test_sync_run_writes_the_run_directory_contract(tiny_model_path, tmp_path):
         "data.train_batch_size=16",
         "actor.ppo_mini_batch_size=8",
         "rollout.n=4",
+        "data.num_val_prompts=32",
         timeout_s=600,
     )
     records = read_metrics(run_dir)
@@ -106,7 +107,7 @@ def _check_trace_and_report(run_dir: Path) -> None:
             and request["ts"] + request["dur"] <= g["ts"] + g["dur"] + 1e4
             for g in generating
         )
-    assert len(requests(events, training=False)) == 3 * 256
+    assert len(requests(events, training=False)) == 3 * 32
 
     from recipe.report.cli import write_report
 

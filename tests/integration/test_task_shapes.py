@@ -173,6 +173,7 @@ def test_fully_async_parquet_plain_strings_math_and_gsm8k_scorers_responses_cut_
     assert min(lengths) <= 8 and max(lengths) >= 300, sorted(lengths)
 
 
+@pytest.mark.nightly  # one more engine start; the shapes' parsing has unit tests
 def test_one_step_off_chat_messages_without_template_and_an_async_float_reward(
     tiny_model_path, tmp_path
 ):

@@ -148,6 +148,7 @@ def test_build_ran_pinned_and_matches_the_reference_bits(tiny_model_path: Path) 
     assert meta["greedy_val_accuracy"] == REFERENCE_GREEDY_VAL_ACCURACY
 
 
+@pytest.mark.nightly  # builds the calculator model (~2 min on a fresh cache)
 def test_calculator_warm_start_is_pinned_and_leaves_room_for_rl(
     calculator_model_path: Path,
 ) -> None:

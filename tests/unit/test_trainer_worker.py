@@ -265,10 +265,11 @@ def test_old_log_probs_from_the_saved_copy_leave_training_where_it_was(model_dir
     assert not moved, f"{len(moved)} tensors differ, e.g. {moved[:3]}"
 
 
-def test_a_diverging_learning_rate_skips_non_finite_steps_and_counts_them(model_dir):
+def test_a_diverging_learning_rate_skips_non_finite_steps_and_counts_them(model_dir, caplog):
     """Adam moves every weight by ~lr: at lr=1e8 the first update blows the logits up, and the
     next updates' gradients are not finite; they are skipped (weights left as they were) and
-    counted, the grad norm reported as the non-finite value it was."""
+    counted, the grad norm reported as the non-finite value it was, and the warning names
+    the parameters whose gradients were not finite."""
     batch = random_train_batch(model_dir, seed=7)
     actor = ActorConfig(lr=1e8, ppo_mini_batch_size=3, ppo_micro_batch_size_per_gpu=3)
     w = TrainerWorker(actor, TrainerSpec(str(model_dir)), master_port=free_port())
@@ -283,6 +284,9 @@ def test_a_diverging_learning_rate_skips_non_finite_steps_and_counts_them(model_
     assert second["actor/optimizer_steps"] == 1 and second["actor/skipped_steps"] == 1
     assert not math.isfinite(second["actor/grad_norm"])
     assert all(torch.equal(before[k], after[k]) for k in before)
+    (warning,) = [r.getMessage() for r in caplog.records if "step skipped" in r.getMessage()]
+    named = warning.split("first: ")[1].split(", ")
+    assert named and all(name in before for name in named), warning
 
 
 def test_exported_weights_are_a_private_file_under_the_run_directory(worker, tmp_path):
