@@ -25,12 +25,19 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(PY) -m recipe $(ARGS)
 
-# The 15 slowest tests close the report: CI keeps its time budget visible.
-test: $(STAMP)
-	$(PY) -m pytest tests --durations=15 $(PYTEST_ARGS)
-
 # A -m here replaces the one in pyproject's addopts, so it leaves nightly out itself.
 FAST_TIER := not integration and not model and not gpu and not nightly
+SLOW_TIER := (integration or model or gpu) and not nightly
+
+# The fast tier first, while the tiny default model builds beside it (its build runs on one
+# core); then the rest, stopping at the first tier that fails. The 15 slowest tests close
+# the report: CI keeps its time budget visible.
+test: $(STAMP)
+	@$(PY) -m recipe.tiny > $(VENV)/tiny_build.log 2>&1 & build=$$!; \
+	$(PY) -m pytest tests -m "$(FAST_TIER)" -q $(PYTEST_ARGS); fast=$$?; \
+	wait $$build || echo "(the tiny model's build failed: $(VENV)/tiny_build.log; the tests retry it)"; \
+	test $$fast -eq 0 || exit $$fast; \
+	$(PY) -m pytest tests -m "$(SLOW_TIER)" --durations=15 $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest tests -m "$(FAST_TIER)" --durations=10 $(PYTEST_ARGS)

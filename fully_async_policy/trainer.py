@@ -63,8 +63,9 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         if run.resume_from is not None:
             self._check_resume_plan()
         optimizer_steps_per_step = cfg.async_training.require_batches * cfg.actor.ppo_epochs
+        # The ranks load the model while the rollouter starts the engines (attach waits).
         self._build_trainer_group(
-            total_optimizer_steps=self.plan.total_steps * optimizer_steps_per_step
+            total_optimizer_steps=self.plan.total_steps * optimizer_steps_per_step, wait=False
         )
         self.rollouter: ActorHandle | None = None
         """The FullyAsyncRollouter actor (it owns the engines)."""
@@ -88,6 +89,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         """Pending ``rollouter.wait_replica_request`` (a restarted replica wants weights)."""
         self._num_rollout_restarts = self._num_rollout_retired = 0
         if run.resume_from is not None:
+            self.trainer_group.wait_ready()
             self._resume_trainer()
 
     def attach(self, rollouter: ActorHandle, queue: ActorHandle) -> None:
@@ -95,6 +97,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         engines serve the checkpoint's weights and restores the rollouter."""
         import ray
 
+        self.trainer_group.wait_ready()
         self.rollouter, self.queue = rollouter, queue
         self.served = ServedWeights(self.trainer_group, rollouter, self.run_dir)
         if self.run.resume_from is not None:

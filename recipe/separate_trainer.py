@@ -122,7 +122,11 @@ class SeparateRayPPOTrainer:
         )
         return steps
 
-    def _build_trainer_group(self, *, total_optimizer_steps: int) -> TrainerGroup:
+    def _build_trainer_group(
+        self, *, total_optimizer_steps: int, wait: bool = True
+    ) -> TrainerGroup:
+        """Start the trainer ranks; ``wait`` False returns while they load the model (the
+        engines start meanwhile), and the caller then calls ``trainer_group.wait_ready()``."""
         from recipe.workers.trainer import TrainerSpec
         from recipe.workers.trainer_group import TrainerGroup
 
@@ -142,6 +146,7 @@ class SeparateRayPPOTrainer:
             gpu_fraction=self.placement.trainer_gpu_fraction,
             placement_group=self.placement.take("trainer"),
             owns_placement_group=not self.placement.one_group,
+            wait=wait,
         )
         return self.trainer_group
 

@@ -52,12 +52,15 @@ class TrainerGroup:
         gpu_fraction: float = 1.0,
         placement_group: Any = None,
         owns_placement_group: bool = True,
+        wait: bool = True,
     ):
         """``world_size`` defaults to ``actor.world_size``; ``use_gpu`` None: GPUs when the Ray
         cluster has any; ``gpu_fraction``: the share of a GPU each rank reserves (< 1 when the
         rollout engines share the trainer's GPUs, colocated); ``placement_group``: one bundle
         per rank (created when None); removed at shutdown when ``owns_placement_group``
-        (not when the engines share its bundles: ``Placement.one_group``)."""
+        (not when the engines share its bundles: ``Placement.one_group``). ``wait`` False:
+        return while the ranks still load the model, so the caller can start the engines
+        meanwhile; it then calls ``wait_ready`` before anything else."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -97,13 +100,25 @@ class TrainerGroup:
             )
             for rank in range(self.world_size)
         ]
+        self._rendezvous = f"{addr}:{port}"
+        self._ready = False
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Block until every rank has loaded the model and joined the process group (at once
+        after the first time); a rank that failed is raised here, after the others were shut
+        down."""
+        if self._ready:
+            return
         try:
             self._get_all([w.__ray_ready__.remote() for w in self.workers])
         except BaseException:
             # Ranks still blocked in the rendezvous would never answer close().
             self.shutdown(graceful=False)
             raise
-        logger.info("trainer group up: %d ranks, rendezvous %s:%d", self.world_size, addr, port)
+        self._ready = True
+        logger.info("trainer group up: %d ranks, rendezvous %s", self.world_size, self._rendezvous)
 
     # ---- fan-out --------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.nightly  # one more CLI run with engines
 def test_a_one_step_off_run_stopped_by_its_wall_budget_counts_the_pending_batch(tmp_path):
     run_dir = tmp_path / "run"
     done = subprocess.run(

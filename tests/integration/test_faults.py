@@ -351,6 +351,9 @@ def test_a_killed_trainer_worker_stops_the_run_naming_it_and_the_checkpoint_to_r
     assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]
 
 
+# Nightly: the synchronizer's deadline has its own test (test_weight_sync); this one adds
+# the run's clean stop (summary, checkpoint) around it, one more recipe start.
+@pytest.mark.nightly
 def test_a_sync_peer_that_never_answers_stops_the_run_cleanly_naming_the_phase(
     tiny_model_path, tmp_path
 ):

@@ -346,6 +346,7 @@ def test_without_partial_rollout_a_sync_waits_for_groups_to_finish_on_the_old_we
     assert_ledger_balances(ledger)
 
 
+@pytest.mark.nightly  # readmission's rules have unit tests; this is one more engine start
 def test_max_staleness_readmits_too_old_groups_and_trains_only_fresh_ones(
     tiny_model_path, tmp_path
 ):

@@ -244,6 +244,8 @@ def _failing_rows(tmp_path: Path) -> tuple[Path, Path]:
 HF_SMALL = ["rollout.backend=hf", "rollout.n=2", "rollout.response_length=8", "trainer.test_freq=0"]
 
 
+# Nightly: a CLI run of its own; the in-process rows below (no score) name the row the same way.
+@pytest.mark.nightly
 def test_a_reward_that_raises_on_one_row_stops_the_cli_with_one_line_naming_it(
     tiny_model_path, tmp_path
 ):
