@@ -141,7 +141,8 @@ class AdmissionController(Generic[Item]):
 
     def admit(self, uid: str) -> Ticket:
         """A fresh prompt in the current window; ``can_admit()`` must be True."""
-        assert self.can_admit(), "admit() without allowance"
+        if not self.can_admit():
+            raise RuntimeError(f"admit({uid!r}) without allowance: call can_admit() first")
         self.allowance -= 1
         self.admitted_uids.append(uid)
         return self._issue(uid)

@@ -199,7 +199,8 @@ class ReplicaSupervisor:
                 self._retire(index, exc)
                 return
             worker = self.group.restart(index)
-            await worker.get_version.remote()  # the constructor (engine start) has run
+            # The constructor (engine start) has run.
+            await self._within(worker.get_version.remote(), "its engine start")
             # The model on disk is version 0. While paused, a push may be changing the
             # version: the trainer, which knows, decides.
             if self._served_version() == 0 and not self.paused:
@@ -213,9 +214,22 @@ class ReplicaSupervisor:
         finally:
             del self._restarting[index]
 
+    async def _within(self, ref: Any, what: str) -> Any:
+        """Await ``ref`` within ``rollout.start_timeout_s``; past it a ``TimeoutError`` naming
+        ``what`` (a restart that hangs fails like one that crashes)."""
+        timeout_s = self.group.cfg.start_timeout_s
+        try:
+            return await asyncio.wait_for(_awaitable(ref), timeout_s)
+        except TimeoutError:
+            raise TimeoutError(
+                f"{what} got no answer within rollout.start_timeout_s={timeout_s:g} s"
+            ) from None
+
     async def _serve(self, index: int) -> None:
         if self.paused:
-            await self.group.workers[index].pause.remote()
+            await asyncio.wait_for(
+                _awaitable(self.group.workers[index].pause.remote()), self.timeout_s
+            )
         self.in_service[index] = True
         self._changed.set()
         logger.info("rollout replica %d serves version %d again", index, self._served_version())
@@ -274,7 +288,10 @@ class ReplicaSupervisor:
         """Load the served weights (``version``, a safetensors file; None: version 0, the
         model on disk it already holds) into restarted replica ``index``, then let it serve."""
         if path is not None:
-            await self.group.workers[index].update_weights_from_file.remote(path, version)
+            worker = self.group.workers[index]
+            await self._within(
+                worker.update_weights_from_file.remote(path, version), "its weights load"
+            )
         self._needs_weights.discard(index)
         if not self._needs_weights:
             self.weights_wanted.clear()

@@ -134,6 +134,8 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
             timeout_s=cfg.checkpoint_engine.timeout_s,
         )
         self._in_flight: dict[int, asyncio.Task] = {}
+        self._replica_of: dict[int, int] = {}
+        """The replica each in-flight ticket generates on (once picked)."""
         self._episodes_save_state = multi_turn.enable and episodes_save_state(multi_turn)
         """A checkpoint cuts episodes in flight with their state instead of restarting them."""
         self._partials: list[tuple[Ticket, list[Trajectory]]] = []
@@ -214,6 +216,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
                 self._hold_back(ticket, resume)
                 return
             worker = self.rollout_group.workers[replica]
+            self._replica_of[ticket.ticket] = replica
             trajs = await self.rollout_group.submit(
                 ticket.uid,
                 self.prompt_ids[ticket.uid],
@@ -248,6 +251,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
             self._fail(exc)
         finally:
             del self._in_flight[ticket.ticket]
+            self._replica_of.pop(ticket.ticket, None)
             if not self._in_flight:
                 self._quiet.set()
                 self._clock.set_busy(False)
@@ -500,6 +504,10 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         retired = sorted(self.replicas.retired)
         engines = await asyncio.to_thread(self.rollout_group.drain_trace, skip=retired)
         return self.tracer.drain() + engines
+
+    def busy_replicas(self) -> list[int]:
+        """The replicas with a group generating now, for a deadline's message."""
+        return sorted(set(self._replica_of.values()))
 
     def poll(self) -> RolloutProgress:
         """Cumulative counters, and validation results not reported before."""

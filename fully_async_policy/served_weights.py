@@ -70,7 +70,11 @@ class ServedWeights:
             if version == 0:  # nothing pushed yet: the model on disk is what is served
                 ray.get(self.rollouter.install_weights.remote(replica, None, 0))
                 continue
-            assert self.kept_version == version, "no copy of the served weights"
+            if self.kept_version != version:
+                raise RuntimeError(
+                    f"replica {replica} needs the served weights of version {version}, but the "
+                    f"trainer keeps a copy of version {self.kept_version}"
+                )
             tag = f"restart-v{version}"
             with exported_weights(self.trainer_group, self.run_dir, tag, slot=PUSHED_SLOT) as path:
                 ray.get(self.rollouter.install_weights.remote(replica, path, version))

@@ -146,11 +146,16 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         import ray
 
         start = time.perf_counter()
+        deadline = start + self.cfg.rollout.generation_timeout_s
         ref = self.queue.get_batch.remote(num_groups)
         while True:  # while waiting, bring restarted rollout replicas back into service
             if self._replica_request is None:
                 self._replica_request = self.rollouter.wait_replica_request.remote()
-            ready, _ = ray.wait([ref, self._run_ref, self._replica_request], num_returns=1)
+            waiting = [ref, self._run_ref, self._replica_request]
+            left_s = max(deadline - time.perf_counter(), 0.0)
+            ready, _ = ray.wait(waiting, num_returns=1, timeout=left_s)
+            if not ready:
+                raise self._no_batch(num_groups)
             if ref in ready or self._run_ref in ready:
                 break
             self._replica_request = None
@@ -164,6 +169,27 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             ray.get(self._run_ref)
             raise RuntimeError(f"the message queue closed with {got.num_left} groups left")
         return got
+
+    def _no_batch(self, num_groups: int) -> RunFailure:
+        """The failure of a batch wait past ``rollout.generation_timeout_s``: the rollouter
+        runs, but no group finished (hung engine processes), naming the busy replicas."""
+        timeout_s = self.cfg.rollout.generation_timeout_s
+        return RunFailure(
+            f"no batch of {num_groups} prompt groups within rollout.generation_timeout_s="
+            f"{timeout_s:g} s (rollout replica(s) {self._busy_replicas()} still generating: "
+            "a hung engine process; its log is RUN_DIR/engines/replica_R.log)"
+        )
+
+    def _busy_replicas(self) -> str:
+        """The replicas with groups generating, as the rollouter says within 10 s ("?" when
+        it does not answer), for a deadline's message."""
+        import ray
+
+        try:
+            busy = ray.get(self.rollouter.busy_replicas.remote(), timeout=10)
+        except Exception:  # the rollouter itself does not answer
+            busy = []
+        return ", ".join(map(str, busy)) or "?"
 
     @traced("train_step")
     def _train_step(self, local_step: int) -> dict[str, float]:
@@ -385,7 +411,8 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             raise RunFailure(
                 f"the rollouter gave no answer to {phase} (a weight sync) within "
                 f"checkpoint_engine.timeout_s={timeout_s:g} s: a hung rollouter or engine "
-                f"process (engine logs: RUN_DIR/engines/); {resume_hint(self.run_dir)}"
+                f"process (rollout replica(s) {self._busy_replicas()} generating; engine "
+                f"logs: RUN_DIR/engines/); {resume_hint(self.run_dir)}"
             ) from None
 
     def _trace_sources(self, *, final: bool = False) -> list[TraceSource]:

@@ -86,11 +86,22 @@ class Trajectory:
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
-        assert len(self.rollout_logprobs) == n and len(self.token_versions) == n, (
-            "response_ids, rollout_logprobs and token_versions must have equal length"
-        )
-        assert self.loss_mask is None or len(self.loss_mask) == n, "loss_mask length != R"
-        assert self.finish_reason in FINISH_REASONS, self.finish_reason
+        if len(self.rollout_logprobs) != n or len(self.token_versions) != n:
+            raise ValueError(
+                f"trajectory of prompt {self.prompt_uid!r}: {n} response_ids, "
+                f"{len(self.rollout_logprobs)} rollout_logprobs and {len(self.token_versions)} "
+                "token_versions; they must be equal"
+            )
+        if self.loss_mask is not None and len(self.loss_mask) != n:
+            raise ValueError(
+                f"trajectory of prompt {self.prompt_uid!r}: loss_mask has "
+                f"{len(self.loss_mask)} entries for {n} response tokens"
+            )
+        if self.finish_reason not in FINISH_REASONS:
+            raise ValueError(
+                f"trajectory of prompt {self.prompt_uid!r}: finish_reason "
+                f"{self.finish_reason!r} is not one of {sorted(FINISH_REASONS)}"
+            )
 
     @property
     def model_versions(self) -> list[int]:

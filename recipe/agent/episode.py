@@ -128,7 +128,11 @@ class Episode:
     """With ``aborted``: what continues the episode mid-way (``Trajectory.agent_state``)."""
 
     def __post_init__(self) -> None:
-        assert self.finish_reason in EPISODE_FINISH_REASONS, self.finish_reason
+        if self.finish_reason not in EPISODE_FINISH_REASONS:
+            raise ValueError(
+                f"episode finish_reason {self.finish_reason!r} is not one of "
+                f"{sorted(EPISODE_FINISH_REASONS)}"
+            )
 
     def to_trajectory(self, prompt_uid: str, sample_index: int) -> Trajectory:
         """This episode as the group member the rollouter scores and the trainer trains on;

@@ -1,7 +1,8 @@
 """``gloo`` and ``nccl``: the sender broadcasts buckets in a dedicated process group.
 
     sender (rank 0)                                     receivers (ranks 1..N)
-    TCPStore on a free port -> {host, port} ---------> join ProcessGroupGloo / ProcessGroupNCCL
+    TCPStore on this node's address -> {host, port, secret} --(Ray)--> join ProcessGroupGloo /
+                                                         ProcessGroupNCCL under the secret
     header [id, buckets, bytes, fingerprint] -------->  check it is the expected push + layout
     pack k+1 into buf[(k+1)%2] || broadcast buf[k%2] ->  straight into staging[bucket k];
                                                          checksum k while k+1 arrives
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import secrets
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -36,7 +38,7 @@ from recipe.checkpoint_engine.base import (
     timed_iter,
 )
 from recipe.checkpoint_engine.checksums import ChecksumBatch
-from recipe.checkpoint_engine.host import node_ip
+from recipe.checkpoint_engine.host import listening_socket, node_ip
 from recipe.checkpoint_engine.layout import pack_buckets
 
 logger = logging.getLogger(__name__)
@@ -71,10 +73,19 @@ class BroadcastEngine(CheckpointEngine):
             self._alloc(self.layout.bucket_bytes, old, pin=pin)
             for old in (self._buffers or [None] * _NUM_BUFFERS)
         ]
+        host = node_ip()
         self._store = dist.TCPStore(
-            "0.0.0.0", 0, self.plan.world_size, True, timeout=timeout, wait_for_workers=False
+            host,
+            0,
+            self.plan.world_size,
+            True,
+            timeout=timeout,
+            wait_for_workers=False,
+            master_listen_fd=listening_socket(host),
         )
-        return {"host": node_ip(), "port": self._store.port}
+        # The group's keys live under a secret handed to the receivers over Ray: a process
+        # that reaches the port cannot join the group or forge its rendezvous.
+        return {"host": host, "port": self._store.port, "secret": secrets.token_hex(16)}
 
     def _alloc(self, num_bytes: int, old: torch.Tensor | None, pin: bool = False) -> torch.Tensor:
         if old is not None and old.numel() == num_bytes:
@@ -89,7 +100,7 @@ class BroadcastEngine(CheckpointEngine):
                 store = dist.TCPStore(
                     info["host"], int(info["port"]), self.plan.world_size, False, timeout=timeout
                 )
-            prefixed = dist.PrefixStore(f"weights/{info['port']}", store)
+            prefixed = dist.PrefixStore(f"weights/{info['secret']}", store)
             if self._nccl:
                 options = dist.ProcessGroupNCCL.Options()
                 # The watchdog's limit lies past ours, so our deadline fires first and aborts

@@ -8,6 +8,8 @@ torch collectives and no engine state here: every transport and the synchronizer
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import socket
 import tempfile
@@ -15,6 +17,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 def shm_dir() -> str:
@@ -35,6 +39,29 @@ def node_ip() -> str:
     except ImportError:  # Ray is optional for in-process use
         pass
     return "127.0.0.1"
+
+
+def listening_socket(host: str) -> int:
+    """A TCP socket bound to ``host`` on a free port and listening; its file descriptor, for
+    a server to take over (``TCPStore(master_listen_fd=...)``). The port is held from the
+    bind on, so no other process can take it between choosing and listening, and the server
+    answers on this address only, not on every interface."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        try:
+            sock.bind((host, 0))
+        except OSError as exc:
+            if exc.errno != errno.EADDRNOTAVAIL:
+                raise
+            # The address peers use is not this host's own (NAT, a node IP set by hand).
+            logger.warning("%s is not an address of this host: listening on all of them", host)
+            sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock.detach()
 
 
 def free_memory_bytes(device: torch.device) -> int:

@@ -157,6 +157,10 @@ class RolloutConfig:
     """Deadline of one batch's generation (a step's groups in sync and one_step_off, a
     validation in every mode): past it the run stops with one line naming the replicas that
     did not answer (a hung engine process) instead of waiting for good."""
+    start_timeout_s: float = 1800.0
+    """Deadline of an engine's start (model load, KV cache, CUDA graphs), at launch and after a
+    restart, and of a restarted replica's weights load: past it the start fails naming the
+    replica instead of waiting for good."""
     tensor_parallel_size: int = 1
     """GPUs per engine replica."""
     n_gpus_per_node: int = 1
@@ -208,6 +212,7 @@ class RolloutConfig:
             require_positive("rollout.num_replicas", self.num_replicas)
         require_non_negative("rollout.max_restarts", self.max_restarts)
         require_positive("rollout.generation_timeout_s", self.generation_timeout_s)
+        require_positive("rollout.start_timeout_s", self.start_timeout_s)
         require_positive("rollout.tensor_parallel_size", self.tensor_parallel_size)
         require_positive("rollout.n_gpus_per_node", self.n_gpus_per_node)
         require_positive("rollout.nnodes", self.nnodes)

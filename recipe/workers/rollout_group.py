@@ -101,7 +101,6 @@ class RolloutGroup:
         shutdown when ``owns_placement_group``), replica r on bundle r, a restarted one too
         (it waits up to ``placement_timeout_s`` for its bundle when the bundle's node died);
         None: Ray places each worker where it fits."""
-        import ray
 
         if cfg.backend == "vllm" and cfg.engine_kwargs:
             from recipe.workers.rollout.engine_args import check_engine_kwargs
@@ -125,12 +124,28 @@ class RolloutGroup:
         self.workers = [self._start_worker(index) for index in range(cfg.replicas)]
         self._retired: dict[str, int] = {}  # actor id -> replica, of workers restart() replaced
         # Constructors are where engines start: wait so failures surface here.
-        ray.get([w.get_version.remote() for w in self.workers])
+        self._wait_started(self.workers)
         self._next_replica = 0
         self._placement: Callable[[], int] | None = None  # see place_with()
         self._replica_of: dict[Any, int] = {}
         """The replica of each request of a batch awaited with ``get`` (to name a hung one);
         entries leave when ``get`` returns or fails."""
+
+    def _wait_started(self, workers: list[Any]) -> None:
+        """Wait for the engines of ``workers`` (replicas 0..) to start, within
+        ``rollout.start_timeout_s``; past it ``RunFailure`` names the replicas still starting."""
+        import ray
+
+        refs = [w.get_version.remote() for w in workers]
+        ready, waiting = ray.wait(refs, num_returns=len(refs), timeout=self.cfg.start_timeout_s)
+        ray.get(ready)  # an engine that failed to start raises here
+        if waiting:
+            starting = [str(refs.index(ref)) for ref in waiting]
+            raise RunFailure(
+                f"rollout replica(s) {', '.join(starting)} did not start within "
+                f"rollout.start_timeout_s={self.cfg.start_timeout_s:g} s (a hung engine start; "
+                "its log is RUN_DIR/engines/replica_R.log)"
+            )
 
     def _start_worker(self, index: int) -> Any:
         import ray

@@ -1,10 +1,12 @@
-"""A hung (not dead) engine process stops a run within its deadlines (nightly: one sync run).
+"""A hung (not dead) engine process stops a run within its deadlines (nightly: one run per
+mode).
 
 The engine's vLLM core is SIGSTOPped once the first step is logged: the next wait on it is
-either the step's generation (``rollout.generation_timeout_s``) or the weight push's pause
-(``checkpoint_engine.timeout_s``), whichever the stop lands in. Either way the run must stop
-with one line naming the phase and the replica, exit code 1 and summary.json ``failed``,
-and its teardown must not wait on the hung process a second time.
+either the step's generation (``rollout.generation_timeout_s``: in fully_async the trainer's
+wait for a batch) or the weight push's pause (``checkpoint_engine.timeout_s``), whichever the
+stop lands in. Either way the run must stop with one line naming the phase (and, where the
+engine was generating, the replica), exit code 1 and summary.json ``failed``, and its
+teardown must not wait on the hung process a second time.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ def _first_step_logged(run_dir: Path) -> bool:
     return any(json.loads(line)["step"] >= 1 for line in lines)
 
 
-def test_a_stopped_engine_ends_a_sync_run_within_its_deadline(tmp_path):
+@pytest.mark.parametrize("mode", ["sync", "one_step_off", "fully_async"])
+def test_a_stopped_engine_ends_a_run_within_its_deadline(tmp_path, mode):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "recipe", "mode=sync", "trainer.total_training_steps=30",
+    cmd = [sys.executable, "-m", "recipe", f"mode={mode}", "trainer.total_training_steps=30",
            f"rollout.generation_timeout_s={DEADLINE_S}",
            f"checkpoint_engine.timeout_s={DEADLINE_S}", "trainer.val_before_train=false",
            "trainer.test_freq=0", "data.train_batch_size=8", "actor.ppo_mini_batch_size=8",
@@ -70,9 +73,13 @@ def test_a_stopped_engine_ends_a_sync_run_within_its_deadline(tmp_path):
     text = log.read_text()
     errors = [line for line in text.splitlines() if line.startswith("error:")]
     assert returncode == 1 and len(errors) == 1, text[-3000:]
-    assert re.search(r"replica(\(s\))? 0", errors[0]), errors[0]
-    deadline = rf"(generation_timeout_s={DEADLINE_S} s|within {DEADLINE_S + 2}\.0 s)"
+    deadline = (
+        rf"(generation_timeout_s={DEADLINE_S} s|within {DEADLINE_S + 2}\.0 s"
+        rf"|checkpoint_engine.timeout_s={DEADLINE_S} s)"
+    )
     assert re.search(deadline, errors[0]), errors[0]  # the step's or the push's deadline
+    if "generation_timeout_s" in errors[0]:  # the engine was generating: it is named
+        assert re.search(r"replica(\(s\))? 0", errors[0]), errors[0]
     # one deadline, then a bounded teardown (the engines' graceful shutdown: 60 s at most)
     assert took_s < 2 * DEADLINE_S + 60 + 30, took_s
     summary = json.loads((run_dir / "summary.json").read_text())

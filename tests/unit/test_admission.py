@@ -47,6 +47,9 @@ def test_admission_stops_at_the_fresh_prompt_cap():
     for i in range(5):
         ctrl.admit(f"p{i}")
     assert ctrl.allowance == 1 and not ctrl.can_admit() and ctrl.fresh_left() == 0
+    with pytest.raises(RuntimeError, match="admit\\('p5'\\) without allowance"):
+        ctrl.admit("p5")  # an exception, not an assert: python -O keeps the bound
+    assert ctrl.admitted_uids == [f"p{i}" for i in range(5)]
 
 
 def test_a_window_is_released_only_after_every_group_of_the_windows_before_it():

@@ -389,6 +389,38 @@ def test_gloo_receiver_fails_within_the_deadline_when_the_sender_never_sends():
             end.finalize()
 
 
+def test_the_weight_group_listens_on_the_node_address_only_under_a_secret(monkeypatch):
+    """The sender's store answers on the node's own address (127.0.0.2 here, a loopback
+    address that is not 127.0.0.1), not on every interface, and a receiver joins the group
+    only under the secret handed to it: one with a wrong secret never completes the
+    rendezvous."""
+    import socket
+
+    import recipe.checkpoint_engine.broadcast as broadcast
+
+    monkeypatch.setattr(broadcast, "node_ip", lambda: "127.0.0.2")
+    plan = _plan("gloo", num_receivers=1, timeout_s=1.0)
+    ends = [make_checkpoint_engine(plan, rank=r, device=torch.device("cpu")) for r in (0, 1)]
+    try:
+        info = ends[0].prepare()
+        assert info["host"] == "127.0.0.2" and len(info["secret"]) == 32
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", info["port"]), timeout=2).close()
+        socket.create_connection(("127.0.0.2", info["port"]), timeout=2).close()
+        other = make_checkpoint_engine(plan, rank=0, device=torch.device("cpu"))
+        try:
+            assert other.prepare()["secret"] != info["secret"]  # one secret per group
+        finally:
+            other.finalize()
+        ends[1].prepare()
+        forged = dict(info, secret="0" * 32)
+        results = _run_ranks([lambda: ends[0].init(info), lambda: ends[1].init(forged)])
+        assert all(isinstance(r, Exception) for r in results), results
+    finally:
+        for end in ends:
+            end.finalize()
+
+
 def test_receiver_loads_only_a_verified_push_and_only_once():
     sender, _ = _shm_pair()
     loaded: list[dict[str, torch.Tensor]] = []

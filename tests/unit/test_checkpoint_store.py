@@ -252,3 +252,28 @@ def test_a_checkpoint_of_another_mode_is_refused(tmp_path):
     with pytest.raises(ValueError, match="the checkpoint has mode='sync', this run 'fully_async'"):
         _checkpointer(tmp_path, "auto", mode="fully_async")
     assert latest_checkpoint(tmp_path) == path
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"rollout_logprobs": [0.0]}, "2 response_ids, 1 rollout_logprobs"),
+        ({"loss_mask": [1]}, "loss_mask has 1 entries for 2 response tokens"),
+        ({"finish_reason": "done"}, "finish_reason 'done' is not one of"),
+    ],
+)
+def test_a_trajectory_that_does_not_hold_together_is_refused_naming_its_prompt(fields, named):
+    """What a decoded checkpoint, an engine or an agent hands over is checked with a real
+    exception (kept under ``python -O``), naming the prompt."""
+    values = {
+        "prompt_uid": "train:q7",
+        "sample_index": 0,
+        "prompt_ids": [5],
+        "response_ids": [6, 7],
+        "rollout_logprobs": [0.0, 0.0],
+        "token_versions": [0, 0],
+        "finish_reason": "stop",
+    }
+    with pytest.raises(ValueError, match=named) as caught:
+        Trajectory(**(values | fields))
+    assert "'train:q7'" in str(caught.value)

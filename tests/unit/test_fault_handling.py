@@ -85,6 +85,8 @@ class FakeWorker:
         return {"error": self.engine_error, "log": log, "num_finished": self.num_finished}
 
     async def _get_version(self) -> int:
+        if self.state == "start_hung":  # its engine never finishes starting
+            await asyncio.sleep(3600)
         return self.version
 
     def _set_paused(self, paused: bool) -> Any:
@@ -107,6 +109,8 @@ class FakeGroup:
         self.restarted: list[int] = []
         self.placement: Any = None
         self.lost: set[int] = set()  # replicas whose bundle's node left with no room elsewhere
+        self.cfg = SimpleNamespace(start_timeout_s=30.0)
+        self.restart_state = "ok"  # what a restarted worker does
 
     def wait_for_bundle(self, index: int) -> str:
         if index in self.lost:
@@ -114,7 +118,7 @@ class FakeGroup:
         return "node"
 
     def restart(self, index: int) -> FakeWorker:
-        self.workers[index] = FakeWorker()
+        self.workers[index] = FakeWorker(self.restart_state)
         self.restarted.append(index)
         return self.workers[index]
 
@@ -303,6 +307,26 @@ def test_pausing_a_hung_replica_fails_within_the_deadline_naming_it():
         with pytest.raises(WeightSyncError, match="phase 'pause' failed at rollout replica 1"):
             await asyncio.wait_for(sup.pause_all(), 5)
         assert group.workers[0].paused and sup.num_restarts == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_restart_whose_engine_never_starts_fails_the_run_within_the_deadline_naming_it():
+    async def scenario() -> None:
+        group = FakeGroup(2)
+        group.cfg.start_timeout_s = 0.05
+        group.restart_state = "start_hung"
+        sup, fatal = _supervisor(group)
+        group.workers[1].state = "dead"
+        assert await sup.on_failure(1, group.workers[1], _actor_died())
+        for _ in range(50):
+            if fatal:
+                break
+            await asyncio.sleep(0.02)
+        (error,) = fatal
+        assert isinstance(error, RolloutWorkerError)
+        assert "rollout replica 1" in str(error) and "rollout.start_timeout_s=0.05 s" in str(error)
+        assert "its engine start" in str(error)
 
     asyncio.run(scenario())
 

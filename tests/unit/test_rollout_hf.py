@@ -238,3 +238,27 @@ def test_bad_weights_file_is_rejected_whole_and_leaves_the_worker_paused(model_d
         assert torch.equal(value, before[name]), name
     with pytest.raises(ValueError, match="versions must increase"):
         asyncio.run(worker.update_weights_from_file(str(tmp_path / "bad.safetensors"), 0))
+
+
+def test_diverged_weights_fail_sampling_with_one_line_naming_the_cause(model_dir, tmp_path):
+    """Weights that make the next-token distribution NaN (a diverged run) end sampling with
+    an error that says so, naming the version, instead of torch's sampling traceback."""
+    from safetensors.torch import save_file
+
+    worker = _worker(model_dir)
+    tensors = {
+        k: torch.full_like(v, float("nan")) if k == "model.norm.weight" else v.clone()
+        for k, v in worker._model.state_dict().items()
+        if k != "lm_head.weight"
+    }
+    save_file(tensors, str(tmp_path / "nan.safetensors"))
+
+    async def scenario():
+        await worker.pause()
+        await worker.update_weights_from_file(str(tmp_path / "nan.safetensors"), version=3)
+        await worker.resume()
+        await worker.generate(GenerationRequest("p", PROMPT, n=2, max_tokens=4, temperature=1))
+
+    with pytest.raises(RuntimeError, match="weights of version 3 give non-finite") as caught:
+        asyncio.run(scenario())
+    assert "training diverged" in str(caught.value) and "\n" not in str(caught.value)

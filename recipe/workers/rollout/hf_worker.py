@@ -106,12 +106,21 @@ class HFRolloutWorker(RolloutWorker):
         with torch.random.fork_rng(devices=[], enabled=seed is not None):
             if seed is not None:
                 torch.manual_seed(seed)
-            out = self._model.generate(
-                input_ids=input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                generation_config=gen_config,
-                stopping_criteria=StoppingCriteriaList([_stop_when_paused(self)]),
-            )
+            try:
+                out = self._model.generate(
+                    input_ids=input_ids,
+                    attention_mask=torch.ones_like(input_ids),
+                    generation_config=gen_config,
+                    stopping_criteria=StoppingCriteriaList([_stop_when_paused(self)]),
+                )
+            except RuntimeError as exc:
+                if "probability tensor contains" not in str(exc):
+                    raise
+                raise RuntimeError(
+                    f"the weights of version {version} give non-finite next-token "
+                    "probabilities: training diverged (see actor/grad_norm and "
+                    "actor/skipped_steps; lower actor.lr)"
+                ) from exc
         new_tokens = out.sequences[:, input_ids.shape[1] :]  # (B, T)
         logits = torch.stack(out.logits, dim=1).float()  # (B, T, V), raw
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1))[..., 0]

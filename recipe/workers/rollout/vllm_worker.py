@@ -207,7 +207,11 @@ class VLLMRolloutWorker(RolloutWorker):
                 completion = out.outputs[0]
                 new_ids = list(completion.token_ids)
                 new_lps = completion.logprobs or []
-                assert len(new_lps) == len(new_ids), "vLLM returned tokens without logprobs"
+                if len(new_lps) != len(new_ids):
+                    raise RuntimeError(
+                        f"vLLM returned {len(new_ids)} tokens with {len(new_lps)} logprobs "
+                        f"(request {request_id!r}): every sampled token needs its log-prob"
+                    )
                 if not delta:  # a final (or final abort) output carries every token so far
                     ids, logprobs, versions = [], [], []
                 ids.extend(new_ids)
