@@ -55,7 +55,7 @@ class FullyAsyncRecipe:
             self.rollouter = rollouter.options(scheduling_strategy=on_driver_node()).remote(
                 cfg, run_dir, self.queue, plan, engines
             )
-            ray.get(self.rollouter.engine_workers.remote())  # the engines started (or failed)
+            ray.get(self.rollouter.start.remote())  # the engines started (or failed)
             self.trainer.attach(self.rollouter, self.queue)
         except BaseException:
             self.close()
@@ -79,7 +79,7 @@ class FullyAsyncRecipe:
         finally:
             if self.rollouter is not None:
                 try:
-                    ray.get(self.rollouter.close.remote(), timeout=_CLOSE_TIMEOUT_S)
+                    ray.get(self.rollouter.shutdown.remote(), timeout=_CLOSE_TIMEOUT_S)
                 except Exception:  # the engines may be gone already; end the actor anyway
                     logger.exception("closing the rollouter failed")
                 ray.kill(self.rollouter)

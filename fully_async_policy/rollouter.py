@@ -125,14 +125,10 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         self.admission = AdmissionController(
             budget=plan.budget, window_demand=plan.window_demand, max_fresh=plan.total_prompts
         )
-        self._build_rollout_group()
-        self.replicas = ReplicaSupervisor(
-            self.rollout_group,
-            served_version=lambda: self.version,
-            max_restarts=cfg.rollout.max_restarts,
-            on_fatal=self._fail,
-            timeout_s=cfg.checkpoint_engine.timeout_s,
-        )
+        self.replicas: ReplicaSupervisor
+        """The engines' supervisor (built by ``start``, with the engines)."""
+        self.validation: VersionValidation
+        """Validation per weights version (built by ``start``)."""
         self._in_flight: dict[int, asyncio.Task] = {}
         self._replica_of: dict[int, int] = {}
         """The replica each in-flight ticket generates on (once picked)."""
@@ -154,11 +150,23 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         self._loop_done = asyncio.Event()
         self._loop_done.set()
         self._clock = _IdleClock()
-        self.validation = VersionValidation(
-            self._validate_here, self.replicas, cfg.trainer.test_freq
-        )
         for track, tid in ROLLOUTER_TIDS.items():
             self.tracer.name_thread(tid, track)
+
+    async def start(self) -> None:
+        """Start the engines (blocking Ray calls: in a thread, never on this actor's loop) and
+        the supervisor that owns them; the first call after the constructor."""
+        await asyncio.to_thread(self._build_rollout_group)
+        self.replicas = ReplicaSupervisor(
+            self.rollout_group,
+            served_version=lambda: self.version,
+            max_restarts=self.cfg.rollout.max_restarts,
+            on_fatal=self._fail,
+            timeout_s=self.cfg.checkpoint_engine.timeout_s,
+        )
+        self.validation = VersionValidation(
+            self._validate_here, self.replicas, self.cfg.trainer.test_freq
+        )
 
     def engine_workers(self) -> list[Any]:
         """The replicas' current worker handles, for the trainer's weight push (the engines
@@ -166,10 +174,10 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         retired = self.replicas.retired
         return [w for i, w in enumerate(self.rollout_group.workers) if i not in retired]
 
-    def load_weights(self, path: str, version: int) -> None:
+    async def load_weights(self, path: str, version: int) -> None:
         """Every replica loads ``path`` and serves ``version`` (a resumed run, before
         ``run()``)."""
-        self.rollout_group.update_weights_from_file(path, version)
+        await asyncio.to_thread(self.rollout_group.update_weights_from_file, path, version)
         self.version = version
 
     # ---- the streaming loop ---------------------------------------------------------------
@@ -575,8 +583,13 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
 
     def close(self) -> None:
         """No more restarts, then the engines shut down (``SeparateRayPPOTrainer.close``)."""
-        self.replicas.close()
+        if hasattr(self, "replicas"):  # start() built them
+            self.replicas.close()
         super().close()
+
+    async def shutdown(self) -> None:
+        """``close`` in a thread (its Ray calls block), off this actor's loop."""
+        await asyncio.to_thread(self.close)
 
 
 async def _awaited(ref: Any) -> Any:

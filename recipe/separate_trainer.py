@@ -38,7 +38,7 @@ from recipe.observability.trace import TRAINER_PID, Tracer, traced
 from recipe.observability.tracking import MetricsAccumulator
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.reward import RewardFunction
-from recipe.run.checkpointing import exported_weights
+from recipe.run.checkpointing import EXPORT_DIR, exported_weights
 from recipe.run.metrics import clip_warning, response_clip_ratio
 from recipe.run.placement import Placement, init_ray
 from recipe.run.training_run import TraceSource, TrainingRun
@@ -252,7 +252,10 @@ class SeparateRayPPOTrainer:
             from recipe.checkpoint_engine.synchronizer import ParameterSynchronizer
 
             self.param_sync = ParameterSynchronizer(
-                self.trainer_group, self._engine_workers(), self.cfg.checkpoint_engine
+                self.trainer_group,
+                self._engine_workers(),
+                self.cfg.checkpoint_engine,
+                file_root=self.run_dir / EXPORT_DIR,  # backend=file: read on every node
             )
             self.param_sync.tracer = self.tracer  # its phases nest in this "weight_push"
         pushed = self.param_sync.push(

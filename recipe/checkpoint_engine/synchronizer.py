@@ -108,9 +108,12 @@ class ParameterSynchronizer:
         cfg: CheckpointEngineConfig,
         *,
         bucket_size_bytes: int | None = None,
+        file_root: Path | None = None,
     ) -> None:
         """``bucket_size_bytes`` overrides ``cfg.bucket_size_mb`` (tests and benchmarks use
-        sub-MiB buckets to chunk small models)."""
+        sub-MiB buckets to chunk small models). ``file_root``: where ``backend=file`` writes
+        its files, a directory every node reads (the run directory's private weights
+        directory); None: this host's shared memory (single-host use only)."""
         self.cfg = cfg
         self._trainer, self._receivers = trainer_group, receivers
         self._workers: list[Any] = []  # the handles the transport was built for
@@ -124,6 +127,7 @@ class ParameterSynchronizer:
         """Peers that missed the last failed push's deadline: teardown does not wait on them."""
         self._next_transfer = 1
         self._file_dir: Path | None = None
+        self._file_root = file_root
         self.num_retries = 0
         """Failed pushes retried over the run (``faults/sync_retries``)."""
         self.receiver_ranks: list[list[int]] = []
@@ -182,7 +186,9 @@ class ParameterSynchronizer:
         self._phase("placement", self._on_sender("commit", version))
         if self._backend == "file":
             if self._file_dir is None:
-                self._file_dir = Path(tempfile.mkdtemp(prefix="weights-", dir=shm_dir()))
+                root = self._file_root or Path(shm_dir())
+                root.mkdir(mode=0o700, parents=True, exist_ok=True)
+                self._file_dir = Path(tempfile.mkdtemp(prefix="push-", dir=root))  # 0700
             self._connected = True
             return
         layout = self._layout = self._layout or self._build_layout(sender.free_bytes)
@@ -387,7 +393,8 @@ class ParameterSynchronizer:
         return sent.verify_s + receiver_s
 
     def _push_file(self, target: int) -> dict[str, float]:
-        """``backend=file``: one safetensors file in shared memory (no bucket checksums)."""
+        """``backend=file``: one safetensors file (written aside, then renamed) in
+        ``file_root``, which every engine's node reads; no bucket checksums."""
         assert self._file_dir is not None
         path = str(self._file_dir / f"policy-v{target}.safetensors")
         start = time.perf_counter()
