@@ -73,17 +73,9 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         self.cursor = PromptCursor(self.train_records, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
         self.total_steps = self._plan_batch_steps()
         mini_batches = cfg.prompts_per_step // cfg.actor.ppo_mini_batch_size
-        # The trainer ranks load the model while the engines start.
-        group = self._build_trainer_group(
-            total_optimizer_steps=self.total_steps * mini_batches * cfg.actor.ppo_epochs,
-            wait=False,
+        self._build_both_groups(
+            total_optimizer_steps=self.total_steps * mini_batches * cfg.actor.ppo_epochs
         )
-        try:
-            self._build_rollout_group()
-        except BaseException:
-            group.shutdown(graceful=False)
-            raise
-        group.wait_ready()
         self._resumed_pending = self._resume() if run.resume_from is not None else None
 
     # ---- the loop -----------------------------------------------------------------------

@@ -150,6 +150,17 @@ class SeparateRayPPOTrainer:
         )
         return self.trainer_group
 
+    def _build_both_groups(self, *, total_optimizer_steps: int) -> None:
+        """The trainer ranks and the engines of a batch recipe; the ranks load the model
+        while the engines start."""
+        group = self._build_trainer_group(total_optimizer_steps=total_optimizer_steps, wait=False)
+        try:
+            self._build_rollout_group()
+        except BaseException:
+            group.shutdown(graceful=False)
+            raise
+        group.wait_ready()
+
     def _build_rollout_group(self) -> RolloutGroup:
         from recipe.workers.rollout_group import RolloutGroup
 

@@ -44,17 +44,9 @@ class SyncTrainer(SeparateRayPPOTrainer):
         self.cursor = PromptCursor(self.train_records, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
         self.total_steps = self._plan_batch_steps()
         mini_batches = cfg.prompts_per_step // cfg.actor.ppo_mini_batch_size
-        # The trainer ranks load the model while the engines start.
-        group = self._build_trainer_group(
-            total_optimizer_steps=self.total_steps * mini_batches * cfg.actor.ppo_epochs,
-            wait=False,
+        self._build_both_groups(
+            total_optimizer_steps=self.total_steps * mini_batches * cfg.actor.ppo_epochs
         )
-        try:
-            self._build_rollout_group()
-        except BaseException:
-            group.shutdown(graceful=False)
-            raise
-        group.wait_ready()
         self._trained_now: list[str] = []
         """Prompt uids of the step being trained (for ledger.jsonl)."""
         self._filtered_now: list[str] = []
