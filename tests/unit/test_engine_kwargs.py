@@ -76,3 +76,15 @@ def test_a_cpu_tensor_parallel_engine_binds_its_ranks_unless_the_user_did(monkey
     monkeypatch.setenv(CPU_BIND_ENV, "1|3")
     prepare_cpu_env(RolloutConfig(tensor_parallel_size=2))
     assert os.environ[CPU_BIND_ENV] == "1|3"
+
+
+def test_an_engine_arg_this_vllm_lacks_is_dropped_unless_it_changes_numerics(caplog):
+    from recipe.workers.rollout.engine_args import supported_engine_args
+
+    kwargs = {"model": "m", "logprobs_mode": "raw_logprobs", "disable_log_stats": True}
+    with caplog.at_level(logging.WARNING):
+        kept = supported_engine_args(kwargs, {"model", "logprobs_mode"})
+    assert kept == {"model": "m", "logprobs_mode": "raw_logprobs"}
+    assert "disable_log_stats" in caplog.text
+    with pytest.raises(RuntimeError, match="no engine args logprobs_mode: without them"):
+        supported_engine_args(kwargs, {"model", "disable_log_stats"})

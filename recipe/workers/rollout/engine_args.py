@@ -97,6 +97,27 @@ def check_engine_kwargs(cfg: RolloutConfig) -> dict[str, Any]:
     return dict(cfg.engine_kwargs)
 
 
+NUMERIC_ENGINE_ARGS = frozenset({"model", "dtype", "seed", "logprobs_mode"})
+"""Engine args without which an engine computes other numbers: the raw log-probs that the
+off-policy correction compares with the trainer's, the weights' dtype, the sampling seed."""
+
+
+def supported_engine_args(kwargs: dict[str, Any], known: set[str]) -> dict[str, Any]:
+    """``kwargs`` limited to the engine args this vLLM has (``known``): one it lacks is
+    dropped with a warning, unless it changes numerics (``NUMERIC_ENGINE_ARGS``), which fails
+    the engine's start with a ``RuntimeError`` naming it."""
+    dropped = sorted(set(kwargs) - known)
+    numeric = [name for name in dropped if name in NUMERIC_ENGINE_ARGS]
+    if numeric:
+        raise RuntimeError(
+            f"this vLLM has no engine args {', '.join(numeric)}: without them its log-probs "
+            "are not the ones training compares against (install vllm>=0.26)"
+        )
+    if dropped:
+        logger.warning("this vLLM has no engine args %s; using its defaults", dropped)
+    return {k: v for k, v in kwargs.items() if k in known}
+
+
 def eager_engine(cfg: RolloutConfig) -> bool:
     """``rollout.enforce_eager``, with None resolved: eager on CPU engines, CUDA graphs on
     GPUs. A weight push copies into the engine's parameter tensors in place

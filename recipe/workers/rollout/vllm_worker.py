@@ -38,6 +38,7 @@ from recipe.workers.rollout.engine_args import (
     eager_engine,
     parallel_args,
     prepare_cpu_env,
+    supported_engine_args,
 )
 from recipe.workers.rollout.engine_log import (
     engine_output_to,
@@ -126,10 +127,7 @@ class VLLMRolloutWorker(RolloutWorker):
         )
         known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
         kwargs.update(check_engine_kwargs(cfg))
-        dropped = sorted(set(kwargs) - known)
-        if dropped:
-            logger.warning("this vLLM has no engine args %s; using its defaults", dropped)
-        return AsyncEngineArgs(**{k: v for k, v in kwargs.items() if k in known})
+        return AsyncEngineArgs(**supported_engine_args(kwargs, known))
 
     async def _generate_group(self, request: GenerationRequest) -> list[Trajectory]:
         if self._episodes is not None and request.record is not None:
