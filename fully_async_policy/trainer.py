@@ -8,8 +8,8 @@
                         push weights -> version + 1 (the one place weights move)
                         rollouter.end_sync(version, trained)
 
-Old log-probs (``algorithm.rollout_correction.bypass_mode``): ``true`` uses the rollout
-log-probs; ``false`` (the default) takes them from the version just pushed: local step 1
+Old log-probs (``algorithm.rollout_correction.bypass_mode``): ``true`` (the default) uses
+the rollout log-probs; ``false`` takes them from the version just pushed: local step 1
 saves the weights to a CPU slot (they still are the pushed ones), later local steps swap that
 copy in for the forward and back out; the trainer worker then applies truncated importance
 sampling between old and rollout log-probs.
