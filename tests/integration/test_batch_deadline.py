@@ -1,0 +1,79 @@
+"""fully_async's wait for a batch has a deadline: real Ray actors that never answer stand in for
+a queue with no groups and a rollouter whose engines hang (seconds; no engine starts).
+
+The engine-level version of this fault (a SIGSTOPped vLLM core) is the nightly
+tests/integration/test_hangs.py, where the stop usually lands in a push instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from fully_async_policy.trainer import FullyAsyncTrainer
+from recipe.faults import RunFailure
+
+pytestmark = pytest.mark.integration
+
+
+class _Silent:
+    """The queue and the rollouter at once: every wait hangs; the rollouter still says which
+    replicas have groups generating (``answers=False``: it does not answer that either)."""
+
+    def __init__(self, answers: bool) -> None:
+        self.answers = answers
+
+    async def get_batch(self, num_groups: int) -> None:
+        await asyncio.sleep(3600)
+
+    async def wait_replica_request(self) -> None:
+        await asyncio.sleep(3600)
+
+    async def run(self) -> None:
+        await asyncio.sleep(3600)
+
+    async def busy_replicas(self) -> list[int]:
+        if not self.answers:
+            await asyncio.sleep(3600)
+        return [0, 2]
+
+
+def _trainer_waiting_on(silent, timeout_s: float) -> FullyAsyncTrainer:
+    """A FullyAsyncTrainer with only what its batch wait reads (no model, no engines)."""
+    trainer = object.__new__(FullyAsyncTrainer)
+    trainer.cfg = SimpleNamespace(rollout=SimpleNamespace(generation_timeout_s=timeout_s))
+    trainer.tracer = SimpleNamespace(span=lambda *a, **k: contextlib.nullcontext())
+    trainer.queue = trainer.rollouter = silent
+    trainer._replica_request = None
+    trainer._run_ref = silent.run.remote()
+    trainer._wait_s = 0.0
+    return trainer
+
+
+@pytest.mark.parametrize(
+    ("answers", "named"),
+    [
+        (True, "replica(s) 0, 2"),
+        # nightly: it waits out the 10 s the trainer gives the rollouter to answer
+        pytest.param(False, "replica(s) ?", marks=pytest.mark.nightly),
+    ],
+)
+def test_a_batch_that_never_comes_stops_the_run_within_the_deadline_naming_the_replicas(
+    ray_for_module, answers, named
+):
+    silent = ray_for_module.remote(_Silent).remote(answers)
+    trainer = _trainer_waiting_on(silent, timeout_s=1.0)
+    start = time.monotonic()
+    with pytest.raises(RunFailure) as caught:
+        trainer._get_batch(4)
+    took_s = time.monotonic() - start
+    message = str(caught.value)
+    assert "no batch of 4 prompt groups within rollout.generation_timeout_s=1 s" in message
+    assert named in message and "hung engine process" in message
+    # the deadline, plus at most the 10 s the trainer gives the rollouter to name replicas
+    assert took_s < (3.0 if answers else 14.0), took_s
+    ray_for_module.kill(silent)
