@@ -200,7 +200,7 @@ class ReplicaSupervisor:
                 return
             worker = self.group.restart(index)
             # The constructor (engine start) has run.
-            await self._within(worker.get_version.remote(), "its engine start")
+            await self._within(worker.get_version.remote(), "its engine start", self._start_s)
             # The model on disk is version 0. While paused, a push may be changing the
             # version: the trainer, which knows, decides.
             if self._served_version() == 0 and not self.paused:
@@ -214,22 +214,24 @@ class ReplicaSupervisor:
         finally:
             del self._restarting[index]
 
-    async def _within(self, ref: Any, what: str) -> Any:
-        """Await ``ref`` within ``rollout.start_timeout_s``; past it a ``TimeoutError`` naming
-        ``what`` (a restart that hangs fails like one that crashes)."""
-        timeout_s = self.group.cfg.start_timeout_s
+    @property
+    def _start_s(self) -> tuple[str, float]:
+        return "rollout.start_timeout_s", self.group.cfg.start_timeout_s
+
+    async def _within(self, ref: Any, what: str, deadline: tuple[str, float]) -> Any:
+        """Await ``ref`` within ``deadline`` (its config key, seconds); past it a
+        ``TimeoutError`` naming ``what`` and the key (a restart that hangs fails like one
+        that crashes)."""
+        key, timeout_s = deadline
         try:
             return await asyncio.wait_for(_awaitable(ref), timeout_s)
         except TimeoutError:
-            raise TimeoutError(
-                f"{what} got no answer within rollout.start_timeout_s={timeout_s:g} s"
-            ) from None
+            raise TimeoutError(f"{what} got no answer within {key}={timeout_s:g} s") from None
 
     async def _serve(self, index: int) -> None:
         if self.paused:
-            await asyncio.wait_for(
-                _awaitable(self.group.workers[index].pause.remote()), self.timeout_s
-            )
+            pause = self.group.workers[index].pause.remote()
+            await self._within(pause, "its pause", ("checkpoint_engine.timeout_s", self.timeout_s))
         self.in_service[index] = True
         self._changed.set()
         logger.info("rollout replica %d serves version %d again", index, self._served_version())
@@ -289,9 +291,8 @@ class ReplicaSupervisor:
         model on disk it already holds) into restarted replica ``index``, then let it serve."""
         if path is not None:
             worker = self.group.workers[index]
-            await self._within(
-                worker.update_weights_from_file.remote(path, version), "its weights load"
-            )
+            load = worker.update_weights_from_file.remote(path, version)
+            await self._within(load, "its weights load", self._start_s)
         self._needs_weights.discard(index)
         if not self._needs_weights:
             self.weights_wanted.clear()
