@@ -26,7 +26,6 @@ import gc
 import json
 import logging
 import random
-import socket
 import statistics
 import time
 from collections.abc import Callable
@@ -88,12 +87,6 @@ def timed(fn: Callable[[], Any], repeats: int, device: str) -> float:
     return statistics.median(times)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _release() -> None:
     gc.collect()
     if torch.cuda.is_available():
@@ -138,10 +131,10 @@ def bench_ours(args, model_path: str, batch: TrainBatch, compute_dtype: str) -> 
         logprob_chunk_size=args.chunk_size,
     )
     spec = TrainerSpec(model_path, compute_dtype=compute_dtype)
-    rows, port = [], _free_port()
+    rows = []
     for name, dynamic in (("fixed", False), ("budget", True)):
         actor = dataclasses.replace(base, use_dynamic_bsz=dynamic)
-        worker = TrainerWorker(actor, spec, master_port=port, device=args.device)
+        worker = TrainerWorker(actor, spec, device=args.device)
         try:
             old_bt = worker.compute_log_prob(batch)[0]
             decoupled = dataclasses.replace(batch, old_logprobs_bt=old_bt)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import secrets
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -38,8 +37,8 @@ from recipe.checkpoint_engine.base import (
     timed_iter,
 )
 from recipe.checkpoint_engine.checksums import ChecksumBatch
-from recipe.checkpoint_engine.host import listening_socket, node_ip
 from recipe.checkpoint_engine.layout import pack_buckets
+from recipe.utils.rendezvous import StoreAddress, StoreServer, node_ip
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +55,7 @@ class BroadcastEngine(CheckpointEngine):
             raise ValueError("checkpoint_engine.backend='nccl' needs CUDA on both ends")
         # gloo moves host memory; a CUDA trainer packs into pinned buffers.
         self._buffer_device = device if self._nccl else torch.device("cpu")
+        self._server: StoreServer | None = None
         self._store: Any = None
         self._group: Any = None
         self._buffers: list[torch.Tensor] = []
@@ -73,19 +73,11 @@ class BroadcastEngine(CheckpointEngine):
             self._alloc(self.layout.bucket_bytes, old, pin=pin)
             for old in (self._buffers or [None] * _NUM_BUFFERS)
         ]
-        host = node_ip()
-        self._store = dist.TCPStore(
-            host,
-            0,
-            self.plan.world_size,
-            True,
-            timeout=timeout,
-            wait_for_workers=False,
-            master_listen_fd=listening_socket(host),
+        self._server = StoreServer.open(
+            self.plan.world_size, timeout, host=node_ip(), namespace="weights"
         )
-        # The group's keys live under a secret handed to the receivers over Ray: a process
-        # that reaches the port cannot join the group or forge its rendezvous.
-        return {"host": host, "port": self._store.port, "secret": secrets.token_hex(16)}
+        address = self._server.address
+        return {"host": address.host, "port": address.port, "secret": address.secret}
 
     def _alloc(self, num_bytes: int, old: torch.Tensor | None, pin: bool = False) -> torch.Tensor:
         if old is not None and old.numel() == num_bytes:
@@ -94,13 +86,11 @@ class BroadcastEngine(CheckpointEngine):
 
     def init(self, info: dict[str, Any]) -> None:
         timeout = datetime.timedelta(seconds=self.plan.timeout_s)
-        store = self._store
+        address = StoreAddress(info["host"], int(info["port"]), info["secret"], "weights")
         try:
-            if self.rank != 0:
-                store = dist.TCPStore(
-                    info["host"], int(info["port"]), self.plan.world_size, False, timeout=timeout
-                )
-            prefixed = dist.PrefixStore(f"weights/{info['secret']}", store)
+            # The sender serves the store (prepare); receivers connect to it.
+            own = self._server.store if self._server is not None else None
+            prefixed = address.connect(self.plan.world_size, timeout, store=own)
             if self._nccl:
                 options = dist.ProcessGroupNCCL.Options()
                 # The watchdog's limit lies past ours, so our deadline fires first and aborts
@@ -115,7 +105,7 @@ class BroadcastEngine(CheckpointEngine):
                 )
         except RuntimeError as exc:
             raise WeightSyncError("init", self.peer, f"joining the weight group: {exc}") from exc
-        self._store = store
+        self._store = prefixed
 
     def _broadcast(self, tensor: torch.Tensor) -> Any:
         options = dist.BroadcastOptions()
@@ -229,5 +219,5 @@ class BroadcastEngine(CheckpointEngine):
         group, self._group = self._group, None
         if group is not None and self._nccl and hasattr(group, "abort"):
             group.abort()
-        self._store = None
+        self._store = self._server = None
         self._buffers, self._staging = [], None

@@ -1,6 +1,7 @@
 """Facts about the process's host that the transports and the backend choice need.
 
-Where shared memory lives (``shm_dir``), how peers on other hosts reach this one (``node_ip``),
+Where shared memory lives (``shm_dir``), how peers on other hosts reach this one (``node_ip``, from
+``recipe.utils.rendezvous``),
 which processes can share memory (``host_id``) and how much memory is free; ``EndpointSite``
 bundles them for one endpoint (what ``checkpoint_engine.backend=auto`` decides from). No
 torch collectives and no engine state here: every transport and the synchronizer read these.
@@ -8,8 +9,6 @@ torch collectives and no engine state here: every transport and the synchronizer
 
 from __future__ import annotations
 
-import errno
-import logging
 import os
 import socket
 import tempfile
@@ -18,7 +17,7 @@ from typing import Any
 
 import torch
 
-logger = logging.getLogger(__name__)
+from recipe.utils.rendezvous import node_ip
 
 
 def shm_dir() -> str:
@@ -27,41 +26,6 @@ def shm_dir() -> str:
     if override:
         return override
     return "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-
-
-def node_ip() -> str:
-    """This node's address as Ray knows it (what peers on other hosts can reach)."""
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return ray.util.get_node_ip_address()
-    except ImportError:  # Ray is optional for in-process use
-        pass
-    return "127.0.0.1"
-
-
-def listening_socket(host: str) -> int:
-    """A TCP socket bound to ``host`` on a free port and listening; its file descriptor, for
-    a server to take over (``TCPStore(master_listen_fd=...)``). The port is held from the
-    bind on, so no other process can take it between choosing and listening, and the server
-    answers on this address only, not on every interface."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        try:
-            sock.bind((host, 0))
-        except OSError as exc:
-            if exc.errno != errno.EADDRNOTAVAIL:
-                raise
-            # The address peers use is not this host's own (NAT, a node IP set by hand).
-            logger.warning("%s is not an address of this host: listening on all of them", host)
-            sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
-    return sock.detach()
 
 
 def free_memory_bytes(device: torch.device) -> int:

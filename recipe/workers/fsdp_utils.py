@@ -26,10 +26,14 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from recipe.utils.rendezvous import StoreAddress, StoreServer
 from recipe.workers.config import ActorConfig
 from recipe.workers.logprob_head import chunked_logprob_entropy
 
 logger = logging.getLogger(__name__)
+
+JOIN_TIMEOUT = datetime.timedelta(minutes=10)
+"""How long the trainer ranks wait for each other in the rendezvous and in collectives."""
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -222,24 +226,35 @@ def _all_reduce(values: list[float], device: torch.device, op: dist.ReduceOp) ->
     return buf.tolist()
 
 
-def join_process_group(rank: int, world_size: int, addr: str, port: int, device: str) -> bool:
-    """Join the default process group; True when this call created it (and must destroy it)."""
+def join_process_group(
+    rank: int, world_size: int, rendezvous: StoreAddress | None, device: str
+) -> tuple[bool, StoreServer | None]:
+    """Join the default process group at ``rendezvous`` (None: a world of one, whose store
+    this process serves itself on the loopback address). Returns whether this call created
+    the group (and must destroy it) and the store server it opened, to keep while the group
+    lives."""
     if dist.is_initialized():
         if (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
             raise ValueError(
                 f"a process group (rank {dist.get_rank()} of {dist.get_world_size()}) already "
                 f"exists in this process; cannot join as rank {rank} of {world_size}"
             )
-        return False
-    backend = "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"
+        return False, None
+    server = None
+    if rendezvous is None:
+        if world_size != 1:
+            raise ValueError(f"rank {rank} of {world_size} needs the group's rendezvous address")
+        server = StoreServer.open(1, JOIN_TIMEOUT, host="127.0.0.1", namespace="trainer")
+        rendezvous = server.address
+    store = rendezvous.connect(world_size, JOIN_TIMEOUT, store=server.store if server else None)
     dist.init_process_group(
-        backend,
-        init_method=f"tcp://{addr}:{port}",
+        "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo",
+        store=store,
         rank=rank,
         world_size=world_size,
-        timeout=datetime.timedelta(minutes=10),
+        timeout=JOIN_TIMEOUT,
     )
-    return True
+    return True, server
 
 
 def copy_tokenizer(source: str | Path, target: str | Path) -> None:

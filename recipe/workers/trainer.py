@@ -33,6 +33,7 @@ from torch.distributed.tensor import DTensor
 from recipe.algo.losses import count_tokens_and_seqs
 from recipe.algo.policy_loss import POLICY_LOSSES
 from recipe.utils.config_check import require_choice, require_positive
+from recipe.utils.rendezvous import StoreAddress
 from recipe.workers.actor_loss import LossSums, micro_loss, update_metrics
 from recipe.workers.batch import TrainBatch
 from recipe.workers.config import ActorConfig
@@ -101,10 +102,11 @@ class TrainerWorker:
         *,
         rank: int = 0,
         world_size: int = 1,
-        master_addr: str = "127.0.0.1",
-        master_port: int = 29500,
+        rendezvous: StoreAddress | None = None,
         device: str = "cpu",
     ):
+        """Rank ``rank`` of ``world_size``, meeting the others at ``rendezvous`` (the
+        ``TrainerGroup``'s store; None: a world of one that serves its own)."""
         if actor.ppo_mini_batch_size % world_size:
             raise ValueError(
                 f"actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} must be a multiple of "
@@ -117,7 +119,9 @@ class TrainerWorker:
         self.device = torch.device(
             f"cuda:{torch.cuda.current_device()}" if device == "cuda" else "cpu"
         )
-        self._owns_group = join_process_group(rank, world_size, master_addr, master_port, device)
+        self._owns_group, self._store_server = join_process_group(
+            rank, world_size, rendezvous, device
+        )
         self._mesh = init_device_mesh(self.device.type, (world_size,))
         torch.manual_seed(spec.seed)
         self._policy = self._build_policy(trainable=True)
@@ -399,3 +403,4 @@ class TrainerWorker:
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_group = False
+        self._store_server = None

@@ -13,30 +13,21 @@ cannot be split that way is refused with a ValueError before anything runs.
 from __future__ import annotations
 
 import logging
-import socket
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from recipe.faults import TrainerWorkerError, describe_death, is_actor_death
+from recipe.utils.rendezvous import StoreServer
 from recipe.workers.batch import TrainBatch
 from recipe.workers.config import ActorConfig
+from recipe.workers.fsdp_utils import JOIN_TIMEOUT
 from recipe.workers.trainer import TrainerSpec, TrainerWorker
 
 logger = logging.getLogger(__name__)
 
 _READY_TIMEOUT_S = 600.0
-
-
-def _rendezvous_address() -> tuple[str, int]:
-    """This node's IP and a free TCP port for ``torch.distributed``'s rendezvous."""
-    import ray
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        port = sock.getsockname()[1]
-    return ray.util.get_node_ip_address(), port
 
 
 class TrainerGroup:
@@ -78,11 +69,9 @@ class TrainerGroup:
         def on_bundle(index: int) -> PlacementGroupSchedulingStrategy:
             return PlacementGroupSchedulingStrategy(placement_group, index)
 
-        addr, port = ray.get(
-            ray.remote(_rendezvous_address)
-            .options(num_cpus=0, scheduling_strategy=on_bundle(0))
-            .remote()
-        )
+        # The ranks meet at a store this process serves for the group's lifetime, on this
+        # node's own address under a secret (``recipe.utils.rendezvous``).
+        self._rendezvous = StoreServer.open(self.world_size, JOIN_TIMEOUT, namespace="trainer")
         worker_cls = ray.remote(TrainerWorker)
         self.workers = [
             worker_cls.options(
@@ -94,13 +83,11 @@ class TrainerGroup:
                 spec,
                 rank=rank,
                 world_size=self.world_size,
-                master_addr=addr,
-                master_port=port,
+                rendezvous=self._rendezvous.address,
                 device="cuda" if use_gpu else "cpu",
             )
             for rank in range(self.world_size)
         ]
-        self._rendezvous = f"{addr}:{port}"
         self._ready = False
         if wait:
             self.wait_ready()
@@ -118,7 +105,13 @@ class TrainerGroup:
             self.shutdown(graceful=False)
             raise
         self._ready = True
-        logger.info("trainer group up: %d ranks, rendezvous %s", self.world_size, self._rendezvous)
+        address = self._rendezvous.address
+        logger.info(
+            "trainer group up: %d ranks, rendezvous %s:%d",
+            self.world_size,
+            address.host,
+            address.port,
+        )
 
     # ---- fan-out --------------------------------------------------------------------------
 

@@ -3,7 +3,6 @@ update does not depend on how its mini-batches are cut."""
 
 import dataclasses
 import random
-import socket
 
 import pytest
 import torch
@@ -112,12 +111,6 @@ def test_chunked_head_without_targets_keeps_the_graph_connected():
 # ---- the trainer: dynamic micro-batches change nothing but speed --------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.parametrize(
     "changed",
     [
@@ -133,11 +126,10 @@ def test_speed_settings_give_the_same_update(tiny_model_path, changed):
         entropy_coeff=0.01, logprob_chunk_size=8, use_dynamic_bsz=False,
     )  # fmt: skip
     other = dataclasses.replace(base, **changed)
-    port = _free_port()
     results, workers = [], []
     try:
         for actor in (base, other):
-            worker = TrainerWorker(actor, TrainerSpec(str(tiny_model_path)), master_port=port)
+            worker = TrainerWorker(actor, TrainerSpec(str(tiny_model_path)))
             workers.append(worker)
             if actor.gradient_checkpointing:
                 assert worker._policy.lm.is_gradient_checkpointing
@@ -161,7 +153,7 @@ def test_a_dummy_micro_batch_adds_nothing(tiny_model_path, monkeypatch):
     """Ranks with fewer rows than another rank's micro-batches run fully masked dummies."""
     batch = random_train_batch(tiny_model_path, num_prompts=2, n=2, seed=4)
     actor = ActorConfig(lr=1e-5, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2)
-    worker = TrainerWorker(actor, TrainerSpec(str(tiny_model_path)), master_port=_free_port())
+    worker = TrainerWorker(actor, TrainerSpec(str(tiny_model_path)))
     try:
         worker.save_model_to_cpu("start")
         plain = worker.compute_log_prob(batch), worker.update_actor(batch)

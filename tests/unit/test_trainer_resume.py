@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import socket
 from pathlib import Path
 
 import pytest
@@ -17,18 +16,12 @@ from recipe.workers.trainer import TrainerSpec, TrainerWorker
 from tests.helpers.batches import random_train_batch
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def model_dir(tiny_model_path):
     return Path(tiny_model_path)
 
 
-def _worker(model_dir: Path, port: int) -> TrainerWorker:
+def _worker(model_dir: Path) -> TrainerWorker:
     # Cosine with warm-up over 6 optimizer steps: a scheduler restarted from step 0 would use
     # another learning rate at the resumed step.
     actor = ActorConfig(
@@ -38,9 +31,7 @@ def _worker(model_dir: Path, port: int) -> TrainerWorker:
         ppo_mini_batch_size=3,
         ppo_micro_batch_size_per_gpu=6,
     )
-    return TrainerWorker(
-        actor, TrainerSpec(str(model_dir), total_optimizer_steps=6), master_port=port
-    )
+    return TrainerWorker(actor, TrainerSpec(str(model_dir), total_optimizer_steps=6))
 
 
 def _with_rollout_logprobs(worker: TrainerWorker, batch):
@@ -49,8 +40,7 @@ def _with_rollout_logprobs(worker: TrainerWorker, batch):
 
 def test_resumed_worker_takes_the_same_next_update_as_the_uninterrupted_one(model_dir, tmp_path):
     first, second = random_train_batch(model_dir, seed=1), random_train_batch(model_dir, seed=2)
-    port = _free_port()
-    original = _worker(model_dir, port)  # owns the process group; the others join it
+    original = _worker(model_dir)  # owns the process group; the others join it
     try:
         original.update_actor(_with_rollout_logprobs(original, first))
         original.update_actor(_with_rollout_logprobs(original, first))
@@ -61,7 +51,7 @@ def test_resumed_worker_takes_the_same_next_update_as_the_uninterrupted_one(mode
         metrics = original.update_actor(_with_rollout_logprobs(original, second))
         expected = original.full_state_dict()
 
-        resumed = _worker(model_dir, port)
+        resumed = _worker(model_dir)
         resumed.load_hf(ckpt)
         resumed.load_train_state(ckpt / "run_state")
         assert (random.random(), torch.rand(3).tolist()) == rng_draw  # this rank's streams
@@ -72,7 +62,7 @@ def test_resumed_worker_takes_the_same_next_update_as_the_uninterrupted_one(mode
 
         # Control: the same weights with a fresh optimizer and schedule take another step, so
         # the equality above is the optimizer state's doing.
-        weights_only = _worker(model_dir, port)
+        weights_only = _worker(model_dir)
         weights_only.load_hf(ckpt)
         control_metrics = weights_only.update_actor(_with_rollout_logprobs(weights_only, second))
         control = weights_only.full_state_dict()

@@ -2,7 +2,6 @@
 
 import dataclasses
 import math
-import socket
 from pathlib import Path
 
 import pytest
@@ -32,12 +31,6 @@ def model_dir(tiny_model_path):
     return Path(tiny_model_path)
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def worker(model_dir):
     # A small lr keeps one update in the linear regime: Adam's first step moves every weight by
@@ -45,7 +38,7 @@ def worker(model_dir):
     actor = ActorConfig(
         lr=1e-5, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=3, logprob_chunk_size=4
     )
-    w = TrainerWorker(actor, TrainerSpec(str(model_dir)), master_port=free_port())
+    w = TrainerWorker(actor, TrainerSpec(str(model_dir)))
     yield w
     w.close()
 
@@ -245,9 +238,9 @@ def test_old_log_probs_from_the_saved_copy_leave_training_where_it_was(model_dir
     first = random_train_batch(model_dir, seed=5)
     second = random_train_batch(model_dir, seed=6)
     actor = ActorConfig(lr=1e-5, ppo_mini_batch_size=3, ppo_micro_batch_size_per_gpu=3)
-    port, weights = free_port(), []
+    weights = []
     for use_slot in (False, True):
-        w = TrainerWorker(actor, TrainerSpec(str(model_dir)), master_port=port)
+        w = TrainerWorker(actor, TrainerSpec(str(model_dir)))
         try:
             w.save_model_to_cpu("pushed")
             old_bt = w.compute_log_prob(first)[0]
@@ -272,7 +265,7 @@ def test_a_diverging_learning_rate_skips_non_finite_steps_and_counts_them(model_
     the parameters whose gradients were not finite."""
     batch = random_train_batch(model_dir, seed=7)
     actor = ActorConfig(lr=1e8, ppo_mini_batch_size=3, ppo_micro_batch_size_per_gpu=3)
-    w = TrainerWorker(actor, TrainerSpec(str(model_dir)), master_port=free_port())
+    w = TrainerWorker(actor, TrainerSpec(str(model_dir)))
     try:
         first = w.update_actor(batch)
         assert first["actor/skipped_steps"] == 0 and math.isfinite(first["actor/grad_norm"])
