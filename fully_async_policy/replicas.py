@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from recipe.faults import RolloutWorkerError, is_actor_death
+from recipe.utils.weights_file import WeightsFile
 from recipe.workers.cluster import PlacementError
 from recipe.workers.rollout_group import (
     HEALTH_TIMEOUT_S,
@@ -286,12 +287,15 @@ class ReplicaSupervisor:
             raise self.error
         return sorted(self._needs_weights)
 
-    async def install_weights(self, index: int, path: str | None, version: int) -> None:
-        """Load the served weights (``version``, a safetensors file; None: version 0, the
-        model on disk it already holds) into restarted replica ``index``, then let it serve."""
-        if path is not None:
+    async def install_weights(self, index: int, weights: WeightsFile | None, version: int) -> None:
+        """Load the served weights (``version``, a verified safetensors file; None: version
+        0, the model on disk it already holds) into restarted replica ``index``, then let it
+        serve."""
+        if weights is not None:
             worker = self.group.workers[index]
-            load = worker.update_weights_from_file.remote(path, version)
+            load = worker.update_weights_from_file.remote(
+                weights.path, version, sha256=weights.sha256
+            )
             await self._within(load, "its weights load", self._start_s)
         self._needs_weights.discard(index)
         if not self._needs_weights:

@@ -70,6 +70,7 @@ from recipe.observability.trace import ROLLOUTER_PID, ROLLOUTER_TIDS, Tracer, no
 from recipe.protocol import Trajectory
 from recipe.reward import RewardError
 from recipe.separate_trainer import SeparateRayPPOTrainer
+from recipe.utils.weights_file import WeightsFile
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -174,10 +175,10 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         retired = self.replicas.retired
         return [w for i, w in enumerate(self.rollout_group.workers) if i not in retired]
 
-    async def load_weights(self, path: str, version: int) -> None:
-        """Every replica loads ``path`` and serves ``version`` (a resumed run, before
-        ``run()``)."""
-        await asyncio.to_thread(self.rollout_group.update_weights_from_file, path, version)
+    async def load_weights(self, weights: WeightsFile, version: int) -> None:
+        """Every replica verifies and loads ``weights`` and serves ``version`` (a resumed
+        run, before ``run()``)."""
+        await asyncio.to_thread(self.rollout_group.update_weights_from_file, weights, version)
         self.version = version
 
     # ---- the streaming loop ---------------------------------------------------------------
@@ -572,10 +573,12 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         waiting for the served weights (the trainer sends them: ``install_weights``)."""
         return await self.replicas.recover()
 
-    async def install_weights(self, replica: int, path: str | None, version: int) -> None:
-        """Restarted ``replica`` loads the served weights (``version``; ``path`` None: version
-        0, which it holds) and serves again."""
-        await self.replicas.install_weights(replica, path, version)
+    async def install_weights(
+        self, replica: int, weights: WeightsFile | None, version: int
+    ) -> None:
+        """Restarted ``replica`` loads the served weights (``version``; ``weights`` None:
+        version 0, which it holds) and serves again."""
+        await self.replicas.install_weights(replica, weights, version)
 
     async def wait_replica_request(self) -> None:
         """Returns once a restarted replica waits for the served weights."""

@@ -54,8 +54,9 @@ class ServedWeights:
         start from ``model.path`` at version 0); they are then also the kept copy."""
         import ray
 
-        with exported_weights(self.trainer_group, self.run_dir, f"resume-v{version}") as path:
-            ray.get(self.rollouter.load_weights.remote(path, version))
+        tag = f"resume-v{version}"
+        with exported_weights(self.trainer_group, self.run_dir, tag) as weights:
+            ray.get(self.rollouter.load_weights.remote(weights, version))
         self.keep(version)
 
     def heal(self, version: int) -> bool:
@@ -76,6 +77,7 @@ class ServedWeights:
                     f"trainer keeps a copy of version {self.kept_version}"
                 )
             tag = f"restart-v{version}"
-            with exported_weights(self.trainer_group, self.run_dir, tag, slot=PUSHED_SLOT) as path:
-                ray.get(self.rollouter.install_weights.remote(replica, path, version))
+            kept = exported_weights(self.trainer_group, self.run_dir, tag, slot=PUSHED_SLOT)
+            with kept as weights:
+                ray.get(self.rollouter.install_weights.remote(replica, weights, version))
         return ray.get(self.rollouter.engine_workers.remote()) != before

@@ -319,8 +319,8 @@ class SeparateRayPPOTrainer:
         assert self.version > 0, "checkpoints are taken after a push"
         assert self.trainer_group is not None and self.rollout_group is not None
         tag = f"resume-v{self.version}"
-        with exported_weights(self.trainer_group, self.run_dir, tag) as path:
-            self.rollout_group.update_weights_from_file(path, self.version)
+        with exported_weights(self.trainer_group, self.run_dir, tag) as weights:
+            self.rollout_group.update_weights_from_file(weights, self.version)
         logger.info("engines serve the resumed version %d", self.version)
 
     # ---- validation ---------------------------------------------------------------------

@@ -159,9 +159,11 @@ class ParameterSynchronizer:
     def _on_sender(self, method: str, *args: Any) -> dict[str, Any]:
         return {SENDER: self._trainer.workers[0].weight_sender_call.remote(method, *args)}
 
-    def _on_replicas(self, method: str, *args: Any) -> dict[str, Any]:
-        workers = self._workers
-        return {replica_peer(i): getattr(w, method).remote(*args) for i, w in enumerate(workers)}
+    def _on_replicas(self, method: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {
+            replica_peer(i): getattr(w, method).remote(*args, **kwargs)
+            for i, w in enumerate(self._workers)
+        }
 
     def init_communicator(self, version: int) -> None:
         """Resolve backend and bucket size, compute the layout (once), build the transport
@@ -394,7 +396,8 @@ class ParameterSynchronizer:
 
     def _push_file(self, target: int) -> dict[str, float]:
         """``backend=file``: one safetensors file (written aside, then renamed) in
-        ``file_root``, which every engine's node reads; no bucket checksums."""
+        ``file_root``, which every engine's node reads; each replica checks the file's sha256
+        against the writer's before loading it (``sync/verify_s`` is in ``sync/load_s``)."""
         assert self._file_dir is not None
         path = str(self._file_dir / f"policy-v{target}.safetensors")
         start = time.perf_counter()
@@ -403,7 +406,11 @@ class ParameterSynchronizer:
         transfer_s = time.perf_counter() - start
         start = time.perf_counter()
         try:
-            self._phase("load", self._on_replicas("update_weights_from_file", path, target))
+            written = exported[SENDER]
+            loads = self._on_replicas(
+                "update_weights_from_file", path, target, sha256=written.sha256
+            )
+            self._phase("load", loads)
         finally:
             Path(path).unlink(missing_ok=True)
         return {
@@ -411,7 +418,7 @@ class ParameterSynchronizer:
             "sync/transfer_s": transfer_s,
             "sync/verify_s": 0.0,
             "sync/load_s": time.perf_counter() - start,
-            "sync/bytes": float(exported[SENDER]),
+            "sync/bytes": float(exported[SENDER].num_bytes),
         }
 
     def reset_transport(self) -> None:

@@ -36,6 +36,7 @@ from recipe.checkpoint.store import (
     write_json,
 )
 from recipe.observability.backends import METRICS_FILE
+from recipe.utils.weights_file import WeightsFile
 
 if TYPE_CHECKING:
     from recipe.config import RecipeConfig
@@ -174,9 +175,10 @@ EXPORT_DIR = ".weights"
 @contextlib.contextmanager
 def exported_weights(
     trainer_group: TrainerGroup, run_dir: Path, tag: str, *, slot: str | None = None
-) -> Iterator[str]:
+) -> Iterator[WeightsFile]:
     """The trainer's weights (or those saved in CPU ``slot``) as one safetensors file, for
-    engines that load a file (a resume, a restarted replica); removed on exit.
+    engines that load a file (a resume, a restarted replica), with the checksum a reader
+    verifies before loading it; removed on exit.
 
     The file lives under the run directory, which every node reads (checked at startup on
     several hosts), not in trainer rank 0's node-local shared memory, which an engine on
@@ -187,7 +189,6 @@ def exported_weights(
     directory.chmod(0o700)  # mkdir's mode is cut by the umask and ignored for an old dir
     path = directory / f"{tag}-{uuid.uuid4().hex}.safetensors"
     try:
-        trainer_group.export_weights(str(path), slot=slot)
-        yield str(path)
+        yield trainer_group.export_weights(str(path), slot=slot)
     finally:
         path.unlink(missing_ok=True)

@@ -43,6 +43,11 @@ class ActorConfig:
     ``actor/skipped_steps``; a trainer step whose every optimizer step was skipped lists its
     prompts under ``skipped`` in ledger.jsonl, not ``trained``). After this many consecutive
     such trainer steps the run stops with one line; 0: never stop."""
+    probe_non_finite: bool = False
+    """On a skipped step, run its micro-batches again one at a time and log where the
+    non-finite gradient arises: the first layer with non-finite output (on real tokens or on
+    padding only) and which attention kernels give finite gradients
+    (``recipe.workers.nonfinite_probe``; world size 1 only; a few extra passes per skip)."""
     ppo_mini_batch_size: int = 16
     """Prompts per optimizer step (each brings ``rollout.n`` responses)."""
     ppo_micro_batch_size_per_gpu: int = 32

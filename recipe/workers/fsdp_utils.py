@@ -83,6 +83,13 @@ class PolicyModule(nn.Module):
         return logprob_bt, entropy_bt
 
 
+def decoder_layers(lm: nn.Module) -> list[nn.Module]:
+    """The HF model's decoder layers (the classes it declares ``_no_split_modules``), in
+    module order; also once sharded (FSDP2 gives each a subclass of its own)."""
+    layer_classes = set(getattr(lm, "_no_split_modules", None) or ())
+    return [m for m in lm.modules() if any(c.__name__ in layer_classes for c in type(m).__mro__)]
+
+
 def shard_policy(
     policy: PolicyModule, mesh: DeviceMesh, compute_dtype: torch.dtype = torch.float32
 ) -> None:
@@ -95,8 +102,7 @@ def shard_policy(
     """
     mp_policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     reshard = mesh.size() > 1
-    layer_classes = set(getattr(policy.lm, "_no_split_modules", None) or ())
-    layers = [m for m in policy.lm.modules() if type(m).__name__ in layer_classes]
+    layers = decoder_layers(policy.lm)
     if not layers:
         raise ValueError(
             f"{type(policy.lm).__name__} declares no _no_split_modules decoder layers to shard"

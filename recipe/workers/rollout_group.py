@@ -27,6 +27,7 @@ from recipe.faults import RolloutWorkerError, RunFailure, describe_death, is_act
 from recipe.model import HFModelConfig, ModelConfig
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.utils.ray_errors import error_line
+from recipe.utils.weights_file import WeightsFile
 from recipe.workers.cluster import replica_gpus
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout import make_rollout_worker_cls
@@ -365,11 +366,16 @@ class RolloutGroup:
             self._replica_of[ref] = index
         return ref
 
-    def update_weights_from_file(self, path: str, version: int) -> None:
-        """Every replica loads ``path`` and serves ``version``; raises if any fails."""
+    def update_weights_from_file(self, weights: WeightsFile, version: int) -> None:
+        """Every replica verifies and loads ``weights`` and serves ``version``; raises if any
+        fails."""
         import ray
 
-        ray.get([w.update_weights_from_file.remote(path, version) for w in self.workers])
+        loads = [
+            w.update_weights_from_file.remote(weights.path, version, sha256=weights.sha256)
+            for w in self.workers
+        ]
+        ray.get(loads)
 
     def drain_trace(
         self, timeout_s: float = 30.0, skip: Sequence[int] = ()

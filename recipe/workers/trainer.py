@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from recipe.algo.losses import count_tokens_and_seqs
 from recipe.algo.policy_loss import POLICY_LOSSES
 from recipe.utils.config_check import require_choice, require_positive
 from recipe.utils.rendezvous import StoreAddress
+from recipe.utils.weights_file import WeightsFile, write_weights
 from recipe.workers.actor_loss import LossSums, micro_loss, update_metrics
 from recipe.workers.batch import TrainBatch
 from recipe.workers.config import ActorConfig
@@ -43,6 +43,7 @@ from recipe.workers.fsdp_utils import (
     all_reduce_sum,
     build_optimizer,
     copy_tokenizer,
+    decoder_layers,
     full_tensor_metadata,
     iter_full_tensors,
     join_process_group,
@@ -250,7 +251,35 @@ class TrainerWorker:
             micro_loss(
                 self.actor, self.spec, micro, logprob_bt, entropy_bt, counts, sums
             ).backward()
-        return self._optimizer_step()
+        norm = self._optimizer_step()
+        if not math.isfinite(norm) and self.actor.probe_non_finite:
+            self._probe_non_finite(mini, counts)
+        return norm
+
+    def _probe_non_finite(self, mini: TrainBatch, counts: dict[str, float]) -> None:
+        """Find where a skipped step's non-finite gradient arose (``nonfinite_probe``); the
+        weights are those the step started from, since the step was skipped."""
+        if self.world_size > 1:
+            logger.warning("actor.probe_non_finite: runs at trainer world size 1 only")
+            return
+        from recipe.workers.nonfinite_probe import probe_micro_batches
+
+        def loss_of(micro: TrainBatch):
+            def run() -> torch.Tensor:
+                logprob_bt, entropy_bt = self._forward(self._policy, micro)
+                scratch = LossSums(self.device)
+                return micro_loss(
+                    self.actor, self.spec, micro, logprob_bt, entropy_bt, counts, scratch
+                )
+
+            return run
+
+        micro_batches = [
+            (m.attention_mask_bt, loss_of(m)) for _, m in self._micro_batches(mini, grad=True)
+        ]
+        layers = decoder_layers(self._policy.lm)
+        probe_micro_batches(self._policy, layers, micro_batches, self._scheduler.last_epoch)
+        reshard_all(self._policy)
 
     def _optimizer_step(self) -> float:
         """Clip, step (skipped when the gradient is not finite), zero grads; the global norm."""
@@ -349,24 +378,17 @@ class TrainerWorker:
                 full[name] = tensor.to("cpu", copy=True)  # never alias live weights
         return full
 
-    def export_weights(self, path: str, slot: str | None = None) -> int:
+    def export_weights(self, path: str, slot: str | None = None) -> WeightsFile | None:
         """Rank 0 writes the full HF-named tensors to one safetensors file (written aside,
-        then renamed, so a reader never sees half a file); returns the tensor bytes.
+        then renamed, so a reader never sees half a file) and returns its record (bytes,
+        checksum); other ranks return None.
         ``slot``: export the copy ``save_model_to_cpu(slot)`` saved instead of the live
         weights (swapped in and back out). Collective."""
         if slot is not None:
             with self._swapped_in(slot):
                 return self.export_weights(path)
         state_dict = self.full_state_dict()
-        if self.rank != 0:
-            return 0
-        from safetensors.torch import save_file
-
-        tmp_path = f"{path}.partial"
-        save_file(state_dict, tmp_path)
-        os.chmod(tmp_path, 0o600)  # the run's user only: these are the model's weights
-        os.replace(tmp_path, path)
-        return sum(t.numel() * t.element_size() for t in state_dict.values())
+        return write_weights(state_dict, path) if self.rank == 0 else None
 
     def save_hf(self, path: str | Path) -> None:
         """Rank 0 writes an HF directory (weights, config, tokenizer when the source has one).

@@ -20,6 +20,7 @@ import torch
 
 from recipe.faults import TrainerWorkerError, describe_death, is_actor_death
 from recipe.utils.rendezvous import StoreServer
+from recipe.utils.weights_file import WeightsFile
 from recipe.workers.batch import TrainBatch
 from recipe.workers.config import ActorConfig
 from recipe.workers.fsdp_utils import JOIN_TIMEOUT
@@ -220,9 +221,9 @@ class TrainerGroup:
         """Full HF-named CPU tensors (tied weights once), gathered by rank 0."""
         return self.execute_all("full_state_dict")[0]
 
-    def export_weights(self, path: str, *, slot: str | None = None) -> int:
+    def export_weights(self, path: str, *, slot: str | None = None) -> WeightsFile:
         """Rank 0 writes the full weights (``slot``: those saved by ``save_model_to_cpu``)
-        to ``path`` (safetensors); returns their bytes."""
+        to ``path`` (safetensors); returns its record (bytes, checksum)."""
         return self.execute_all("export_weights", str(path), slot=slot)[0]
 
     def weight_metadata(self) -> list[tuple[str, tuple[int, ...], str]]:

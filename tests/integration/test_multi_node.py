@@ -1,7 +1,10 @@
 """The recipe on a Ray cluster of several nodes, started on this one host.
 
 ``ray.cluster_utils.Cluster``: a head node (the driver's), a trainer node and two rollout
-nodes, each with its own CPUs and a custom resource naming it. The runs pin the trainer to
+nodes, each with its own CPUs, a custom resource naming it and a shared-memory directory of
+its own (``RECIPE_SHM_DIR``), so that, as on separate hosts, a file one node writes to its
+shared memory is not there for another (weights for engines must travel over the weight
+transport or the run directory, never a node-local path). The runs pin the trainer to
 ``trainer_host`` and one engine to each ``rollout_host`` node through the placement knobs
 (``ray.trainer_resources``, ``ray.rollout_resources``), as a user pins roles on a real
 cluster. Every process reports its Ray node, so the weight sync sees three hosts and must
@@ -75,8 +78,10 @@ FULLY_ASYNC = {
 class LocalCluster:
     """The module's cluster: ``address``, node ids by name, and the Ray job client's URL."""
 
-    def __init__(self) -> None:
+    def __init__(self, shm_root: Path) -> None:
         from ray.cluster_utils import Cluster
+
+        self.shm_root = shm_root
 
         self.dashboard_port = _free_port()
         self.cluster = Cluster(
@@ -87,6 +92,7 @@ class LocalCluster:
                 "include_dashboard": True,
                 "dashboard_host": "127.0.0.1",
                 "dashboard_port": self.dashboard_port,
+                "env_vars": self._own_shm("head"),
                 **_agent_ports(),
             },
         )
@@ -103,7 +109,26 @@ class LocalCluster:
         self.cluster.remove_node(self.nodes.pop(name))
 
     def add(self, name: str) -> None:
-        self.nodes[name] = self.cluster.add_node(**NODES[name], **_agent_ports())
+        node_args = NODES[name] | {"env_vars": self._own_shm(name)}
+        self.nodes[name] = self.cluster.add_node(**node_args, **_agent_ports())
+
+    def _own_shm(self, name: str) -> dict[str, str]:
+        """The node's own shared-memory directory, as a host's /dev/shm is its own."""
+        directory = self.shm_root / name
+        directory.mkdir(parents=True, exist_ok=True)
+        return {"RECIPE_SHM_DIR": str(directory)}
+
+    def shm_dirs(self) -> dict[str, str]:
+        """What ``shm_dir()`` is in a Ray worker on each node, by node name."""
+        import ray
+
+        from recipe.checkpoint_engine.host import shm_dir
+
+        probe = ray.remote(num_cpus=0)(shm_dir)
+        return {
+            name: ray.get(probe.options(resources={f"node_{name}": 0.01}).remote(), timeout=60)
+            for name in self.nodes
+        }
 
     def ensure(self, name: str) -> None:
         """Node ``name`` is in the cluster (added again after a test removed it)."""
@@ -116,7 +141,7 @@ class LocalCluster:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
+def cluster(tmp_path_factory) -> Iterator[LocalCluster]:
     import ray
 
     from recipe.config import RayConfig
@@ -126,7 +151,7 @@ def cluster() -> Iterator[LocalCluster]:
         raise RuntimeError("a Ray from an earlier test is still up")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-        test_cluster = LocalCluster()
+        test_cluster = LocalCluster(tmp_path_factory.mktemp("node_shm"))
         try:
             init_ray(RayConfig(address=test_cluster.address))
             yield test_cluster
@@ -206,6 +231,11 @@ def _until_all_cpus_free(timeout_s: float = 10.0) -> None:
 def test_fully_async_places_roles_on_their_nodes_and_pushes_over_gloo_verified(
     cluster, tiny_model_path, tmp_path
 ):
+    # Each node's shared memory is its own, as on separate hosts.
+    shm = cluster.shm_dirs()
+    assert len(set(shm.values())) == len(shm) == 4 and all(
+        cluster.shm_root.name in d for d in shm.values()
+    )
     run_dir = tmp_path / "run"
     overrides = _overrides(
         cluster,

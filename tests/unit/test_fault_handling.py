@@ -30,6 +30,7 @@ from recipe.faults import (
 from recipe.observability.config import LoggerConfig
 from recipe.observability.tracking import Tracker
 from recipe.utils.output_dir import OutputDirError, check_writable_dir
+from recipe.utils.weights_file import WeightsFile
 from recipe.workers.cluster import PlacementError
 from recipe.workers.rollout_group import RolloutGroup, failed_health_check
 
@@ -54,8 +55,8 @@ class _Method:
     def __init__(self, fn: Any) -> None:
         self._fn = fn
 
-    def remote(self, *args: Any) -> Any:
-        return self._fn(*args)  # a coroutine: the supervisor awaits it like an ObjectRef
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fn(*args, **kwargs)  # a coroutine: awaited like an ObjectRef
 
 
 class FakeWorker:
@@ -99,8 +100,8 @@ class FakeWorker:
 
         return set_paused
 
-    async def _load(self, path: str, version: int) -> None:
-        self.loaded, self.version = path, version
+    async def _load(self, path: str, version: int, *, sha256: str | None = None) -> None:
+        self.loaded, self.version, self.loaded_sha256 = path, version, sha256
 
 
 class FakeGroup:
@@ -248,9 +249,10 @@ def test_a_replica_restarted_after_a_push_waits_for_the_served_weights():
         picked = asyncio.create_task(sup.pick())
         await _settle()
         assert not picked.done()  # nothing serves: a new group waits
-        await sup.install_weights(0, "/dev/shm/w.safetensors", 3)
+        await sup.install_weights(0, WeightsFile("/run/.weights/w.safetensors", 8, "ab12"), 3)
         new = group.workers[0]
-        assert (new.loaded, new.version, new.paused) == ("/dev/shm/w.safetensors", 3, True)
+        assert (new.loaded, new.version, new.paused) == ("/run/.weights/w.safetensors", 3, True)
+        assert new.loaded_sha256 == "ab12"  # the replica verifies the file before loading
         assert sup.in_service == [True] and not sup.weights_wanted.is_set()
         assert await picked == 0
 
@@ -263,7 +265,7 @@ def test_a_replica_restarted_between_syncs_serves_only_after_loading_the_served_
         sup, _ = _supervisor(group, version=2)
         assert await sup.on_failure(1, group.workers[1], _actor_died())
         assert await sup.recover() == [1] and sup.in_service == [True, False]
-        await sup.install_weights(1, "/dev/shm/w.safetensors", 2)
+        await sup.install_weights(1, WeightsFile("/run/.weights/w.safetensors", 8, "ab12"), 2)
         assert sup.in_service == [True, True] and group.workers[1].version == 2
 
     asyncio.run(scenario())

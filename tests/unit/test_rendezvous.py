@@ -42,9 +42,9 @@ def _in_threads(*calls):
 def test_the_store_holds_its_port_and_answers_on_its_own_address_only():
     server = StoreServer.open(2, TIMEOUT, host="127.0.0.2")
     port = server.address.port
-    with socket.socket() as other:  # no bind-and-close: the port is taken from the start
-        with pytest.raises(OSError):
-            other.bind(("127.0.0.2", port))
+    # No bind-and-close: the port is taken from the start.
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind(("127.0.0.2", port))
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
     socket.create_connection(("127.0.0.2", port), timeout=2).close()

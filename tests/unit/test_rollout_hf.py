@@ -240,6 +240,33 @@ def test_bad_weights_file_is_rejected_whole_and_leaves_the_worker_paused(model_d
         asyncio.run(worker.update_weights_from_file(str(tmp_path / "bad.safetensors"), 0))
 
 
+def test_a_weights_file_that_differs_from_its_writers_record_is_refused_while_serving_on(
+    model_dir, tmp_path
+):
+    """A file read with the checksum its writer recorded (a resume, a restarted replica,
+    ``backend=file``) is verified before the worker pauses: one cut or rewritten since, or
+    missing on this node, is refused naming it, and the worker keeps serving its version."""
+    from recipe.utils.weights_file import WeightsFileError, file_sha256
+
+    worker = _worker(model_dir)
+    path = _perturbed_weights_file(worker, tmp_path / "v1.safetensors")
+    recorded = file_sha256(path)
+    with path.open("r+b") as stream:  # one byte of the last tensor changes
+        stream.seek(-1, 2)
+        last = stream.read(1)
+        stream.seek(-1, 2)
+        stream.write(bytes([last[0] ^ 1]))
+    with pytest.raises(WeightsFileError, match=r"has sha256 .* here but .* as written") as bad:
+        asyncio.run(worker.update_weights_from_file(str(path), 1, sha256=recorded))
+    assert str(path) in str(bad.value) and "\n" not in str(bad.value)
+    missing = tmp_path / "elsewhere.safetensors"
+    with pytest.raises(WeightsFileError, match="does not exist on this node"):
+        asyncio.run(worker.update_weights_from_file(str(missing), 1, sha256=recorded))
+    assert not worker.is_paused() and worker.version == 0
+    asyncio.run(worker.update_weights_from_file(str(path), 1, sha256=file_sha256(path)))
+    assert worker.version == 1
+
+
 def test_diverged_weights_fail_sampling_with_one_line_naming_the_cause(model_dir, tmp_path):
     """Weights that make the next-token distribution NaN (a diverged run) end sampling with
     an error that says so, naming the version, instead of torch's sampling traceback."""

@@ -282,6 +282,50 @@ def test_a_diverging_learning_rate_skips_non_finite_steps_and_counts_them(model_
     assert named and all(name in before for name in named), warning
 
 
+def test_the_probe_finds_a_nan_that_arises_on_padding_and_names_its_layer(model_dir, caplog):
+    """A NaN written into the first decoder layer's output on padding positions only (what an
+    attention kernel that mishandles padded rows would do) makes the step non-finite; with
+    ``actor.probe_non_finite`` the skipped step's micro-batches are run again one at a time
+    and the warning names the micro-batch, the layer and that only padding was hit, then the
+    verdict per attention kernel."""
+    from recipe.workers.fsdp_utils import decoder_layers
+
+    batch = random_train_batch(model_dir, seed=7)
+    assert not bool(batch.attention_mask_bt.bool().all())  # some rows are padded
+    actor = ActorConfig(
+        lr=1e-5, ppo_mini_batch_size=3, ppo_micro_batch_size_per_gpu=6, probe_non_finite=True
+    )
+    w = TrainerWorker(actor, TrainerSpec(str(model_dir)))
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep_mask(_module, _args, kwargs):
+        seen["mask"] = kwargs["attention_mask"]
+
+    def nan_on_padding(_module, _inputs, output):
+        hidden = output[0] if isinstance(output, tuple) else output
+        pad_bt = ~seen["mask"].bool()
+        hidden = hidden.masked_fill(pad_bt[..., None], float("nan"))
+        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+    backbone = getattr(w._policy.lm, w._policy.lm.base_model_prefix)
+    hooks = [
+        backbone.register_forward_pre_hook(keep_mask, with_kwargs=True),
+        decoder_layers(w._policy.lm)[0].register_forward_hook(nan_on_padding),
+    ]
+    try:
+        metrics = w.update_actor(batch)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        w.close()
+    assert metrics["actor/skipped_steps"] == 1
+    lines = [r.getMessage() for r in caplog.records if "non-finite probe" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "micro-batch 0 (6 rows x " in lines[0]
+    assert lines[0].endswith("decoder layer 0 output is not finite on padding only"), lines[0]
+    assert "per attention kernel: math: non-finite" in lines[1], lines[1]
+
+
 def test_exported_weights_are_a_private_file_under_the_run_directory(worker, tmp_path):
     """A resume or a restarted replica loads the weights from a file every node can read
     (the run directory, not rank 0's /dev/shm), that only the run's user can read."""
@@ -290,13 +334,15 @@ def test_exported_weights_are_a_private_file_under_the_run_directory(worker, tmp
     from safetensors.torch import load_file
 
     from recipe.run.checkpointing import EXPORT_DIR, exported_weights
+    from recipe.utils.weights_file import file_sha256
 
     with exported_weights(worker, tmp_path, "resume-v3") as first:
         with exported_weights(worker, tmp_path, "resume-v3") as second:
-            assert first != second  # a name no other process can guess
-        path = Path(first)
+            assert first.path != second.path  # a name no other process can guess
+        path = Path(first.path)
         assert path.parent == tmp_path / EXPORT_DIR
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-        assert load_file(first).keys() == worker.full_state_dict().keys()
-    assert not path.exists() and not Path(second).exists()
+        assert load_file(path).keys() == worker.full_state_dict().keys()
+        assert first.sha256 == file_sha256(path) and first.num_bytes > 0
+    assert not path.exists() and not Path(second.path).exists()

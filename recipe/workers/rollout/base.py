@@ -33,6 +33,7 @@ from recipe.agent.context import EpisodeCut
 from recipe.checkpoint_engine.host import export_node_id
 from recipe.observability.trace import RequestTrace
 from recipe.protocol import Trajectory
+from recipe.utils.weights_file import verify_weights_file
 from recipe.workers.rollout.requests import GenerationRequest
 
 logger = logging.getLogger(__name__)
@@ -161,11 +162,16 @@ class RolloutWorker(ABC):
         self._episodes_cut.clear()
         self._running.set()
 
-    async def update_weights_from_file(self, path: str, version: int) -> None:
+    async def update_weights_from_file(
+        self, path: str, version: int, *, sha256: str | None = None
+    ) -> None:
         """Load a safetensors file of full HF-named tensors, then serve it as ``version``.
 
-        A running worker is paused around the load and resumed after it; a failed load
-        leaves the worker paused (never serving half-updated weights) and raises.
+        ``sha256``: the checksum its writer recorded (``recipe.utils.weights_file``); the file
+        is verified against it first, while the worker still serves, and refused
+        (``WeightsFileError``) when this node sees another file. A running worker is paused
+        around the load and resumed after it; a failed load leaves the worker paused (never
+        serving half-updated weights) and raises.
         """
         self._check_open()
         if version <= self._version:
@@ -173,6 +179,8 @@ class RolloutWorker(ABC):
                 f"update_weights_from_file(version={version}): versions must increase "
                 f"(serving {self._version})"
             )
+        if sha256 is not None:
+            await asyncio.to_thread(verify_weights_file, path, sha256)
         was_running = not self._paused
         await self.pause()
         await self._load_weights(path)
