@@ -43,6 +43,12 @@ class ActorConfig:
     ``actor/skipped_steps``; a trainer step whose every optimizer step was skipped lists its
     prompts under ``skipped`` in ledger.jsonl, not ``trained``). After this many consecutive
     such trainer steps the run stops with one line; 0: never stop."""
+    cudnn_attention: bool = False
+    """Let PyTorch pick cuDNN's scaled-dot-product attention kernel in the trainer (CUDA).
+    Off: its backward gave NaN gradients on padded GSM8K micro-batches of
+    Qwen2.5-Coder-0.5B-Instruct on an H200 (torch 2.11, bf16) where the memory-efficient
+    and math kernels gave finite ones on the same micro-batch and weights; 1-2 of 32 steps
+    were lost per run. The memory-efficient kernel runs instead."""
     probe_non_finite: bool = False
     """On a skipped step, run its micro-batches again one at a time and log where the
     non-finite gradient arises: the first layer with non-finite output (on real tokens or on

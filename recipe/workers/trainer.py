@@ -120,6 +120,9 @@ class TrainerWorker:
         self.device = torch.device(
             f"cuda:{torch.cuda.current_device()}" if device == "cuda" else "cpu"
         )
+        if self.device.type == "cuda" and not actor.cudnn_attention:
+            # Process-wide in this rank's own process (the engines run elsewhere).
+            torch.backends.cuda.enable_cudnn_sdp(False)
         self._owns_group, self._store_server = join_process_group(
             rank, world_size, rendezvous, device
         )

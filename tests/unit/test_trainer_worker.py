@@ -346,3 +346,23 @@ def test_exported_weights_are_a_private_file_under_the_run_directory(worker, tmp
         assert load_file(path).keys() == worker.full_state_dict().keys()
         assert first.sha256 == file_sha256(path) and first.num_bytes > 0
     assert not path.exists() and not Path(second.path).exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("allowed", [False, True])
+def test_a_cuda_rank_leaves_cudnn_attention_out_unless_asked(model_dir, allowed):
+    """cuDNN's attention backward gave NaN gradients on real padded batches (H200, where
+    the memory-efficient and math kernels were finite on the same micro-batch): a CUDA rank
+    turns it off in its process unless ``actor.cudnn_attention``, and still trains."""
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    actor = ActorConfig(
+        lr=1e-5, ppo_mini_batch_size=3, ppo_micro_batch_size_per_gpu=6, cudnn_attention=allowed
+    )
+    w = TrainerWorker(actor, TrainerSpec(str(model_dir)), device="cuda")
+    try:
+        assert torch.backends.cuda.cudnn_sdp_enabled() is allowed
+        metrics = w.update_actor(random_train_batch(model_dir, seed=9).to("cpu"))
+    finally:
+        w.close()
+        torch.backends.cuda.enable_cudnn_sdp(True)
+    assert math.isfinite(metrics["actor/grad_norm"])
