@@ -2,9 +2,10 @@
 
 ``ray.cluster_utils.Cluster``: a head node (the driver's), a trainer node and two rollout
 nodes, each with its own CPUs, a custom resource naming it and a shared-memory directory of
-its own (``RECIPE_SHM_DIR``), so that, as on separate hosts, a file one node writes to its
-shared memory is not there for another (weights for engines must travel over the weight
-transport or the run directory, never a node-local path). The runs pin the trainer to
+its own (``RECIPE_SHM_DIR``), so that, as on separate hosts, a shared-memory segment one
+node creates by name is not found by another; the resume test checks that weights files
+for engines are written under the run directory, never in a node's shared memory (a path
+there would be on no other host). The runs pin the trainer to
 ``trainer_host`` and one engine to each ``rollout_host`` node through the placement knobs
 (``ray.trainer_resources``, ``ray.rollout_resources``), as a user pins roles on a real
 cluster. Every process reports its Ray node, so the weight sync sees three hosts and must
@@ -26,6 +27,7 @@ push over the network transport (gloo), never shared memory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -265,8 +267,23 @@ def test_fully_async_places_roles_on_their_nodes_and_pushes_over_gloo_verified(
 
 @pytest.mark.nightly
 def test_fully_async_checkpoints_across_nodes_and_a_resumed_run_finishes_it(
-    cluster, tiny_model_path, tmp_path
+    cluster, tiny_model_path, tmp_path, monkeypatch
 ):
+    """The resumed run hands the engines on the rollout nodes the trainer's weights as a file
+    under the run directory (every node reads it; checked against its sha256 there), never
+    in a node's shared memory: a path one node's /dev/shm holds is on no other host."""
+    import fully_async_policy.served_weights as served_weights
+
+    exported: list[str] = []
+    export = served_weights.exported_weights
+
+    @contextlib.contextmanager
+    def recorded(*args, **kwargs):
+        with export(*args, **kwargs) as weights:
+            exported.append(weights.path)
+            yield weights
+
+    monkeypatch.setattr(served_weights, "exported_weights", recorded)
     run_dir = tmp_path / "run"
     overrides = _overrides(
         cluster,
@@ -292,6 +309,8 @@ def test_fully_async_checkpoints_across_nodes_and_a_resumed_run_finishes_it(
     finally:
         resumed.close()
     assert summary["steps"] == 3 and summary["sync/backend"] == "gloo"
+    assert len(exported) == 1 and Path(exported[0]).is_relative_to(run_dir), exported
+    assert not Path(exported[0]).is_relative_to(cluster.shm_root)
     assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3]
     trained = [uid for record in read_ledger(run_dir) for uid in record["trained"]]
     assert len(trained) == len(set(trained)) == 3 * 4
