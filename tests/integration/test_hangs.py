@@ -38,14 +38,28 @@ def _first_step_logged(run_dir: Path) -> bool:
     return any(json.loads(line)["step"] >= 1 for line in lines)
 
 
-@pytest.mark.parametrize("mode", ["sync", "one_step_off", "fully_async"])
-def test_a_stopped_engine_ends_a_run_within_its_deadline(tmp_path, mode):
+NO_PUSH_BEFORE_THE_END = "async_training.trigger_parameter_sync_step=30"
+"""fully_async with no push due in the run: the stop can only land in the trainer's wait for
+a batch (once the groups generated before it are trained)."""
+
+
+@pytest.mark.parametrize(
+    ("mode", "extra"),
+    [
+        ("sync", ""),
+        ("one_step_off", ""),
+        ("fully_async", ""),
+        pytest.param("fully_async", NO_PUSH_BEFORE_THE_END, id="fully_async-batch-wait"),
+    ],
+)
+def test_a_stopped_engine_ends_a_run_within_its_deadline(tmp_path, mode, extra):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "recipe", f"mode={mode}", "trainer.total_training_steps=30",
            f"rollout.generation_timeout_s={DEADLINE_S}",
            f"checkpoint_engine.timeout_s={DEADLINE_S}", "trainer.val_before_train=false",
            "trainer.test_freq=0", "data.train_batch_size=8", "actor.ppo_mini_batch_size=8",
            "rollout.n=4", "logger.quiet=true", f"hydra.run.dir={run_dir}"]  # fmt: skip
+    cmd += [extra] if extra else []
     log = tmp_path / "run.log"
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
@@ -80,6 +94,8 @@ def test_a_stopped_engine_ends_a_run_within_its_deadline(tmp_path, mode):
     assert re.search(deadline, errors[0]), errors[0]  # the step's or the push's deadline
     if "generation_timeout_s" in errors[0]:  # the engine was generating: it is named
         assert re.search(r"replica(\(s\))? 0", errors[0]), errors[0]
+    if extra == NO_PUSH_BEFORE_THE_END:  # the trainer's batch wait is what fired
+        assert "no batch of" in errors[0], errors[0]
     # one deadline, then a bounded teardown (the engines' graceful shutdown: 60 s at most)
     assert took_s < 2 * DEADLINE_S + 60 + 30, took_s
     summary = json.loads((run_dir / "summary.json").read_text())
