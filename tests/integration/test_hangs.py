@@ -38,23 +38,24 @@ def _first_step_logged(run_dir: Path) -> bool:
     return any(json.loads(line)["step"] >= 1 for line in lines)
 
 
-NO_PUSH_BEFORE_THE_END = "async_training.trigger_parameter_sync_step=30"
-"""fully_async with no push due in the run: the stop can only land in the trainer's wait for
-a batch (once the groups generated before it are trained)."""
+NO_PUSH_BEFORE_THE_END = "async_training.trigger_parameter_sync_step=200"
+"""fully_async with no push due before step 200, in a run of 200 steps: more than the engine
+generates before the stop (the first step), so the stop can only land in the trainer's wait
+for a batch once the groups generated before it are trained."""
 
 
 @pytest.mark.parametrize(
-    ("mode", "extra"),
+    ("mode", "steps", "extra"),
     [
-        ("sync", ""),
-        ("one_step_off", ""),
-        ("fully_async", ""),
-        pytest.param("fully_async", NO_PUSH_BEFORE_THE_END, id="fully_async-batch-wait"),
+        ("sync", 30, ""),
+        ("one_step_off", 30, ""),
+        ("fully_async", 30, ""),
+        pytest.param("fully_async", 200, NO_PUSH_BEFORE_THE_END, id="fully_async-batch-wait"),
     ],
 )
-def test_a_stopped_engine_ends_a_run_within_its_deadline(tmp_path, mode, extra):
+def test_a_stopped_engine_ends_a_run_within_its_deadline(tmp_path, mode, steps, extra):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "recipe", f"mode={mode}", "trainer.total_training_steps=30",
+    cmd = [sys.executable, "-m", "recipe", f"mode={mode}", f"trainer.total_training_steps={steps}",
            f"rollout.generation_timeout_s={DEADLINE_S}",
            f"checkpoint_engine.timeout_s={DEADLINE_S}", "trainer.val_before_train=false",
            "trainer.test_freq=0", "data.train_batch_size=8", "actor.ppo_mini_batch_size=8",
