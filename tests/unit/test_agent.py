@@ -326,8 +326,8 @@ def test_an_episode_trains_on_model_tokens_only_and_its_versions_skip_observatio
     assert not batch.response_mask_bt[0, :num_prompt].any()
 
 
-def test_the_readme_environment_runs_its_tool_and_counts_a_tool_error(tmp_path, tokenizer):
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_the_documented_environment_runs_its_tool_and_counts_a_tool_error(tmp_path, tokenizer):
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "agents.md").read_text()
     source = readme.split("```python\n# my_env.py\n", 1)[1].split("```", 1)[0]
     path = tmp_path / "my_env.py"
     path.write_text(source)

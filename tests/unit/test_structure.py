@@ -281,7 +281,7 @@ def collapse(graph: Graph, part: Callable[[str], str] = part_of) -> Graph:
 def test_the_layout_parts_depend_on_each_other_one_way():
     """No two parts (``recipe/run/``, ``recipe/workers/``, ``recipe/faults.py``,
     ``fully_async_policy``, ...) import each other, even through different modules: the
-    layers of the README's Layout section stay layers."""
+    layers of docs/architecture.md's Layout section stay layers."""
     _, _, graph = _product()
     circles = import_circles(collapse(graph))
     report = "\n".join("- " + "\n  -> ".join(map(str, circle)) for circle in circles)
