@@ -299,10 +299,15 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             metrics["timing/step_s"] = now - last_end
             metrics["throughput/samples_per_s"] = metrics["throughput/samples"] / (now - last_end)
             last_end = now
-            run.trace_step(step, self.version, metrics, self._trace_sources())
-            run.log_step(step, self.version, metrics, self.trained_uids[num_trained_before:])
-            if self._rollouter_state is not None:
-                self._checkpoint()
+            # Validation runs on the rollouter (its results came in with the progress).
+            run.end_step(
+                step,
+                self.version,
+                metrics,
+                self.trained_uids[num_trained_before:],
+                sources=self._trace_sources(),
+                checkpoint=self._checkpoint if self._rollouter_state is not None else None,
+            )
             update_bar(bar, metrics, self.version, self._last_val.get("val/accuracy"))
             if out_of_time:
                 logger.info("trainer.max_wall_s reached after %d steps", step)

@@ -24,6 +24,7 @@ samples the uninterrupted one would have, at the same staleness.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -105,19 +106,22 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
             out["timing/step_s"] = time.perf_counter() - step_start
             out["throughput/samples_per_s"] = out["throughput/samples"] / out["timing/step_s"]
             out["throughput/tokens_per_s"] = out.pop("throughput/tokens") / out["timing/step_s"]
-            events = run.trace_step(self.global_step, self.version, out, self._trace_sources())
-            out |= self._idle_ratios(out, events)
-            if run.should_validate(self.version):
-                last_val = self._validate()
-                out.update(last_val)
-            trained = [r.uid for r in current.records]
-            run.log_step(self.global_step, self.version, out, trained, current.filtered)
             out_of_time = pending is not None and run.out_of_time(start)
-            if run.should_save(self.version, last=pending is None or out_of_time):
-                state = self._loop_state(pending)
-                run.save(
-                    self.trainer_group, step=self.global_step, version=self.version, state=state
+            save = run.should_save(self.version, last=pending is None or out_of_time)
+            last_val = (
+                run.end_step(
+                    self.global_step,
+                    self.version,
+                    out,
+                    [r.uid for r in current.records],
+                    sources=self._trace_sources(),
+                    filtered_uids=current.filtered,
+                    from_trace=functools.partial(self._idle_ratios, out),
+                    validate=self._validate,
+                    checkpoint=functools.partial(self._checkpoint, pending) if save else None,
                 )
+                or last_val
+            )
             update_bar(bar, out, self.version, last_val.get("val/accuracy"))
             if out_of_time:
                 logger.info("trainer.max_wall_s reached after %d steps", self.global_step)
@@ -155,6 +159,11 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         if self._resumed_pending is not None:
             return self._resumed_pending
         return self._submit_batch() if self.global_step < self.total_steps else None
+
+    def _checkpoint(self, pending: PendingBatch | None) -> None:
+        assert self.run is not None
+        state = self._loop_state(pending)
+        self.run.save(self.trainer_group, step=self.global_step, version=self.version, state=state)
 
     def _loop_state(self, pending: PendingBatch | None) -> dict[str, Any]:
         """What a checkpoint after a push needs: the cursor (past the pending batch), the

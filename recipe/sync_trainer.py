@@ -66,22 +66,22 @@ class SyncTrainer(SeparateRayPPOTrainer):
         for _ in range(self.global_step, self.total_steps):
             metrics = self._train_step()
             self.global_step += 1
-            # Before validation: the slice is the training step.
-            run.trace_step(self.global_step, self.version, metrics, self._trace_sources())
-            if run.should_validate(self.version):
-                last_val = self._validate()
-                metrics.update(last_val)
-            run.log_step(
-                self.global_step, self.version, metrics, self._trained_now, self._filtered_now
-            )
             out_of_time = run.out_of_time(start)
-            if run.should_save(
-                self.version, last=out_of_time or self.global_step == self.total_steps
-            ):
-                state = {"cursor": self.cursor.state_dict()}
-                run.save(
-                    self.trainer_group, step=self.global_step, version=self.version, state=state
+            last = out_of_time or self.global_step == self.total_steps
+            save = run.should_save(self.version, last=last)
+            last_val = (
+                run.end_step(
+                    self.global_step,
+                    self.version,
+                    metrics,
+                    self._trained_now,
+                    sources=self._trace_sources(),
+                    filtered_uids=self._filtered_now,
+                    validate=self._validate,
+                    checkpoint=self._checkpoint if save else None,
                 )
+                or last_val
+            )
             update_bar(bar, metrics, self.version, last_val.get("val/accuracy"))
             if out_of_time:
                 logger.info("trainer.max_wall_s reached after %d steps", self.global_step)
@@ -100,6 +100,11 @@ class SyncTrainer(SeparateRayPPOTrainer):
                 **self.sync_summary,
             },
         )
+
+    def _checkpoint(self) -> None:
+        state = {"cursor": self.cursor.state_dict()}
+        assert self.run is not None
+        self.run.save(self.trainer_group, step=self.global_step, version=self.version, state=state)
 
     def _more(self, num_prompts: int) -> tuple[list[PromptRecord], list[list[Trajectory]]]:
         """A refill round of dynamic sampling: the next prompts, generated and scored."""

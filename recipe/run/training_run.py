@@ -116,6 +116,42 @@ class TrainingRun:
         budget = self.cfg.trainer.max_wall_s
         return budget is not None and self.prior_wall_s + time.perf_counter() - start > budget
 
+    def end_step(
+        self,
+        step: int,
+        version: int,
+        metrics: dict[str, float],
+        trained_uids: list[str],
+        *,
+        sources: list[TraceSource],
+        filtered_uids: Sequence[str] = (),
+        from_trace: Callable[[list[dict[str, Any]]], dict[str, float]] | None = None,
+        validate: Callable[[], dict[str, float]] | None = None,
+        checkpoint: Callable[[], object] | None = None,
+    ) -> dict[str, float]:
+        """Everything a recipe writes once step ``step`` (which made ``version``) trained, in
+        this order, the same in every mode:
+
+            trace.json   the step's slice, then what ``sources`` buffered
+                         (``from_trace(events)``: metrics read off them, e.g. idle ratios)
+            validation   ``validate()`` when ``version`` is due (``trainer.test_freq``; the
+                         fully async rollouter validates on its own: None)
+            metrics.jsonl, then ledger.jsonl (``log_step``: skipped steps, their limit)
+            checkpoint   ``checkpoint()``, when the recipe decided this step saves
+
+        ``metrics`` is updated in place; returns the validation results (empty when none)."""
+        events = self.trace_step(step, version, metrics, sources)
+        if from_trace is not None:
+            metrics.update(from_trace(events))
+        val: dict[str, float] = {}
+        if validate is not None and self.should_validate(version):
+            val = validate()
+            metrics.update(val)
+        self.log_step(step, version, metrics, trained_uids, filtered_uids)
+        if checkpoint is not None:
+            checkpoint()
+        return val
+
     def trace_step(
         self, step: int, version: int, metrics: dict[str, float], sources: list[TraceSource]
     ) -> list[dict[str, Any]]:

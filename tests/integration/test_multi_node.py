@@ -233,11 +233,6 @@ def _until_all_cpus_free(timeout_s: float = 10.0) -> None:
 def test_fully_async_places_roles_on_their_nodes_and_pushes_over_gloo_verified(
     cluster, tiny_model_path, tmp_path
 ):
-    # Each node's shared memory is its own, as on separate hosts.
-    shm = cluster.shm_dirs()
-    assert len(set(shm.values())) == len(shm) == 4 and all(
-        cluster.shm_root.name in d for d in shm.values()
-    )
     run_dir = tmp_path / "run"
     overrides = _overrides(
         cluster,
@@ -284,6 +279,11 @@ def test_fully_async_checkpoints_across_nodes_and_a_resumed_run_finishes_it(
             yield weights
 
     monkeypatch.setattr(served_weights, "exported_weights", recorded)
+    # Each node's shared memory is its own, as on separate hosts.
+    shm = cluster.shm_dirs()
+    assert len(set(shm.values())) == len(shm) == 4 and all(
+        cluster.shm_root.name in d for d in shm.values()
+    )
     run_dir = tmp_path / "run"
     overrides = _overrides(
         cluster,
