@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from recipe.utils.rendezvous import StoreAddress, StoreServer
+from recipe.utils.rendezvous import StoreAddress
 from recipe.workers.config import ActorConfig
 from recipe.workers.logprob_head import chunked_logprob_entropy
 
@@ -234,25 +234,23 @@ def _all_reduce(values: list[float], device: torch.device, op: dist.ReduceOp) ->
 
 def join_process_group(
     rank: int, world_size: int, rendezvous: StoreAddress | None, device: str
-) -> tuple[bool, StoreServer | None]:
-    """Join the default process group at ``rendezvous`` (None: a world of one, whose store
-    this process serves itself on the loopback address). Returns whether this call created
-    the group (and must destroy it) and the store server it opened, to keep while the group
-    lives."""
+) -> bool:
+    """Join the default process group at ``rendezvous`` (None: a world of one, which meets
+    no one: an in-memory store, no listener); True when this call created the group (and
+    must destroy it)."""
     if dist.is_initialized():
         if (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
             raise ValueError(
                 f"a process group (rank {dist.get_rank()} of {dist.get_world_size()}) already "
                 f"exists in this process; cannot join as rank {rank} of {world_size}"
             )
-        return False, None
-    server = None
+        return False
     if rendezvous is None:
         if world_size != 1:
             raise ValueError(f"rank {rank} of {world_size} needs the group's rendezvous address")
-        server = StoreServer.open(1, JOIN_TIMEOUT, host="127.0.0.1", namespace="trainer")
-        rendezvous = server.address
-    store = rendezvous.connect(world_size, JOIN_TIMEOUT, store=server.store if server else None)
+        store: dist.Store = dist.HashStore()
+    else:
+        store = rendezvous.connect(world_size, JOIN_TIMEOUT)
     dist.init_process_group(
         "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo",
         store=store,
@@ -260,7 +258,7 @@ def join_process_group(
         world_size=world_size,
         timeout=JOIN_TIMEOUT,
     )
-    return True, server
+    return True
 
 
 def copy_tokenizer(source: str | Path, target: str | Path) -> None:

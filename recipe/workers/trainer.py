@@ -107,7 +107,7 @@ class TrainerWorker:
         device: str = "cpu",
     ):
         """Rank ``rank`` of ``world_size``, meeting the others at ``rendezvous`` (the
-        ``TrainerGroup``'s store; None: a world of one that serves its own)."""
+        ``TrainerGroup``'s store; None: a world of one)."""
         if actor.ppo_mini_batch_size % world_size:
             raise ValueError(
                 f"actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} must be a multiple of "
@@ -123,9 +123,7 @@ class TrainerWorker:
         if self.device.type == "cuda" and not actor.cudnn_attention:
             # Process-wide in this rank's own process (the engines run elsewhere).
             torch.backends.cuda.enable_cudnn_sdp(False)
-        self._owns_group, self._store_server = join_process_group(
-            rank, world_size, rendezvous, device
-        )
+        self._owns_group = join_process_group(rank, world_size, rendezvous, device)
         self._mesh = init_device_mesh(self.device.type, (world_size,))
         torch.manual_seed(spec.seed)
         self._policy = self._build_policy(trainable=True)
@@ -428,4 +426,3 @@ class TrainerWorker:
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_group = False
-        self._store_server = None
