@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from fully_async_policy.admission import AdmissionController, Ticket
 from fully_async_policy.messages import PromptGroup, RolloutLedger, RolloutProgress, SyncPause
-from fully_async_policy.replicas import ReplicaSupervisor
+from fully_async_policy.replicas import EngineReplicas, ReplicaSupervisor
 from fully_async_policy.run_plan import RunPlan
 from fully_async_policy.snapshot import (
     ROLLOUTER_STATE_FILE,
@@ -69,7 +69,9 @@ from recipe.faults import RunFailure
 from recipe.observability.trace import ROLLOUTER_PID, ROLLOUTER_TIDS, Tracer, now_us, traced
 from recipe.protocol import Trajectory
 from recipe.reward import RewardError
-from recipe.separate_trainer import SeparateRayPPOTrainer
+from recipe.run.inputs import RunInputs
+from recipe.run.metrics import val_metrics, val_sampling
+from recipe.run.placement import Placement
 from recipe.utils.weights_file import WeightsFile
 
 if TYPE_CHECKING:
@@ -102,8 +104,13 @@ class _IdleClock:
         return self._idle_s + open_s
 
 
-class FullyAsyncRollouter(SeparateRayPPOTrainer):
-    """The rollout side of the fully async recipe (see the module docstring)."""
+class FullyAsyncRollouter:
+    """The rollout side of the fully async recipe (see the module docstring).
+
+    It composes its own pieces: the run's inputs (``RunInputs``), the engines
+    (``EngineReplicas``) and their ``ReplicaSupervisor``, the prompt cursor, the admission
+    controller and the queue's handle. Nothing in it needs Ray but the handles it is given, so
+    a test builds it in-process with fake engines and an in-memory queue."""
 
     def __init__(
         self,
@@ -112,17 +119,29 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         queue: ActorHandle,
         plan: RunPlan,
         engines: Any,
+        *,
+        inputs: RunInputs | None = None,
     ) -> None:
         """``queue``: the MessageQueue actor released groups go into; ``engines``: the
-        engines' placement group, reserved by the driver with the trainer's."""
-        super().__init__(cfg, run_dir)
+        engines' placement group, reserved by the driver with the trainer's; ``inputs``: the
+        data, prompt ids and reward function (None: read and checked from ``cfg``)."""
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.inputs = inputs if inputs is not None else RunInputs.load(cfg)
+        self.reward_fn, self.prompt_ids = self.inputs.reward_fn, self.inputs.prompt_ids
+        self.val_records = self.inputs.val_records
+        self.placement = Placement(cfg, self.run_dir)
         self.placement.adopt("rollout", engines)
+        self.version = 0
+        """The weights version the engines serve (the trainer's, told at ``end_sync``)."""
+        self.rollout_group: EngineReplicas | None = None
+        """The engines (built by ``start``)."""
         multi_turn = cfg.rollout.multi_turn
         self.tracer = Tracer(ROLLOUTER_PID, "rollouter", sort_index=ROLLOUTER_PID)
         """This actor's trace events; the trainer pulls them (``drain_trace``)."""
         self.queue = queue
-        self.cursor = PromptCursor(self.train_records, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
-        self.records = {r.uid: r for r in self.train_records}
+        train_records = self.inputs.train_records
+        self.cursor = PromptCursor(train_records, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
+        self.records = {r.uid: r for r in train_records}
         self.admission = AdmissionController(
             budget=plan.budget, window_demand=plan.window_demand, max_fresh=plan.total_prompts
         )
@@ -154,12 +173,16 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         for track, tid in ROLLOUTER_TIDS.items():
             self.tracer.name_thread(tid, track)
 
-    async def start(self) -> None:
+    async def start(self, engines: EngineReplicas | None = None) -> None:
         """Start the engines (blocking Ray calls: in a thread, never on this actor's loop) and
-        the supervisor that owns them; the first call after the constructor."""
-        await asyncio.to_thread(self._build_rollout_group)
+        the supervisor that owns them; the first call after the constructor. ``engines``:
+        replicas already started (tests); None starts ``rollout.replicas`` engines."""
+        if engines is None:
+            assert self.inputs.model is not None, "RunInputs without a model brings its engines"
+            engines = await asyncio.to_thread(self.placement.start_engines, self.inputs.model)
+        self.rollout_group = engines
         self.replicas = ReplicaSupervisor(
-            self.rollout_group,
+            engines,
             served_version=lambda: self.version,
             max_restarts=self.cfg.rollout.max_restarts,
             on_fatal=self._fail,
@@ -169,16 +192,23 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
             self._validate_here, self.replicas, self.cfg.trainer.test_freq
         )
 
+    @property
+    def engines(self) -> EngineReplicas:
+        """The engines ``start`` built (an error before it)."""
+        if self.rollout_group is None:
+            raise RuntimeError("FullyAsyncRollouter.start() has not run")
+        return self.rollout_group
+
     def engine_workers(self) -> list[Any]:
         """The replicas' current worker handles, for the trainer's weight push (the engines
         stay ours: a dead replica is replaced here; a retired one gets no weights)."""
         retired = self.replicas.retired
-        return [w for i, w in enumerate(self.rollout_group.workers) if i not in retired]
+        return [w for i, w in enumerate(self.engines.workers) if i not in retired]
 
     async def load_weights(self, weights: WeightsFile, version: int) -> None:
         """Every replica verifies and loads ``weights`` and serves ``version`` (a resumed
         run, before ``run()``)."""
-        await asyncio.to_thread(self.rollout_group.update_weights_from_file, weights, version)
+        await asyncio.to_thread(self.engines.update_weights_from_file, weights, version)
         self.version = version
 
     # ---- the streaming loop ---------------------------------------------------------------
@@ -224,9 +254,9 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
             if replica is None:  # no replica served it before a sync or the stop
                 self._hold_back(ticket, resume)
                 return
-            worker = self.rollout_group.workers[replica]
+            worker = self.engines.workers[replica]
             self._replica_of[ticket.ticket] = replica
-            trajs = await self.rollout_group.submit(
+            trajs = await self.engines.submit(
                 ticket.uid,
                 self.prompt_ids[ticket.uid],
                 version=self.version,
@@ -402,11 +432,9 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         if not self.val_records:
             return {}
         start = time.perf_counter()
-        sampling = self._val_sampling()
+        sampling = val_sampling(self.version, self.cfg.rollout.val_temperature)
         refs = [
-            self.rollout_group.submit(
-                r.uid, self.prompt_ids[r.uid], record=r, track=False, **sampling
-            )
+            self.engines.submit(r.uid, self.prompt_ids[r.uid], record=r, track=False, **sampling)
             for r in self.val_records
         ]
         timeout_s = self.cfg.rollout.generation_timeout_s
@@ -420,13 +448,13 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
                 "(a hung engine process; the engine logs are RUN_DIR/engines/replica_R.log)"
             ) from None
         except Exception as exc:
-            error = self.rollout_group.as_worker_error(exc)
+            error = self.engines.as_worker_error(exc)
             if error is None:
                 raise
             raise error from exc
         for record, trajs in zip(self.val_records, groups, strict=True):
             await self.reward_fn.ascore_group(record, trajs)
-        return self._val_metrics(groups, start)
+        return val_metrics(groups, start, self.cfg.rollout.response_length)
 
     # ---- checkpoints ------------------------------------------------------------------------
 
@@ -511,7 +539,7 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         """This actor's and its engines' trace events since the last call (the trainer
         writes them into trace.json)."""
         retired = sorted(self.replicas.retired)
-        engines = await asyncio.to_thread(self.rollout_group.drain_trace, skip=retired)
+        engines = await asyncio.to_thread(self.engines.drain_trace, skip=retired)
         return self.tracer.drain() + engines
 
     def busy_replicas(self) -> list[int]:
@@ -585,10 +613,17 @@ class FullyAsyncRollouter(SeparateRayPPOTrainer):
         await self.replicas.weights_wanted.wait()
 
     def close(self) -> None:
-        """No more restarts, then the engines shut down (``SeparateRayPPOTrainer.close``)."""
+        """No more restarts, then the engines shut down and the placement is released; safe
+        to call twice."""
         if hasattr(self, "replicas"):  # start() built them
             self.replicas.close()
-        super().close()
+        if self.rollout_group is not None:
+            try:
+                self.rollout_group.shutdown()
+            except Exception:  # closing must go on: the placement is released all the same
+                logger.exception("shutting down the rollout engines failed")
+            self.rollout_group = None
+        self.placement.release()
 
     async def shutdown(self) -> None:
         """``close`` in a thread (its Ray calls block), off this actor's loop."""

@@ -1,10 +1,13 @@
-"""``SeparateRayPPOTrainer``: the small base every recipe shares.
+"""``SeparateRayPPOTrainer``: the small base every trainer-side recipe shares.
 
     SeparateRayPPOTrainer          inputs checked, worker groups, the PPO step pieces
       |- SyncTrainer               recipe/sync_trainer.py (colocated baseline)
       |- OneStepOffTrainer         one_step_off/
-      |- FullyAsyncTrainer         fully_async_policy/  (trainer side only)
-      '- FullyAsyncRollouter       fully_async_policy/  (rollout side only)
+      '- FullyAsyncTrainer         fully_async_policy/  (trainer side only)
+
+The rollout side of fully async (``FullyAsyncRollouter``) is no subclass: it composes the
+pieces both sides use, ``RunInputs`` (recipe/run/inputs.py) and ``Placement``
+(recipe/run/placement.py), with its own engines' supervisor, cursor and admission.
 
 It owns what the recipes share and nothing recipe-specific: bad input (model path, data,
 reward functions, prompt lengths) is rejected in ``__init__`` before Ray starts; worker groups
@@ -14,9 +17,9 @@ are built on demand by the subclass that needs them (``_build_trainer_group`` /
 that a loop calls in order; validation is shared. Subclasses call ``super().__init__``.
 
 What a run writes (metrics, trace, ledger, checkpoints) is a ``TrainingRun``
-(recipe/run/training_run.py) that the trainer-side recipes open with ``_open_run``; the
-rollouter opens none. The weights version has one owner, the recipe's ``version``: pushes are
-told it and return the next, checkpoints store it.
+(recipe/run/training_run.py) that the recipes open with ``_open_run``. The weights version has
+one owner, the recipe's ``version``: pushes are told it and return the next, checkpoints
+store it.
 """
 
 from __future__ import annotations
@@ -28,18 +31,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from recipe.agent.metrics import check_env_errors
-from recipe.agent.runner import EpisodeRunner
 from recipe.algo.advantages import compute_advantages
 from recipe.config import RecipeConfig
-from recipe.data.dataset import build_datasets
-from recipe.data.prompts import encode_prompts
-from recipe.model import HFModelConfig
 from recipe.observability.trace import TRAINER_PID, Tracer, traced
 from recipe.observability.tracking import MetricsAccumulator
 from recipe.protocol import PromptRecord, Trajectory
-from recipe.reward import RewardFunction
 from recipe.run.checkpointing import EXPORT_DIR, exported_weights
-from recipe.run.metrics import clip_warning, response_clip_ratio
+from recipe.run.inputs import RunInputs
+from recipe.run.metrics import val_metrics, val_sampling
 from recipe.run.placement import Placement, init_ray
 from recipe.run.training_run import TraceSource, TrainingRun
 from recipe.workers.batch import TrainBatch
@@ -53,9 +52,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-ENGINE_LOG_DIR = "engines"
-"""Run-directory folder of the engines' own output (recipe/workers/rollout/engine_log.py)."""
-
 
 class SeparateRayPPOTrainer:
     """Shared base of the recipes. See the module docstring for what lives here."""
@@ -65,18 +61,11 @@ class SeparateRayPPOTrainer:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Input checks come first: each raises a ValueError naming the key, file or row.
-        self.train_records, self.val_records = build_datasets(cfg.data)
-        self.reward_fn = RewardFunction(cfg.reward, cfg.rollout.response_length)
-        self.reward_fn.check_data_sources(
-            {r.data_source for r in self.train_records + self.val_records}
-        )
-        # Last: reading the model's config imports much of transformers (seconds).
-        self.model = HFModelConfig.from_config(cfg.model)
-        self.prompt_ids = self._encode_all(self.train_records + self.val_records)
-        if cfg.rollout.multi_turn.enable:
-            # Import paths, constructor arguments and the chat template's deltas: checked
-            # here, once, instead of inside every rollout worker.
-            EpisodeRunner(cfg.rollout.multi_turn, self.model.tokenizer, self.model.eos_token_ids)
+        inputs = RunInputs.load(cfg)
+        self.train_records, self.val_records = inputs.train_records, inputs.val_records
+        self.reward_fn, self.prompt_ids = inputs.reward_fn, inputs.prompt_ids
+        assert inputs.model is not None
+        self.model = inputs.model
         self.placement = Placement(cfg, self.run_dir)
         self.device = self.placement.device
         self.version = 0
@@ -84,7 +73,7 @@ class SeparateRayPPOTrainer:
         self.global_step = 0
         """Trainer steps done."""
         self.run: TrainingRun | None = None
-        """What this run writes (``_open_run``; None on the rollouter's side)."""
+        """What this run writes (``_open_run``)."""
         self.tracer = Tracer(TRAINER_PID, None, enabled=False)
         """This process's trace events (observability/trace.py): the run's, once opened."""
         self.param_sync: ParameterSynchronizer | None = None
@@ -93,12 +82,6 @@ class SeparateRayPPOTrainer:
         self.rollout_group: RolloutGroup | None = None
 
     # ---- construction -------------------------------------------------------------------
-
-    def _encode_all(self, records: list[PromptRecord]) -> dict[str, list[int]]:
-        ids = encode_prompts(
-            self.model.tokenizer, records, max_prompt_length=self.cfg.data.max_prompt_length
-        )
-        return {r.uid: p for r, p in zip(records, ids, strict=True)}
 
     def _open_run(self) -> TrainingRun:
         """Open the run's records (trainer side): a resume rewinds the run directory first
@@ -162,19 +145,7 @@ class SeparateRayPPOTrainer:
         group.wait_ready()
 
     def _build_rollout_group(self) -> RolloutGroup:
-        from recipe.workers.rollout_group import RolloutGroup
-
-        init_ray(self.cfg.ray)
-        self.rollout_group = RolloutGroup(
-            self.model,
-            self.cfg.rollout,
-            device=self.device,
-            gpu_fraction=self.placement.engine_gpu_fraction,
-            log_dir=self.run_dir / ENGINE_LOG_DIR,
-            placement_group=self.placement.take("rollout"),
-            placement_timeout_s=self.cfg.ray.placement_timeout_s,
-            owns_placement_group=not self.placement.one_group,
-        )
+        self.rollout_group = self.placement.start_engines(self.model)
         return self.rollout_group
 
     # ---- the PPO step pieces ------------------------------------------------------------
@@ -334,36 +305,11 @@ class SeparateRayPPOTrainer:
         groups = self.rollout_group.generate(
             self.val_records,
             [self.prompt_ids[r.uid] for r in self.val_records],
-            **self._val_sampling(),
+            **val_sampling(self.version, self.cfg.rollout.val_temperature),
         )
         for record, trajs in zip(self.val_records, groups, strict=True):
             self._score(record, trajs)
-        return self._val_metrics(groups, start)
-
-    def _val_sampling(self) -> dict[str, Any]:
-        """Generation arguments of a validation: one greedy (``rollout.val_temperature``)
-        answer per prompt on the version served now, to its end of sequence."""
-        temperature = self.cfg.rollout.val_temperature
-        return {"version": self.version, "n": 1, "temperature": temperature,
-                "top_p": 1.0, "top_k": -1, "training": False}  # fmt: skip
-
-    def _val_metrics(self, groups: list[list[Trajectory]], start: float) -> dict[str, float]:
-        """``val/*`` of scored validation ``groups`` (one per val record), begun at ``start``
-        (``time.perf_counter()``)."""
-        trajs = [t for group in groups for t in group]
-        scores = [t.reward for t in trajs]
-        lengths = [t.num_response_tokens for t in trajs]
-        clipped = response_clip_ratio(trajs)
-        if (warning := clip_warning(clipped, self.cfg.rollout.response_length)) is not None:
-            logger.warning(warning)
-        return {
-            "val/accuracy": sum(s >= 1.0 for s in scores) / len(scores),
-            "val/num_prompts": float(len(scores)),
-            "val/reward_mean": sum(scores) / len(scores),
-            "val/response_length_mean": sum(lengths) / len(lengths),
-            "response/clip_ratio": clipped,
-            "timing/val_s": time.perf_counter() - start,
-        }
+        return val_metrics(groups, start, self.cfg.rollout.response_length)
 
     # ---- the end -----------------------------------------------------------------------
 

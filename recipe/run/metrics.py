@@ -21,6 +21,8 @@ validation also reports it (``response/clip_ratio``) and warns above ``CLIP_WARN
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +31,8 @@ from typing import Any
 from recipe.agent.metrics import agent_metrics
 from recipe.protocol import Trajectory
 from recipe.utils.metric_names import is_metric_part
+
+logger = logging.getLogger(__name__)
 
 CLIP_WARN_RATIO = 0.1
 """Validation warns when more than this fraction of responses hit ``rollout.response_length``."""
@@ -83,6 +87,35 @@ def clip_warning(ratio: float, response_length: int) -> str | None:
         f"{response_length} tokens (finish_reason 'length'; more than {CLIP_WARN_RATIO:.0%}): "
         f"their answers are cut off. Raise it, e.g. rollout.response_length={2 * response_length}"
     )
+
+
+def val_sampling(version: int, temperature: float) -> dict[str, Any]:
+    """Generation arguments of a validation: one answer per prompt at ``temperature``
+    (``rollout.val_temperature``, greedy by default) on ``version``, the one served now, to
+    its end of sequence."""
+    return {"version": version, "n": 1, "temperature": temperature,
+            "top_p": 1.0, "top_k": -1, "training": False}  # fmt: skip
+
+
+def val_metrics(
+    groups: Sequence[Sequence[Trajectory]], start: float, response_length: int
+) -> dict[str, float]:
+    """``val/*`` of scored validation ``groups`` (one per val record), begun at ``start``
+    (``time.perf_counter()``); warns when many answers hit ``response_length``."""
+    trajs = [t for group in groups for t in group]
+    scores = [t.reward for t in trajs]
+    lengths = [t.num_response_tokens for t in trajs]
+    clipped = response_clip_ratio(trajs)
+    if (warning := clip_warning(clipped, response_length)) is not None:
+        logger.warning(warning)
+    return {
+        "val/accuracy": sum(s >= 1.0 for s in scores) / len(scores),
+        "val/num_prompts": float(len(scores)),
+        "val/reward_mean": sum(scores) / len(scores),
+        "val/response_length_mean": sum(lengths) / len(lengths),
+        "response/clip_ratio": clipped,
+        "timing/val_s": time.perf_counter() - start,
+    }
 
 
 def staleness_metrics(trajs: Sequence[Trajectory], trainer_version: int) -> dict[str, float]:

@@ -26,7 +26,7 @@ import functools
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -38,6 +38,13 @@ from recipe.workers.cluster import (
     reserve,
     role_bundle,
 )
+
+if TYPE_CHECKING:
+    from recipe.model import HFModelConfig
+    from recipe.workers.rollout_group import RolloutGroup
+
+ENGINE_LOG_DIR = "engines"
+"""Run-directory folder of the engines' own output (recipe/workers/rollout/engine_log.py)."""
 
 logger = logging.getLogger(__name__)
 
@@ -165,6 +172,25 @@ class Placement:
     def adopt(self, role: str, group: Any) -> None:
         """Use ``group``, reserved by another process, as ``role``'s (``take`` returns it)."""
         self._reserved[role] = group
+
+    def start_engines(self, model: HFModelConfig) -> RolloutGroup:
+        """Start ``rollout.replicas`` engines loading ``model`` in the rollout role's group
+        (``take("rollout")``; starts Ray); each writes its output under the run directory's
+        ``ENGINE_LOG_DIR``. Blocking: it returns once every engine started (or raises naming
+        the replica)."""
+        from recipe.workers.rollout_group import RolloutGroup
+
+        init_ray(self.cfg.ray)
+        return RolloutGroup(
+            model,
+            self.cfg.rollout,
+            device=self.device,
+            gpu_fraction=self.engine_gpu_fraction,
+            log_dir=self.run_dir / ENGINE_LOG_DIR if self.run_dir is not None else None,
+            placement_group=self.take("rollout"),
+            placement_timeout_s=self.cfg.ray.placement_timeout_s,
+            owns_placement_group=not self.one_group,
+        )
 
     def release(self) -> None:
         """Remove the groups reserved and never taken (a run that failed while starting) and

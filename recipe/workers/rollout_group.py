@@ -40,6 +40,47 @@ HEALTH_TIMEOUT_S = 10.0
 """A replica that does not answer a health check in this time is busy, not judged dead."""
 
 
+def group_request(
+    cfg: RolloutConfig,
+    prompt_uid: str,
+    prompt_ids: Sequence[int],
+    *,
+    version: int,
+    n: int,
+    sampling: tuple[float, float, int],
+    resume: list[Trajectory] | None = None,
+    training: bool = True,
+    record: PromptRecord | None = None,
+) -> GenerationRequest:
+    """The request of one prompt group (``RolloutGroup.submit``): ``version`` (served now)
+    seeds its sampling; ``sampling`` is (temperature, top_p, top_k). Training groups follow
+    ``rollout.length_profile``; validation (``training=False``) always ends at EOS. Multi-turn
+    episodes start from ``record`` (required with ``rollout.multi_turn.enable``)."""
+    if cfg.multi_turn.enable and record is None:
+        raise ValueError(f"prompt {prompt_uid!r}: multi-turn episodes need its PromptRecord")
+    temperature, top_p, top_k = sampling
+    longtail = training and cfg.length_profile == "longtail"
+    return GenerationRequest(
+        prompt_uid=prompt_uid,
+        prompt_ids=list(prompt_ids),
+        n=n,
+        max_tokens=cfg.response_length,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=request_seed(cfg.seed, prompt_uid, version),
+        resume=resume,
+        # Budgets depend on the prompt only, so a resumed partial keeps its own.
+        sample_max_tokens=longtail_lengths(
+            request_seed(cfg.seed, prompt_uid, 0), n, cfg.response_length
+        )
+        if longtail
+        else None,
+        ignore_eos=longtail,
+        record=record if cfg.multi_turn.enable else None,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ReplicaDeath:
     """How a rollout replica died."""
@@ -338,27 +379,16 @@ class RolloutGroup:
         ``record``: the prompt's record, which multi-turn episodes start from (required with
         ``rollout.multi_turn.enable``). ``track=False``: a request the caller awaits itself
         (not through ``get``), so nothing remembers its replica."""
-        if self.cfg.multi_turn.enable and record is None:
-            raise ValueError(f"prompt {prompt_uid!r}: multi-turn episodes need its PromptRecord")
-        longtail = training and self.cfg.length_profile == "longtail"
-        request = GenerationRequest(
-            prompt_uid=prompt_uid,
-            prompt_ids=list(prompt_ids),
+        request = group_request(
+            self.cfg,
+            prompt_uid,
+            prompt_ids,
+            version=version,
             n=n,
-            max_tokens=self.cfg.response_length,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=request_seed(self.cfg.seed, prompt_uid, version),
+            sampling=(temperature, top_p, top_k),
             resume=resume,
-            # Budgets depend on the prompt only, so a resumed partial keeps its own.
-            sample_max_tokens=longtail_lengths(
-                request_seed(self.cfg.seed, prompt_uid, 0), n, self.cfg.response_length
-            )
-            if longtail
-            else None,
-            ignore_eos=longtail,
-            record=record if self.cfg.multi_turn.enable else None,
+            training=training,
+            record=record,
         )
         index = self.next_replica() if replica is None else replica
         ref = self.workers[index].generate.remote(request)

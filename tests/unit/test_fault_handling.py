@@ -33,20 +33,7 @@ from recipe.utils.output_dir import OutputDirError, check_writable_dir
 from recipe.utils.weights_file import WeightsFile
 from recipe.workers.cluster import PlacementError
 from recipe.workers.rollout_group import RolloutGroup, failed_health_check
-
-
-def _actor_died(pid: int = 4242) -> Exception:
-    from ray.exceptions import ActorDiedError
-
-    error = ActorDiedError()
-    error.error_msg = (
-        "The actor died unexpectedly before finishing this task.\n"
-        "\tclass_name: VLLMRolloutWorker\n\tactor_id: 0a1b\n"
-        f"\tpid: {pid}\n\tip: 10.0.0.1\n"
-        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR"
-    )
-    return error
-
+from tests.helpers.fake_engines import actor_died
 
 # ---- fake replicas ---------------------------------------------------------------------------
 
@@ -75,7 +62,7 @@ class FakeWorker:
 
     async def _check_health(self) -> None:
         if self.state == "dead":
-            raise _actor_died()
+            raise actor_died()
         if self.state == "engine_dead":
             raise RuntimeError("EngineDeadError: EngineCore encountered an issue")
         if self.state == "hung":
@@ -93,7 +80,7 @@ class FakeWorker:
     def _set_paused(self, paused: bool) -> Any:
         async def set_paused() -> None:
             if self.state == "dead":
-                raise _actor_died()
+                raise actor_died()
             if self.state == "hung":
                 await asyncio.sleep(3600)
             self.paused = paused
@@ -154,7 +141,7 @@ def test_a_dead_replica_is_restarted_and_serves_again_at_version_zero():
         assert sup.in_service == [True, False]
         # Groups placed by the RolloutGroup itself (validation) skip it too.
         assert [group.placement() for _ in range(3)] == [0, 0, 0]
-        assert await sup.on_failure(1, old, _actor_died())  # the same death, seen again
+        assert await sup.on_failure(1, old, actor_died())  # the same death, seen again
         await _settle()
         assert group.restarted == [1] and sup.in_service == [True, True]
         assert sup.num_restarts == 1 and not fatal and not sup.weights_wanted.is_set()
@@ -193,7 +180,7 @@ def test_a_replica_whose_node_left_is_retired_and_the_others_go_on_without_it():
         sup, fatal = _supervisor(group)
         old = group.workers[1]
         old.state, group.lost = "dead", {1}
-        assert await sup.on_failure(1, old, _actor_died())
+        assert await sup.on_failure(1, old, actor_died())
         await _until(lambda: sup.retired)
         await _settle()
         assert sup.retired == {1} and group.restarted == [] and not fatal
@@ -214,9 +201,9 @@ def test_the_last_replica_lost_with_its_node_fails_the_run_naming_it():
         for index in (0, 1):
             group.workers[index].state = "dead"
         group.lost = {0, 1}
-        assert await sup.on_failure(0, group.workers[0], _actor_died())
+        assert await sup.on_failure(0, group.workers[0], actor_died())
         await _until(lambda: sup.retired)
-        assert await sup.on_failure(1, group.workers[1], _actor_died())
+        assert await sup.on_failure(1, group.workers[1], actor_died())
         await _until(lambda: fatal)
         assert sup.retired == {0}
         assert isinstance(fatal[0], RolloutWorkerError)
@@ -231,7 +218,7 @@ def test_a_node_loss_past_max_restarts_fails_the_run_before_waiting_for_the_bund
         group = FakeGroup(2)
         sup, fatal = _supervisor(group, max_restarts=0)
         group.workers[0].state, group.lost = "dead", {0}
-        assert await sup.on_failure(0, group.workers[0], _actor_died())
+        assert await sup.on_failure(0, group.workers[0], actor_died())
         await _settle()
         assert fatal and "rollout.max_restarts=0" in str(fatal[0]) and not sup.retired
 
@@ -243,7 +230,7 @@ def test_a_replica_restarted_after_a_push_waits_for_the_served_weights():
         group = FakeGroup(1)
         sup, _ = _supervisor(group, version=3)
         sup.paused = True  # a sync is in progress
-        assert await sup.on_failure(0, group.workers[0], _actor_died())
+        assert await sup.on_failure(0, group.workers[0], actor_died())
         assert await sup.recover() == [0]
         assert sup.weights_wanted.is_set() and sup.in_service == [False]
         picked = asyncio.create_task(sup.pick())
@@ -263,7 +250,7 @@ def test_a_replica_restarted_between_syncs_serves_only_after_loading_the_served_
     async def scenario() -> None:
         group = FakeGroup(2)
         sup, _ = _supervisor(group, version=2)
-        assert await sup.on_failure(1, group.workers[1], _actor_died())
+        assert await sup.on_failure(1, group.workers[1], actor_died())
         assert await sup.recover() == [1] and sup.in_service == [True, False]
         await sup.install_weights(1, WeightsFile("/run/.weights/w.safetensors", 8, "ab12"), 2)
         assert sup.in_service == [True, True] and group.workers[1].version == 2
@@ -276,7 +263,7 @@ def test_a_replica_that_comes_up_during_a_sync_waits_for_the_trainer_even_at_ver
         group = FakeGroup(1)
         sup, _ = _supervisor(group)
         await sup.pause_all()  # the first push may be under way: version 0 or 1 is served
-        assert await sup.on_failure(0, group.workers[0], _actor_died())
+        assert await sup.on_failure(0, group.workers[0], actor_died())
         assert await sup.recover() == [0] and sup.in_service == [False]
         await sup.install_weights(0, None, 0)  # the trainer says: still version 0
         assert sup.in_service == [True] and group.workers[0].paused
@@ -320,7 +307,7 @@ def test_a_restart_whose_engine_never_starts_fails_the_run_within_the_deadline_n
         group.restart_state = "start_hung"
         sup, fatal = _supervisor(group)
         group.workers[1].state = "dead"
-        assert await sup.on_failure(1, group.workers[1], _actor_died())
+        assert await sup.on_failure(1, group.workers[1], actor_died())
         for _ in range(50):
             if fatal:
                 break
@@ -337,9 +324,9 @@ def test_a_death_past_max_restarts_fails_the_run_naming_the_replica():
     async def scenario() -> None:
         group = FakeGroup(2)
         sup, fatal = _supervisor(group, max_restarts=1)
-        assert await sup.on_failure(0, group.workers[0], _actor_died())
+        assert await sup.on_failure(0, group.workers[0], actor_died())
         await _settle()
-        assert await sup.on_failure(0, group.workers[0], _actor_died(pid=7))
+        assert await sup.on_failure(0, group.workers[0], actor_died(pid=7))
         assert len(fatal) == 1 and isinstance(fatal[0], RolloutWorkerError)
         message = str(fatal[0])
         assert message.startswith("rollout replica 0 died: pid 7, The actor is dead")
@@ -430,7 +417,7 @@ def test_an_engine_death_without_a_logged_error_is_named_by_the_remote_error():
         "its engine failed: RuntimeError: EngineDeadError: EngineCore encountered an issue"
     )
     assert (death.error, death.num_finished) == (None, None)
-    assert failed_health_check(_actor_died(pid=5), None).reason.startswith("pid 5, ")
+    assert failed_health_check(actor_died(pid=5), None).reason.startswith("pid 5, ")
 
 
 def test_a_rollout_group_places_round_robin_unless_its_supervisor_places():
@@ -445,13 +432,13 @@ def test_a_rollout_group_places_round_robin_unless_its_supervisor_places():
 
 
 def test_describe_death_keeps_the_pid_and_the_reason_on_one_line():
-    assert describe_death(_actor_died(pid=31)) == (
+    assert describe_death(actor_died(pid=31)) == (
         "pid 31, The actor is dead because its worker process has died"
     )
 
 
 def test_describe_death_names_the_node_an_actor_died_with():
-    error = _actor_died(pid=31)
+    error = actor_died(pid=31)
     error.error_msg = (
         "The actor died unexpectedly before finishing this task.\n"
         "\tclass_name: HFRolloutWorker\n\tactor_id: 84de\n\tpid: 31\n\tip: 192.0.2.2\n"
@@ -505,7 +492,7 @@ def test_fails_cleanly_names_any_other_actor_of_the_run_that_died(tmp_path):
 
         @fails_cleanly
         def fit(self) -> None:
-            raise _actor_died(pid=77)
+            raise actor_died(pid=77)
 
     with pytest.raises(RunFailure, match=r"^VLLMRolloutWorker died: pid 77, The actor is dead"):
         Recipe().fit()

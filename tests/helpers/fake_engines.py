@@ -1,0 +1,265 @@
+"""In-process engines for unit tests of the fully async rollouter and its supervisor.
+
+    LocalHandle(obj)      an object behind Ray's call syntax: ``h.method.remote(...)`` starts
+                          the call at once on the running loop and returns its future (what
+                          the rollouter awaits of an ObjectRef); ``kill()`` makes every call,
+                          in flight or new, fail as a dead actor's would
+    ScriptedWorker        the real ``RolloutWorker`` contract (pause aborts in flight and
+                          returns partials; resume continues them through ``plan_group``;
+                          weights change only while paused) over a scripted engine: one token
+                          per ``tick_s``, token ids from the prompt, each stamped with the
+                          served version
+    ScriptedEngines       ``EngineReplicas`` of ScriptedWorkers (placement, restarts,
+                          ``group_request`` as the real RolloutGroup builds it)
+
+Fakes for the fast tier only: every path they stand in for also runs against real engines in
+tests/integration/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from recipe.faults import RolloutWorkerError
+from recipe.protocol import PromptRecord, Trajectory
+from recipe.utils.weights_file import WeightsFile
+from recipe.workers.config import RolloutConfig
+from recipe.workers.rollout.base import RolloutWorker
+from recipe.workers.rollout.requests import GenerationRequest, SampleJob, finish_job, plan_group
+from recipe.workers.rollout_group import actor_death, group_request
+
+
+def actor_died(pid: int = 4242) -> Exception:
+    """The error Ray raises for a call on an actor whose process died."""
+    from ray.exceptions import ActorDiedError
+
+    error = ActorDiedError()
+    error.error_msg = (
+        "The actor died unexpectedly before finishing this task.\n"
+        "\tclass_name: VLLMRolloutWorker\n\tactor_id: 0a1b\n"
+        f"\tpid: {pid}\n\tip: 10.0.0.1\n"
+        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR"
+    )
+    return error
+
+
+class _Remote:
+    def __init__(self, handle: LocalHandle, fn: Callable[..., Any]) -> None:
+        self._handle, self._fn = handle, fn
+
+    def remote(self, *args: Any, **kwargs: Any) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        if self._handle.dead:
+            future = loop.create_future()
+            future.set_exception(actor_died())
+            return future
+        try:
+            result = self._fn(*args, **kwargs)
+        except Exception as exc:
+            future = loop.create_future()
+            future.set_exception(exc)
+            return future
+        if inspect.isawaitable(result):
+            task = asyncio.ensure_future(result)
+            self._handle.calls.add(task)
+            task.add_done_callback(self._handle.calls.discard)
+            return asyncio.ensure_future(self._handle.outcome(task))
+        future = loop.create_future()
+        future.set_result(result)
+        return future
+
+
+class LocalHandle:
+    """``obj`` called as a Ray actor is (see the module docstring)."""
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+        self.dead = False
+        self.calls: set[asyncio.Task] = set()
+        self._died = asyncio.Event()
+
+    def __getattr__(self, name: str) -> _Remote:
+        return _Remote(self, getattr(self.obj, name))
+
+    def kill(self) -> None:
+        """The actor's process dies: calls in flight and every later call raise
+        ``ActorDiedError``."""
+        self.dead = True
+        self._died.set()
+
+    async def outcome(self, task: asyncio.Task) -> Any:
+        died = asyncio.ensure_future(self._died.wait())
+        await asyncio.wait({task, died}, return_when=asyncio.FIRST_COMPLETED)
+        died.cancel()
+        if self.dead:
+            task.cancel()
+            raise actor_died()
+        return task.result()
+
+
+class _Tokens:
+    """Decodes token ids as their numbers (what the reward functions see)."""
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return " ".join(map(str, ids))
+
+
+class ScriptedWorker(RolloutWorker):
+    """A rollout worker whose engine emits one token per ``tick_s`` (module docstring).
+
+    Response ``i`` to a prompt whose first token is ``p`` stops after ``stop_after(p, i)``
+    tokens (``stop``), else at its budget (``length``); token ``k`` of it is
+    ``(p + i + k) % 97``, log-prob -0.5. The default lengths vary from prompt to prompt (2 to
+    12 tokens), so groups admitted together finish at different times."""
+
+    def __init__(
+        self, tick_s: float = 0.002, stop_after: Callable[[int, int], int] | None = None
+    ) -> None:
+        super().__init__()
+        self.tick_s = tick_s
+        self.stop_after = stop_after or (lambda p, i: 2 + (7 * p + i) % 11)
+        self.loaded: list[tuple[str, int]] = []
+        """(path, version) of every weights file loaded."""
+        self.num_requests = 0
+        self._abort = asyncio.Event()
+        self._running_jobs = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def _generate_group(self, request: GenerationRequest) -> list[Trajectory]:
+        self.num_requests += 1
+        plan = plan_group(request)
+        jobs = [self._sample(request, item) for item in plan if isinstance(item, SampleJob)]
+        done = {t.sample_index: t for t in await asyncio.gather(*jobs)}
+        return [done[item.sample_index] if isinstance(item, SampleJob) else item for item in plan]
+
+    async def _sample(self, request: GenerationRequest, job: SampleJob) -> Trajectory:
+        self._running_jobs += 1
+        self._idle.clear()
+        try:
+            ids: list[int] = []
+            reason = "length"
+            done_before = len(job.partial.response_ids) if job.partial else 0
+            stop_at = self.stop_after(request.prompt_ids[0], job.sample_index) - done_before
+            while len(ids) < job.max_new_tokens:
+                if self._abort.is_set():
+                    reason = "aborted"
+                    break
+                await asyncio.sleep(self.tick_s)
+                k = done_before + len(ids)
+                ids.append((request.prompt_ids[0] + job.sample_index + k) % 97)
+                if len(ids) >= stop_at and not request.ignore_eos:
+                    reason = "stop"
+                    break
+            versions = [self.version] * len(ids)
+            return finish_job(request, job, ids, [-0.5] * len(ids), versions, reason, _Tokens())
+        finally:
+            self._running_jobs -= 1
+            if not self._running_jobs:
+                self._idle.set()
+
+    async def _abort_in_flight(self) -> None:
+        self._abort.set()
+        await self._idle.wait()
+        self._abort.clear()
+
+    async def _load_weights(self, path: str) -> None:
+        self.loaded.append((path, self.version + 1))
+
+    async def _receiver_call(self, method: str, args: tuple[Any, ...]) -> list[Any]:
+        return [{}]  # a push's load: nothing staged to copy in this engine
+
+    async def _close_engine(self) -> None:
+        return None
+
+
+class ScriptedEngines:
+    """``EngineReplicas`` (fully_async_policy/replicas.py) of in-process ScriptedWorkers."""
+
+    def __init__(self, cfg: RolloutConfig, make_worker: Callable[[], ScriptedWorker]) -> None:
+        self.cfg = cfg
+        self._make_worker = make_worker
+        self.workers = [LocalHandle(make_worker()) for _ in range(cfg.replicas)]
+        self.restarted: list[int] = []
+        self.lost: set[int] = set()
+        """Replicas whose node is gone for good (``wait_for_bundle`` fails)."""
+        self._loop = asyncio.get_running_loop()  # built on the loop the rollouter runs on
+        self._placement: Callable[[], int] | None = None
+        self._next = 0
+
+    def submit(
+        self,
+        prompt_uid: str,
+        prompt_ids: list[int],
+        *,
+        version: int,
+        n: int,
+        temperature: float,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        resume: list[Trajectory] | None = None,
+        training: bool = True,
+        replica: int | None = None,
+        record: PromptRecord | None = None,
+        track: bool = True,
+    ) -> Any:
+        request = group_request(
+            self.cfg,
+            prompt_uid,
+            prompt_ids,
+            version=version,
+            n=n,
+            sampling=(temperature, top_p, top_k),
+            resume=resume,
+            training=training,
+            record=record,
+        )
+        index = self.next_replica() if replica is None else replica
+        return self.workers[index].generate.remote(request)
+
+    def next_replica(self) -> int:
+        if self._placement is not None:
+            return self._placement()
+        index, self._next = self._next, (self._next + 1) % len(self.workers)
+        return index
+
+    def place_with(self, next_replica: Callable[[], int] | None) -> None:
+        self._placement = next_replica
+
+    def restart(self, index: int) -> LocalHandle:
+        self.workers[index].kill()
+        self.workers[index] = LocalHandle(self._make_worker())
+        self.restarted.append(index)
+        return self.workers[index]
+
+    def wait_for_bundle(self, index: int) -> str:
+        if index in self.lost:
+            from recipe.workers.cluster import PlacementError
+
+            raise PlacementError(f"rollout replica {index}: bundle {index}: its node is gone")
+        return "node"
+
+    def as_worker_error(self, exc: BaseException) -> RolloutWorkerError | None:
+        death = actor_death(exc)
+        if death is None:
+            return None
+        index = next((i for i, w in enumerate(self.workers) if w.dead), 0)
+        return RolloutWorkerError(index, death.reason)
+
+    def drain_trace(
+        self, timeout_s: float = 30.0, skip: Sequence[int] = ()
+    ) -> list[dict[str, Any]]:
+        return []
+
+    def update_weights_from_file(self, weights: WeightsFile, version: int) -> None:
+        """Blocking, as the real one (callers run it in a thread)."""
+        for handle in self.workers:
+            load = handle.obj.update_weights_from_file(weights.path, version)
+            asyncio.run_coroutine_threadsafe(load, self._loop).result(timeout=30)
+
+    def shutdown(self) -> None:
+        for handle in self.workers:
+            handle.kill()

@@ -1,0 +1,265 @@
+"""The fully async rollouter's streaming loop, built in-process: scripted engines behind
+actor-like handles (tests/helpers/fake_engines.py), the real MessageQueue, admission,
+supervisor, snapshot and restore, and a trainer loop that takes batches and syncs as
+``FullyAsyncTrainer`` does (the push itself is a pause, a load and a resume, as
+``ParameterSynchronizer``'s sequence is on the engines).
+
+The same loop runs against vLLM engines in tests/integration/test_fully_async.py (partial
+rollout), test_faults.py (killed replicas) and test_resume.py (checkpoints); these tests drive
+it through syncs, pauses, partial groups, restarts and snapshots in seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from fully_async_policy.message_queue import MessageQueue
+from fully_async_policy.messages import PromptGroup
+from fully_async_policy.rollouter import FullyAsyncRollouter
+from fully_async_policy.run_plan import RunPlan, plan_run
+from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE
+from recipe.checkpoint.store import RUN_STATE_DIR
+from recipe.config import RecipeConfig, load_config
+from recipe.protocol import PromptRecord
+from recipe.reward import RewardFunction
+from recipe.run.inputs import RunInputs
+from recipe.utils.weights_file import WeightsFile, file_sha256
+from tests.helpers import rewards
+from tests.helpers.fake_engines import LocalHandle, ScriptedEngines, ScriptedWorker
+
+PRESET = {
+    "mode": "fully_async",
+    "actor": {"ppo_mini_batch_size": 4},
+    "rollout": {"n": 4, "response_length": 12, "num_replicas": 2},
+    "async_training": {
+        "staleness_threshold": 0.5,
+        "trigger_parameter_sync_step": 2,
+        "require_batches": 1,
+        "partial_rollout": True,
+    },
+    "trainer": {"total_training_steps": 8, "test_freq": 0, "val_before_train": False},
+    "reward": {"custom_fn": f"{rewards.PATH}:half_flat"},
+    "logger": {"quiet": True},
+}
+NUM_PROMPTS = 64
+
+
+def _config(**overrides: Any) -> RecipeConfig:
+    cfg = OmegaConf.create(PRESET)
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value, force_add=True)
+    return load_config(cfg)
+
+
+def _inputs(cfg: RecipeConfig) -> RunInputs:
+    records = [
+        PromptRecord(f"p{i:03d}", f"prompt {i}", str(2 * i + 1), "test") for i in range(NUM_PROMPTS)
+    ]
+    return RunInputs(
+        train_records=records,
+        val_records=[],
+        reward_fn=RewardFunction(cfg.reward, cfg.rollout.response_length),
+        prompt_ids={r.uid: [i + 1, 5, 7] for i, r in enumerate(records)},
+        model=None,
+    )
+
+
+def _expected_tokens(prompt_first: int, sample_index: int, length: int) -> list[int]:
+    """What ScriptedWorker emits for a response, however often it was cut and continued."""
+    return [(prompt_first + sample_index + k) % 97 for k in range(length)]
+
+
+class Trainer:
+    """The trainer's side of the protocol (fully_async_policy/trainer.py), without training:
+    R groups per step from the queue, a sync every T steps."""
+
+    def __init__(self, cfg: RecipeConfig, run_dir: Path, **worker: Any) -> None:
+        self.cfg, self.run_dir = cfg, run_dir
+        self.plan: RunPlan = plan_run(cfg, NUM_PROMPTS)
+        self.inputs = _inputs(cfg)
+        self.queue_obj: MessageQueue[PromptGroup] = MessageQueue(self.plan.budget)
+        self.queue = LocalHandle(self.queue_obj)
+        self.worker = worker
+        self.version = 0
+        self.trained: list[PromptGroup] = []
+        self.pauses: list[Any] = []
+        self.rollouter: FullyAsyncRollouter
+
+    async def start(self) -> FullyAsyncRollouter:
+        rollouter = FullyAsyncRollouter(
+            self.cfg, self.run_dir, self.queue, self.plan, None, inputs=self.inputs
+        )
+        self.engines = ScriptedEngines(self.cfg.rollout, lambda: ScriptedWorker(**self.worker))
+        await rollouter.start(self.engines)
+        self.rollouter = rollouter
+        return rollouter
+
+    async def take(self) -> list[PromptGroup]:
+        got = await asyncio.wait_for(self.queue_obj.get_batch(self.plan.prompts_per_step), 30)
+        assert isinstance(got, list), got
+        self.trained += got
+        return got
+
+    async def sync(self, *, snapshot: bool = False) -> dict[str, Any] | None:
+        """begin_sync, the push's pause-load-resume on every engine, (snapshot), end_sync."""
+        self.pauses.append(await self.rollouter.begin_sync())
+        self.version += 1
+        for handle in self.rollouter.engine_workers():
+            await handle.pause.remote()
+            await handle.update_weights_from_file.remote("pushed.safetensors", self.version)
+            await handle.resume.remote()
+        state = await self.rollouter.snapshot() if snapshot else None
+        await self.rollouter.end_sync(self.version, len(self.trained))
+        return state
+
+    async def steps(self, first: int, last: int) -> None:
+        for step in range(first, last + 1):
+            await self.take()
+            if step % self.plan.steps_per_sync == 0:
+                await self.sync()
+
+    async def finish(self, run: asyncio.Task) -> dict[str, Any]:
+        ledger = await self.rollouter.stop()
+        await asyncio.wait_for(run, 30)
+        leftover = await self.queue_obj.drain()
+        self.rollouter.close()
+        return {
+            "admitted": ledger.admitted_uids,
+            "trained": [g.prompt_uid for g in self.trained],
+            "in_flight": ledger.unreleased_uids + [g.prompt_uid for g in leftover],
+        }
+
+
+def _balanced(ledger: dict[str, list[str]]) -> None:
+    assert len(set(ledger["trained"])) == len(ledger["trained"])
+    accounted = Counter(ledger["trained"]) + Counter(ledger["in_flight"])
+    assert Counter(ledger["admitted"]) == accounted
+
+
+def _weights_file(tmp_path: Path) -> WeightsFile:
+    """A file standing for the trainer's copy of the served weights (the fake engines only
+    check its sha256)."""
+    served = tmp_path / "served.safetensors"
+    served.write_bytes(b"weights")
+    return WeightsFile(str(served), 7, file_sha256(served))
+
+
+def _check_tokens(groups: list[PromptGroup], trainer: Trainer) -> None:
+    """Every response holds exactly the tokens its engine emitted, cut or not."""
+    for group in groups:
+        first = trainer.inputs.prompt_ids[group.prompt_uid][0]
+        for traj in group.trajectories:
+            assert traj.finish_reason in ("stop", "length")
+            expected = _expected_tokens(first, traj.sample_index, len(traj.response_ids))
+            assert traj.response_ids == expected
+            assert traj.token_versions == sorted(traj.token_versions)
+
+
+def test_a_sync_cuts_groups_that_continue_on_the_new_weights_within_the_staleness_bound(
+    tmp_path,
+):
+    async def scenario() -> None:
+        trainer = Trainer(_config(), tmp_path, tick_s=0.004)
+        rollouter = await trainer.start()
+        run = asyncio.create_task(rollouter.run())
+        await trainer.steps(1, trainer.plan.total_steps)
+        ledger = await trainer.finish(run)
+        assert trainer.version == trainer.plan.total_steps // trainer.plan.steps_per_sync
+        assert sum(p.num_partial_groups for p in trainer.pauses) > 0
+        _check_tokens(trainer.trained, trainer)
+        trajs = [t for g in trainer.trained for t in g.trajectories]
+        assert any(t.min_version < t.max_version for t in trajs), "none continued across a sync"
+        assert any(g.num_resumes > 0 for g in trainer.trained)
+        step_of = {}
+        for i, group in enumerate(trainer.trained):
+            step_of[group.prompt_uid] = i // trainer.plan.prompts_per_step + 1
+        for group in trainer.trained:  # the version the trainer held at that group's step
+            held = (step_of[group.prompt_uid] - 1) // trainer.plan.steps_per_sync
+            assert held - group.min_version <= trainer.plan.staleness_bound
+        _balanced(ledger)
+
+    asyncio.run(scenario())
+
+
+def test_without_partial_rollout_a_sync_waits_for_its_groups_on_the_old_weights(tmp_path):
+    async def scenario() -> None:
+        cfg = _config(**{"async_training.partial_rollout": False})
+        trainer = Trainer(cfg, tmp_path, tick_s=0.004)
+        rollouter = await trainer.start()
+        run = asyncio.create_task(rollouter.run())
+        await trainer.steps(1, trainer.plan.total_steps)
+        ledger = await trainer.finish(run)
+        assert sum(p.num_drained_groups for p in trainer.pauses) > 0
+        assert all(p.num_partial_groups == 0 for p in trainer.pauses)
+        for traj in (t for g in trainer.trained for t in g.trajectories):
+            assert traj.min_version == traj.max_version
+        _check_tokens(trainer.trained, trainer)
+        _balanced(ledger)
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_that_dies_mid_group_is_restarted_and_its_prompts_generated_again(tmp_path):
+    async def scenario() -> None:
+        cfg = _config(**{"rollout.max_restarts": 1})
+        trainer = Trainer(cfg, tmp_path, tick_s=0.004)
+        rollouter = await trainer.start()
+        run = asyncio.create_task(rollouter.run())
+        await trainer.steps(1, 2)  # one sync: the restarted replica must get version 1
+        while not rollouter.busy_replicas() or 1 not in rollouter.busy_replicas():
+            await asyncio.sleep(0.005)
+        trainer.engines.workers[1].kill()
+        await asyncio.wait_for(rollouter.wait_replica_request(), 10)
+        waiting = await rollouter.recover_replicas()
+        assert waiting == [1] and trainer.engines.restarted == [1]
+        await rollouter.install_weights(1, _weights_file(tmp_path), trainer.version)
+        assert trainer.engines.workers[1].obj.version == trainer.version
+        await trainer.steps(3, trainer.plan.total_steps)
+        ledger = await trainer.finish(run)
+        assert rollouter.poll().num_restarts == 1
+        assert rollouter.admission.num_readmitted > 0  # the groups it lost
+        _check_tokens(trainer.trained, trainer)
+        _balanced(ledger)
+
+    asyncio.run(scenario())
+
+
+def test_a_snapshot_taken_in_a_sync_restores_a_rollouter_that_loses_no_prompt(tmp_path):
+    async def scenario() -> None:
+        cfg = _config(**{"trainer.total_training_steps": 10})
+        first = Trainer(cfg, tmp_path / "a", tick_s=0.004)
+        rollouter = await first.start()
+        run = asyncio.create_task(rollouter.run())
+        await first.steps(1, 3)
+        await first.take()  # step 4 ends with the checkpoint's sync
+        state = await first.sync(snapshot=True)
+        assert state is not None
+        saved_trained, saved_version = list(first.trained), first.version
+        await first.steps(5, 6)  # what the crash loses: trained again after the resume
+        await first.finish(run)
+
+        checkpoint = tmp_path / "ckpt"
+        (checkpoint / RUN_STATE_DIR).mkdir(parents=True)
+        path = checkpoint / RUN_STATE_DIR / ROLLOUTER_STATE_FILE
+        path.write_text(json.dumps(state), encoding="utf-8")
+        second = Trainer(cfg, tmp_path / "b", tick_s=0.004)
+        second.version, second.trained = saved_version, saved_trained
+        resumed = await second.start()
+        # As FullyAsyncTrainer.attach: the engines serve the checkpoint's weights, then restore.
+        await resumed.load_weights(_weights_file(tmp_path), saved_version)
+        resumed.restore(str(checkpoint))
+        await resumed.end_sync(second.version, len(second.trained))
+        run = asyncio.create_task(resumed.run())
+        await second.steps(5, second.plan.total_steps)
+        ledger = await second.finish(run)
+        _balanced(ledger)  # the resumed ledger counts the checkpoint's admissions too
+        assert len(ledger["trained"]) == second.plan.total_steps * second.plan.prompts_per_step
+        _check_tokens(second.trained, second)
+
+    asyncio.run(scenario())
