@@ -373,9 +373,15 @@ class FullyAsyncRollouter:
             num_partial += len(self._in_flight)  # episodes waiting in the workers
         return SyncPause(num_partial, num_drained, time.perf_counter() - start)
 
+    async def resume_engines(self) -> None:
+        """The push loaded the new weights: the engines generate again, so episodes in
+        flight go on; admission stays held until ``end_sync`` (rollout_engines.py)."""
+        await self.replicas.resume_all()
+
     @traced("end_sync (resume)", tid=ROLLOUTER_TIDS["sync"], cat="sync")
     async def end_sync(self, version: int, num_trained: int) -> None:
-        """The engines serve ``version`` now: open its window and generate again."""
+        """The engines serve ``version`` now: open its window and generate again (the
+        engines resume here too, after a snapshot paused them or on a resumed run)."""
         self.version = version
         self.admission.open_window(version, num_trained)
         await self.replicas.resume_all()

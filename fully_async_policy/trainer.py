@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from fully_async_policy.messages import EndOfStream, PromptGroup, RolloutProgress
 from fully_async_policy.metrics import group_metrics
+from fully_async_policy.rollout_engines import RolloutEngines
 from fully_async_policy.run_plan import plan_run
 from fully_async_policy.served_weights import PUSHED_SLOT, ServedWeights
 from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE
@@ -48,7 +49,6 @@ from recipe.separate_trainer import SeparateRayPPOTrainer
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
-    from recipe.checkpoint_engine.synchronizer import Receivers
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +85,8 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         """The rollouter's snapshot taken in the last sync, waiting to be checkpointed."""
         self.served: ServedWeights | None = None
         """The served version's weights kept in the trainer ranks (built in ``attach``)."""
+        self.engines: RolloutEngines | None = None
+        """The rollouter's engines as a push sees them (built in ``attach``)."""
         self._replica_request: Any = None
         """Pending ``rollouter.wait_replica_request`` (a restarted replica wants weights)."""
         self._num_rollout_restarts = self._num_rollout_retired = 0
@@ -100,17 +102,16 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         self.trainer_group.wait_ready()
         self.rollouter, self.queue = rollouter, queue
         self.served = ServedWeights(self.trainer_group, rollouter, self.run_dir)
+        self.engines = RolloutEngines(rollouter, self.served, lambda: self.version, self._within)
         if self.run.resume_from is not None:
             self.served.serve_resumed(self.version)
             ray.get(self.rollouter.restore.remote(str(self.run.resume_from)))
 
-    def _engine_workers(self) -> Receivers:
-        """The replicas' current workers, asked of the rollouter at every push (it owns the
-        engines and replaces dead ones)."""
-        import ray
-
-        rollouter = self.rollouter
-        return lambda: ray.get(rollouter.engine_workers.remote())
+    def _serving_engines(self) -> RolloutEngines:
+        """The rollouter's engines, paused and resumed by its supervisor (it owns them and
+        replaces dead ones): rollout_engines.py."""
+        assert self.engines is not None, "attach() the rollouter before the first push"
+        return self.engines
 
     @property
     def fault_counts(self) -> dict[str, int]:
@@ -211,20 +212,16 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
 
     @traced("sync")
     def _sync(self, *, last: bool = False) -> dict[str, float]:
-        """Pause generation, push weights (version + 1), resume. The push reports its own
-        ``sync/*`` phases; this adds the window in which generation was paused. When the new
-        version is to be checkpointed, the rollouter's state is taken while still paused."""
+        """Push weights (version + 1): staged while the engines generate, then the
+        rollouter pauses them for the load and resumes them (rollout_engines.py); the window
+        opens at ``end_sync``. The push reports its own ``sync/*`` phases; this adds the
+        window in which admission was held. When the new version is to be checkpointed, the
+        rollouter's state is taken before ``end_sync``."""
 
         metrics = MetricsAccumulator()
-        paused: dict[str, Any] = {}
-
-        def stop_generation() -> None:  # once the new weights wait in every replica's staging
-            paused["start"] = time.perf_counter()
-            paused["pause"] = self._within(self.rollouter.begin_sync.remote(), "begin_sync")
-            self.served.heal(self.version)  # replicas that died since the last sync: pushed too
-
-        self._fit_update_weights(metrics, before_load=stop_generation)
-        start, pause = paused["start"], paused["pause"]
+        self._fit_update_weights(metrics)  # pauses and resumes through self.engines
+        paused = self._serving_engines().take_pause()
+        start, pause = paused.start, paused.pause
         if self.run.should_save(self.version, last=last):
             self._rollouter_state = self._within(self.rollouter.snapshot.remote(), "snapshot")
         end = self.rollouter.end_sync.remote(self.version, len(self.trained_uids))
@@ -398,10 +395,6 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         )
 
     # ---- dead rollout replicas (fully_async_policy/replicas.py) ---------------------------
-
-    def _recover_from_sync_failure(self, exc: Exception) -> bool:
-        """A push that failed because a rollout replica died goes again once it is back."""
-        return self.served.heal(self.version)
 
     def _within(self, ref: Any, phase: str) -> Any:
         """``ray.get(ref)`` of a sync phase on the rollouter, within

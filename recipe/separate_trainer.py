@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,8 +44,8 @@ from recipe.workers.batch import TrainBatch
 from recipe.workers.correction import correct_batch
 
 if TYPE_CHECKING:
-    from recipe.checkpoint_engine.base import WeightSyncError
-    from recipe.checkpoint_engine.synchronizer import ParameterSynchronizer, Receivers
+    from recipe.checkpoint_engine.engines import ServingEngines
+    from recipe.checkpoint_engine.synchronizer import ParameterSynchronizer
     from recipe.workers.rollout_group import RolloutGroup
     from recipe.workers.trainer_group import TrainerGroup
 
@@ -224,42 +223,34 @@ class SeparateRayPPOTrainer:
             metrics.add(key, value, reduce="last")
 
     @traced("weight_push")
-    def _fit_update_weights(
-        self, metrics: MetricsAccumulator, *, before_load: Callable[[], None] | None = None
-    ) -> None:
+    def _fit_update_weights(self, metrics: MetricsAccumulator) -> None:
         """Push the trainer's weights to every rollout engine through the checkpoint engine
-        (``checkpoint_engine.*``: paused, bucketed, verified, retried by its failure policy);
-        ``version`` goes up by one. ``before_load``: see ``ParameterSynchronizer.push``."""
+        (``checkpoint_engine.*``: bucketed, verified, retried by its failure policy; the
+        engines' owner pauses and resumes them, ``_serving_engines``); ``version`` goes up
+        by one."""
         if self.param_sync is None:
             from recipe.checkpoint_engine.synchronizer import ParameterSynchronizer
 
             self.param_sync = ParameterSynchronizer(
                 self.trainer_group,
-                self._engine_workers(),
+                self._serving_engines(),
                 self.cfg.checkpoint_engine,
                 file_root=self.run_dir / EXPORT_DIR,  # backend=file: read on every node
             )
             self.param_sync.tracer = self.tracer  # its phases nest in this "weight_push"
-        pushed = self.param_sync.push(
-            self.version,
-            timer=metrics.timer,
-            repair=self._recover_from_sync_failure,
-            before_load=before_load,
-        )
+        pushed = self.param_sync.push(self.version, timer=metrics.timer)
         for key, value in pushed.metrics.items():
             metrics.add(key, value, reduce="last")
         self.version = pushed.version
 
-    def _engine_workers(self) -> Receivers:
-        """The replicas' current workers, for the synchronizer (the batch recipes own the
-        rollout group in this process)."""
+    def _serving_engines(self) -> ServingEngines:
+        """The rollout side of a push: the batch recipes own the rollout group in this
+        process, idle between batches, and pause it for the push directly."""
+        from recipe.checkpoint_engine.engines import DirectEngines
+
         group = self.rollout_group
         assert group is not None, "build the rollout group before the first push"
-        return lambda: group.workers
-
-    def _recover_from_sync_failure(self, exc: WeightSyncError) -> bool:
-        """Repair what made a push fail, if a recipe can (True: push again, uncounted)."""
-        return False
+        return DirectEngines(lambda: group.workers, self.cfg.checkpoint_engine.timeout_s)
 
     @property
     def sync_summary(self) -> dict[str, str]:

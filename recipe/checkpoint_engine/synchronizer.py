@@ -5,23 +5,27 @@
       metadata + placement --> rank 0                        <-- info of every engine worker
       prepare(plan) ---------> rank 0: region / store -> info
       connect ---------------> rank 0 init(info)       ||        connect(plan, ranks, info)
-    push(v) (every phase has a deadline; a failure names the phase and the peer):
+
+One push (``_sync``; every phase has a deadline, a failure names the phase and the peer). The
+engines' serving state belongs to their owner (``ServingEngines``, engines.py): the push asks
+it to pause and resume and never pauses an engine itself::
+
       agree-before           rank 0 version == v       ==        every replica serves v
-      pause                                                      abort in flight (partials kept)
+      [transfer, verify]     staged first when the owner serves while staging (fully async)
+      pause                  engines.pause(): the owner quiesces its engines (a replica it
+                             replaced meanwhile has nothing staged: the transport is rebuilt)
       transfer  -----------> all ranks gather, rank 0 sends ||   stage + checksum every bucket
       verify                 sender checksums == every receiver's (receivers compared too)
-      [before_load]          with a caller's ``before_load``, pause moves here: the engines
-                             decode through transfer and verify (the fully-async recipe)
       load                                                       staged -> engine, caches reset,
                                                                  serve v+1 (still paused)
       agree-after            rank 0 commits v+1        ==        every replica serves v+1
-      resume                                                     generation goes on
+      resume                 engines.resume(): generation goes on
 
 Invariant: an engine changes weights only in ``load``, and ``load`` runs only after every
 replica verified the full push, so a failed or partial transfer leaves every engine on
-version v with its old weights (paused, unless the failure came before a ``before_load``
-pause). After a failure the synchronizer is ``is_stale``; ``checkpoint_engine.on_failure``
-says whether ``push`` rebuilds the transport and tries again.
+version v with its old weights (paused, unless the failure came before the pause). After a
+failure the synchronizer is ``is_stale``; ``engines.repair`` and then
+``checkpoint_engine.on_failure`` say whether ``push`` rebuilds the transport and tries again.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +47,7 @@ from recipe.checkpoint_engine.base import (
     WeightSyncError,
 )
 from recipe.checkpoint_engine.config import CheckpointEngineConfig
+from recipe.checkpoint_engine.engines import ServingEngines
 from recipe.checkpoint_engine.host import EndpointSite, shm_dir
 from recipe.checkpoint_engine.layout import BucketLayout
 from recipe.checkpoint_engine.phases import NO_ANSWER, SENDER, replica_peer, wait_phase
@@ -77,11 +82,6 @@ class TrainerRanks(Protocol):
         ...
 
 
-Receivers = Callable[[], Sequence[Any]]
-"""The rollout replicas' current worker handles, one per replica (asked at every push, so a
-replica restarted by a new worker is reached: the transport is then rebuilt)."""
-
-
 @dataclass(frozen=True, slots=True)
 class PushResult:
     """What one ``push`` did."""
@@ -104,18 +104,19 @@ class ParameterSynchronizer:
     def __init__(
         self,
         trainer_group: TrainerRanks,
-        receivers: Receivers,
+        engines: ServingEngines,
         cfg: CheckpointEngineConfig,
         *,
         bucket_size_bytes: int | None = None,
         file_root: Path | None = None,
     ) -> None:
-        """``bucket_size_bytes`` overrides ``cfg.bucket_size_mb`` (tests and benchmarks use
+        """``engines``: the rollout side, owner of the engines' serving state;
+        ``bucket_size_bytes`` overrides ``cfg.bucket_size_mb`` (tests and benchmarks use
         sub-MiB buckets to chunk small models). ``file_root``: where ``backend=file`` writes
         its files, a directory every node reads (the run directory's private weights
         directory); None: this host's shared memory (single-host use only)."""
         self.cfg = cfg
-        self._trainer, self._receivers = trainer_group, receivers
+        self._trainer, self._engines = trainer_group, engines
         self._workers: list[Any] = []  # the handles the transport was built for
         self._bucket_override = bucket_size_bytes
         self._metadata: list[Any] | None = None
@@ -168,7 +169,7 @@ class ParameterSynchronizer:
     def init_communicator(self, version: int) -> None:
         """Resolve backend and bucket size, compute the layout (once), build the transport
         to the replicas' current workers (the trainer side records ``version``)."""
-        self._workers = list(self._receivers())
+        self._workers = self._engines.workers()
         if self._metadata is None:
             metadata = {SENDER: self._trainer.workers[0].weight_metadata.remote()}
             self._metadata = self._phase("metadata", metadata)[SENDER]
@@ -226,41 +227,30 @@ class ParameterSynchronizer:
 
     # ---- one sync -----------------------------------------------------------------------
 
-    def push(
-        self,
-        version: int,
-        *,
-        timer: Timer | None = None,
-        repair: Callable[[WeightSyncError], bool] | None = None,
-        before_load: Callable[[], None] | None = None,
-    ) -> PushResult:
+    def push(self, version: int, *, timer: Timer | None = None) -> PushResult:
         """Push the trainer's weights into engines serving ``version``; they serve
-        ``version + 1`` afterwards.
+        ``version + 1`` afterwards (the sequence: the module docstring).
 
-        ``before_load``: called once, after every replica staged and verified the new
-        weights and before the engines pause to load them. The fully-async trainer stops
-        generation there, so the transfer runs while the engines still decode and only the
-        load is inside its pause window. Without it the engines pause before the transfer.
-
-        On failure the engines stay paused on ``version`` (never half-updated) and
+        On failure the engines stay on ``version`` (never half-updated). A dead trainer rank
+        is never retried (its ``TrainerWorkerError`` is raised); a push cut by a replica that
+        ``engines.repair(exc)`` replaced is retried uncounted; else
         ``checkpoint_engine.on_failure`` decides: ``stop`` raises the ``WeightSyncError`` (it
-        names the phase and the peer); ``retry`` rebuilds the transport and pushes again, at
-        most ``max_retries`` times. A dead trainer rank is never retried (its
-        ``TrainerWorkerError`` is raised); a push cut by a replica that ``repair(exc)`` put
-        right (True: a dead one replaced) is retried uncounted. ``timer(key)`` (e.g.
-        ``MetricsAccumulator.timer``) wraps each attempt as ``timing/sync_s``.
+        names the phase and the peer), ``retry`` rebuilds the transport and pushes again, at
+        most ``max_retries`` times. The engines are paused at most once per push, whatever
+        the retries. ``timer(key)`` (e.g. ``MetricsAccumulator.timer``) wraps each attempt as
+        ``timing/sync_s``.
         """
         retries_left = self.cfg.max_retries if self.cfg.on_failure == "retry" else 0
         num_retries = 0
-        pending = [before_load] if before_load is not None else []  # called at most once
+        paused: list[bool] = []  # the engines' owner paused them in this push
         while True:
             try:
                 with timer("timing/sync_s") if timer is not None else nullcontext():
-                    metrics = self._attempt(version, pending)
+                    metrics = self._attempt(version, paused)
                 return PushResult(version + 1, metrics, num_retries)
             except WeightSyncError as exc:
                 self._trainer.check_alive()
-                if repair is not None and repair(exc):
+                if self._engines.repair(exc):
                     logger.warning("weight push failed (%s); pushing again to the new worker", exc)
                 elif retries_left > 0:
                     retries_left -= 1
@@ -271,10 +261,10 @@ class ParameterSynchronizer:
                     raise
                 self.reset_transport()
 
-    def _attempt(self, version: int, pending: list[Callable[[], None]]) -> dict[str, float]:
+    def _attempt(self, version: int, paused: list[bool]) -> dict[str, float]:
         self._hung_peers.clear()
         try:
-            metrics = self._sync(version, pending)
+            metrics = self._sync(version, paused)
         except WeightSyncError as exc:
             self._stale = True
             if exc.detail.startswith(NO_ANSWER):  # hung peers: teardown does not wait on them
@@ -283,27 +273,27 @@ class ParameterSynchronizer:
         self._stale = False
         return metrics
 
-    def _sync(self, version: int, pending: list[Callable[[], None]]) -> dict[str, float]:
+    def _sync(self, version: int, paused: list[bool]) -> dict[str, float]:
+        """One attempt of a push: the sequence drawn in the module docstring."""
         start = time.perf_counter()
         target = version + 1
-        self._stage_ready(version)  # resolves the backend on the first push
+        self._stage_ready(version)  # agree-before; resolves the backend on the first push
         staged = None
-        if pending and self._backend != "file":
-            staged = self._stage(target)  # while the engines still generate
-        if pending:
-            self._call_pending(pending)  # generation stops; dead replicas may come back
-            if list(self._receivers()) != self._workers:  # a new worker has nothing staged
-                self.reset_transport()
-                self._stage_ready(version)
-                staged = None
+        if self._engines.stage_while_serving and self._backend != "file":
+            staged = self._stage(target)  # transfer + verify while the engines still generate
+        self._pause_engines(paused)
+        if self._engines.workers() != self._workers:  # a new worker has nothing staged
+            self.reset_transport()
+            self._stage_ready(version)
+            staged = None
         pause_start = time.perf_counter()
-        self._phase("pause", self._on_replicas("pause"))
         if self._backend == "file":
             metrics = self._push_file(target)
         else:
             metrics = self._load(target, *(staged or self._stage(target)))
         self._agree("agree-after", target, commit=True)
-        self._phase("resume", self._on_replicas("resume"))
+        with self.tracer.span("resume", cat="sync"):
+            self._engines.resume()
         metrics["sync/pause_s"] = time.perf_counter() - pause_start
         if self.cfg.release_buffers:
             self._close_transport()
@@ -314,14 +304,17 @@ class ParameterSynchronizer:
         logger.debug("weights v%d pushed: %s", target, {k: round(v, 4) for k, v in metrics.items()})
         return metrics
 
-    @staticmethod
-    def _call_pending(pending: list[Callable[[], None]]) -> None:
-        while pending:
-            pending.pop()()
+    def _pause_engines(self, paused: list[bool]) -> None:
+        """Have the engines' owner pause them, once per push (a retry finds them paused)."""
+        if paused:
+            return
+        with self.tracer.span("pause", cat="sync"):
+            self._engines.pause()
+        paused.append(True)
 
     def _stage_ready(self, version: int) -> None:
         """Connected to the replicas' current workers, all of them serving ``version``."""
-        if self._connected and list(self._receivers()) != self._workers:
+        if self._connected and self._engines.workers() != self._workers:
             self.reset_transport()  # a replica runs on a new worker: it has never joined
         if not self._connected:
             self.init_communicator(version)

@@ -157,12 +157,8 @@ def faulted_run(rollout_model_path, tmp_path_factory) -> FaultedRun:
     sync_failures: list[str] = []
     frozen: list[int] = []
     seen: list[tuple[int, list]] = []
-    train_step, take, push, recover = (
-        trainer._train_step,
-        trainer._take_groups,
-        trainer._fit_update_weights,
-        trainer._recover_from_sync_failure,
-    )
+    train_step, take, push = trainer._train_step, trainer._take_groups, trainer._fit_update_weights
+    recover = trainer.engines.repair  # a push cut by a dead replica (rollout_engines.py)
 
     def faulty_train_step(local_step):
         step = trainer.global_step + 1
@@ -179,12 +175,12 @@ def faulted_run(rollout_model_path, tmp_path_factory) -> FaultedRun:
         seen.append((trainer.version, groups))
         return groups
 
-    def recording_push(metrics, **kw):
+    def recording_push(metrics):
         state = trainer.trainer_group.full_state_dict()  # the weights this push sends
         if trainer.global_step == 4:  # the replica stops answering through one push
             frozen.append(replica_processes(recipe)["worker"])
             os.kill(frozen[-1], signal.SIGSTOP)
-        push(metrics, **kw)
+        push(metrics)
         oracle.states[trainer.version] = state
 
     def thawing_recover(exc):
@@ -196,7 +192,7 @@ def faulted_run(rollout_model_path, tmp_path_factory) -> FaultedRun:
     trainer._train_step = faulty_train_step
     trainer._take_groups = recording_take
     trainer._fit_update_weights = recording_push
-    trainer._recover_from_sync_failure = thawing_recover
+    trainer.engines.repair = thawing_recover
     try:
         summary = recipe.fit()
         ledger = recipe.ledger

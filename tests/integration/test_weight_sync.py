@@ -32,6 +32,7 @@ from recipe.checkpoint_engine import (
     ParameterSynchronizer,
     WeightSyncError,
 )
+from recipe.checkpoint_engine.engines import DirectEngines
 from recipe.model import HFModelConfig
 from recipe.workers.config import ActorConfig, RolloutConfig
 from recipe.workers.rollout.requests import GenerationRequest
@@ -178,6 +179,21 @@ def tp_rollout(groups, rollout_model_path):
         rollout.shutdown()
 
 
+class StagingEngines(DirectEngines):
+    """Engines whose owner lets them generate while a push stages (as fully_async's does);
+    ``before_pause()`` runs when the push asks for the pause."""
+
+    stage_while_serving = True
+
+    def __init__(self, workers, timeout_s: float, before_pause) -> None:
+        super().__init__(workers, timeout_s)
+        self.before_pause = before_pause
+
+    def pause(self) -> None:
+        self.before_pause()
+        super().pause()
+
+
 def _versions(ray, rollout) -> list[int]:
     return ray.get([w.get_version.remote() for w in rollout.workers], timeout=60)
 
@@ -196,9 +212,8 @@ def test_sync_makes_every_engine_weight_bitwise_equal_to_the_trainers(
     version = _versions(ray, rollout)[0]
     trainer.load_hf(_perturbed_dir(rollout_model_path, tmp_path / "model", seed=len(backend)))
     cfg = CheckpointEngineConfig(backend=backend, timeout_s=60)
-    sync = ParameterSynchronizer(
-        trainer, lambda: rollout.workers, cfg, bucket_size_bytes=BUCKET_BYTES
-    )
+    engines = DirectEngines(lambda: rollout.workers, cfg.timeout_s)
+    sync = ParameterSynchronizer(trainer, engines, cfg, bucket_size_bytes=BUCKET_BYTES)
     try:
         result = sync.push(version)
         metrics = result.metrics
@@ -219,24 +234,24 @@ def test_sync_makes_every_engine_weight_bitwise_equal_to_the_trainers(
 def test_a_push_staged_before_the_pause_serves_the_old_weights_until_the_load(
     groups, ray_for_module, rollout_model_path, tmp_path
 ):
-    """``before_load`` (the fully-async recipe's pause) runs once the new weights wait in
-    every replica's staging: until then the engines run, unpaused, on the old version."""
+    """Engines whose owner serves while a push stages (the fully-async recipe's) are paused
+    once the new weights wait in every replica's staging: until then they run, unpaused, on
+    the old version."""
     ray, (trainer, rollout) = ray_for_module, groups
     version = _versions(ray, rollout)[0]
     trainer.load_hf(_perturbed_dir(rollout_model_path, tmp_path / "model", seed=11))
     cfg = CheckpointEngineConfig(backend="shm", timeout_s=60)
-    sync = ParameterSynchronizer(
-        trainer, lambda: rollout.workers, cfg, bucket_size_bytes=BUCKET_BYTES
-    )
     seen: dict[str, object] = {}
 
-    def before_load() -> None:
+    def before_pause() -> None:
         seen["paused"] = ray.get([w.is_paused.remote() for w in rollout.workers])
         seen["versions"] = _versions(ray, rollout)
         seen["generated"] = _generate_versions(ray, rollout)  # still the old weights
 
+    engines = StagingEngines(lambda: rollout.workers, cfg.timeout_s, before_pause)
+    sync = ParameterSynchronizer(trainer, engines, cfg, bucket_size_bytes=BUCKET_BYTES)
     try:
-        result = sync.push(version, before_load=before_load)
+        result = sync.push(version)
         assert seen == {
             "paused": [False, False],
             "versions": [version] * 2,
@@ -255,9 +270,8 @@ def test_corrupted_bucket_is_caught_and_every_engine_keeps_its_old_weights(
     ray, (trainer, rollout) = ray_for_module, groups
     version = _versions(ray, rollout)[0]
     cfg = CheckpointEngineConfig(backend="gloo", timeout_s=30)
-    sync = ParameterSynchronizer(
-        trainer, lambda: rollout.workers, cfg, bucket_size_bytes=BUCKET_BYTES
-    )
+    engines = DirectEngines(lambda: rollout.workers, cfg.timeout_s)
+    sync = ParameterSynchronizer(trainer, engines, cfg, bucket_size_bytes=BUCKET_BYTES)
     try:
         sync.init_communicator(version)
         before = trainer.full_state_dict()
@@ -284,9 +298,8 @@ def test_a_peer_that_never_answers_fails_the_sync_within_the_deadline(groups, ra
     version = _versions(ray, rollout)[0]
     timeout_s = 3.0
     cfg = CheckpointEngineConfig(backend="shm", timeout_s=timeout_s)
-    sync = ParameterSynchronizer(
-        trainer, lambda: rollout.workers, cfg, bucket_size_bytes=BUCKET_BYTES
-    )
+    engines = DirectEngines(lambda: rollout.workers, cfg.timeout_s)
+    sync = ParameterSynchronizer(trainer, engines, cfg, bucket_size_bytes=BUCKET_BYTES)
     try:
         sync.init_communicator(version)
         # Trainer rank 1 stops answering: rank 0 waits for it in the FSDP gather and never
@@ -323,13 +336,15 @@ def test_file_backend_and_released_buffers_keep_syncing_correctly(
         version = _versions(ray, rollout)[0]
         trainer.load_hf(_perturbed_dir(rollout_model_path, tmp_path / f"m{seed}", seed=seed))
         cfg = CheckpointEngineConfig(backend=backend, timeout_s=60, release_buffers=release)
-        sync = ParameterSynchronizer(
-            trainer, lambda: rollout.workers, cfg, bucket_size_bytes=BUCKET_BYTES
-        )
         called: list[int] = []
-        try:  # before_load as fully_async passes it: the file backend has nothing to stage
-            before_load = functools.partial(called.append, version)
-            metrics = sync.push(version, before_load=before_load).metrics
+        # Engines that serve while a push stages, as fully_async's: the file backend has
+        # nothing to stage, so their owner pauses them before the file is written.
+        engines = StagingEngines(
+            lambda: rollout.workers, cfg.timeout_s, functools.partial(called.append, version)
+        )
+        sync = ParameterSynchronizer(trainer, engines, cfg, bucket_size_bytes=BUCKET_BYTES)
+        try:
+            metrics = sync.push(version).metrics
             assert called == [version]
             assert {k.removeprefix("sync/") for k in metrics} >= SYNC_KEYS
             assert _versions(ray, rollout) == [version + 1] * 2
@@ -369,9 +384,8 @@ def test_a_tensor_parallel_engine_loads_its_shards_of_each_push_beside_whole_eng
     before = _greedy(ray, tp_rollout)
     trainer.load_hf(_perturbed_dir(rollout_model_path, tmp_path / "model", seed=20 + len(backend)))
     cfg = CheckpointEngineConfig(backend=backend, timeout_s=60)
-    sync = ParameterSynchronizer(
-        trainer, lambda: rollout.workers + tp_rollout.workers, cfg, bucket_size_bytes=BUCKET_BYTES
-    )
+    engines = DirectEngines(lambda: rollout.workers + tp_rollout.workers, cfg.timeout_s)
+    sync = ParameterSynchronizer(trainer, engines, cfg, bucket_size_bytes=BUCKET_BYTES)
     try:
         sync.push(version)
         assert sync.receiver_ranks == [[1], [2], [3, 4]]

@@ -1,7 +1,7 @@
 """The weight-push failure policy of ``ParameterSynchronizer.push`` (checkpoint_engine.*):
-stop or retry, a repaired replica retried uncounted, a dead trainer rank never retried, and
-the version handed back only by a push that landed. The transport itself is faked: each
-attempt fails or succeeds as the test says."""
+stop or retry, a repaired replica retried uncounted, a dead trainer rank never retried, the
+engines paused once per push by their owner, and the version handed back only by a push that
+landed. The transport itself is faked: each attempt fails or succeeds as the test says."""
 
 from __future__ import annotations
 
@@ -16,32 +16,66 @@ from recipe.checkpoint_engine.synchronizer import ParameterSynchronizer
 from recipe.faults import TrainerWorkerError
 
 
+class Engines:
+    """``ServingEngines`` that count their owner's calls; ``repair`` answers ``repairs``."""
+
+    stage_while_serving = True
+
+    def __init__(self, repairs: bool = False) -> None:
+        self.repairs, self.repaired = repairs, []
+        self.paused_on: list[int] = []  # the attempt each pause came in
+        self.num_resumes = 0
+        self.attempt = 0
+
+    def workers(self) -> list[Any]:
+        return []
+
+    def pause(self) -> None:
+        self.paused_on.append(self.attempt)
+
+    def resume(self) -> None:
+        self.num_resumes += 1
+
+    def repair(self, error: WeightSyncError) -> bool:
+        self.repaired.append(error.phase)
+        return self.repairs
+
+
 class ScriptedSynchronizer(ParameterSynchronizer):
     """Fails the first ``failures`` attempts in ``fail_phase`` (``transfer``: before the
-    caller's ``before_load``; ``load``: after it), then lands."""
+    engines pause; ``load``: after it), then lands."""
 
     def __init__(
-        self, failures: int, *, dead_rank: bool = False, fail_phase: str = "transfer", **policy: Any
+        self,
+        failures: int,
+        *,
+        dead_rank: bool = False,
+        fail_phase: str = "transfer",
+        engines: Engines | None = None,
+        **policy: Any,
     ) -> None:
         def check_alive() -> None:
             if dead_rank:
                 raise TrainerWorkerError(1, "pid 9, The actor is dead")
 
         trainer = SimpleNamespace(check_alive=check_alive)
-        super().__init__(trainer, lambda: [], CheckpointEngineConfig(**policy))
+        self.engines = engines or Engines()
+        super().__init__(trainer, self.engines, CheckpointEngineConfig(**policy))
         self.failures, self.attempts, self.resets = failures, 0, 0
         self.fail_phase = fail_phase
         self.pushed_from: list[int] = []
 
-    def _sync(self, version: int, pending: list) -> dict[str, float]:
+    def _sync(self, version: int, paused: list[bool]) -> dict[str, float]:
         self.attempts += 1
+        self.engines.attempt = self.attempts
         self.pushed_from.append(version)
         failing = self.attempts <= self.failures
         if failing and self.fail_phase == "transfer":
             raise WeightSyncError("transfer", "rollout replica 0", "no answer within 5.0 s")
-        self._call_pending(pending)
+        self._pause_engines(paused)
         if failing:
             raise WeightSyncError(self.fail_phase, "rollout replica 0", "no answer within 5.0 s")
+        self.engines.resume()
         return {"sync/total_s": 0.5}
 
     def reset_transport(self) -> None:
@@ -79,32 +113,36 @@ def test_on_failure_retry_stops_once_the_retries_are_used_up():
 
 
 def test_a_push_cut_by_a_repaired_replica_is_retried_uncounted_even_with_stop():
-    sync = ScriptedSynchronizer(1, on_failure="stop")
-    repaired: list[str] = []
-    result = sync.push(4, repair=lambda exc: repaired.append(exc.phase) or True)
-    assert repaired == ["transfer"] and sync.attempts == 2
+    sync = ScriptedSynchronizer(1, on_failure="stop", engines=Engines(repairs=True))
+    result = sync.push(4)
+    assert sync.engines.repaired == ["transfer"] and sync.attempts == 2
     assert result.version == 5 and result.num_retries == 0 and sync.num_retries == 0
 
 
 def test_a_repair_that_fixes_nothing_falls_back_to_the_policy():
     sync = ScriptedSynchronizer(1, on_failure="stop")
     with pytest.raises(WeightSyncError):
-        sync.push(4, repair=lambda exc: False)
-    assert sync.attempts == 1
+        sync.push(4)
+    assert sync.attempts == 1 and sync.engines.repaired == ["transfer"]
 
 
 def test_a_dead_trainer_rank_is_never_retried():
-    sync = ScriptedSynchronizer(1, dead_rank=True, on_failure="retry", max_retries=3)
+    engines = Engines(repairs=True)
+    sync = ScriptedSynchronizer(
+        1, dead_rank=True, on_failure="retry", max_retries=3, engines=engines
+    )
     with pytest.raises(TrainerWorkerError, match="trainer rank 1 died"):
-        sync.push(4, repair=lambda exc: True)
-    assert sync.attempts == 1
+        sync.push(4)
+    assert sync.attempts == 1 and engines.repaired == []
 
 
 @pytest.mark.parametrize("fail_phase", ["transfer", "load"])
-def test_before_load_runs_once_per_push_whatever_the_retries(fail_phase):
+def test_the_engines_owner_pauses_them_once_per_push_whatever_the_retries(fail_phase):
     sync = ScriptedSynchronizer(2, on_failure="retry", max_retries=2, fail_phase=fail_phase)
-    calls: list[int] = []
-    result = sync.push(4, before_load=lambda: calls.append(sync.attempts))
+    result = sync.push(4)
     assert result.version == 5 and sync.attempts == 3
     # Staged on the third attempt (transfer failures) or already on the first (load failures).
-    assert calls == ([3] if fail_phase == "transfer" else [1])
+    assert sync.engines.paused_on == ([3] if fail_phase == "transfer" else [1])
+    assert sync.engines.num_resumes == 1
+    sync.push(5)  # the next push pauses them again
+    assert len(sync.engines.paused_on) == 2
