@@ -22,6 +22,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fully_async_policy.clients import QueueClient, RolloutClient
 from fully_async_policy.message_queue import make_message_queue
 from fully_async_policy.rollouter import FullyAsyncRollouter
 from fully_async_policy.trainer import FullyAsyncTrainer
@@ -51,12 +52,13 @@ class FullyAsyncRecipe:
             self.queue = make_message_queue(plan.budget)
             # Reserved with the trainer's, before any worker started; the rollouter owns it.
             engines = self.trainer.placement.take("rollout")
-            rollouter = ray.remote(num_cpus=0)(FullyAsyncRollouter)
-            self.rollouter = rollouter.options(scheduling_strategy=on_driver_node()).remote(
+            actor: Any = ray.remote(num_cpus=0)(FullyAsyncRollouter)
+            self.rollouter = actor.options(scheduling_strategy=on_driver_node()).remote(
                 cfg, run_dir, self.queue, plan, engines
             )
-            ray.get(self.rollouter.start.remote())  # the engines started (or failed)
-            self.trainer.attach(self.rollouter, self.queue)
+            client = RolloutClient(self.rollouter)
+            ray.get(client.start())  # the engines started (or failed)
+            self.trainer.attach(client, QueueClient(self.queue))
         except BaseException:
             self.close()
             raise

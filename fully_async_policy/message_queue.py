@@ -26,7 +26,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from fully_async_policy.messages import EndOfStream, PromptGroup, QueueStats
 from recipe.workers.cluster import on_driver_node
@@ -133,5 +133,5 @@ def make_message_queue(capacity: int) -> ActorHandle[MessageQueue[PromptGroup]]:
     CPU reserved: it holds small scored groups), on the driver's node."""
     import ray
 
-    queue = ray.remote(num_cpus=0)(MessageQueue)
+    queue: Any = ray.remote(num_cpus=0)(MessageQueue)
     return queue.options(scheduling_strategy=on_driver_node()).remote(capacity)

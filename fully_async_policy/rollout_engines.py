@@ -33,7 +33,7 @@ from fully_async_policy.served_weights import ServedWeights
 from recipe.checkpoint_engine.base import WeightSyncError
 
 if TYPE_CHECKING:
-    from ray.actor import ActorHandle
+    from fully_async_policy.clients import RolloutClient
 
 Within = Callable[[Any, str], Any]
 """``within(ref, phase)``: ``ray.get(ref)`` within ``checkpoint_engine.timeout_s``, else a
@@ -56,7 +56,7 @@ class RolloutEngines:
 
     def __init__(
         self,
-        rollouter: ActorHandle,
+        rollouter: RolloutClient,
         served: ServedWeights,
         version: Callable[[], int],
         within: Within,
@@ -70,16 +70,16 @@ class RolloutEngines:
     def workers(self) -> list[Any]:
         import ray
 
-        return ray.get(self._rollouter.engine_workers.remote())
+        return ray.get(self._rollouter.engine_workers())
 
     def pause(self) -> None:
         start = time.perf_counter()
-        pause = self._within(self._rollouter.begin_sync.remote(), "begin_sync")
+        pause = self._within(self._rollouter.begin_sync(), "begin_sync")
         self._last = PauseRecord(start, pause)
         self._served.heal(self._version())  # replicas that died since the last sync: pushed too
 
     def resume(self) -> None:
-        self._within(self._rollouter.resume_engines.remote(), "resume_engines")
+        self._within(self._rollouter.resume_engines(), "resume_engines")
 
     def repair(self, error: WeightSyncError) -> bool:
         return self._served.heal(self._version())

@@ -142,7 +142,7 @@ class FullyAsyncRollouter:
         train_records = self.inputs.train_records
         self.cursor = PromptCursor(train_records, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
         self.records = {r.uid: r for r in train_records}
-        self.admission = AdmissionController(
+        self.admission: AdmissionController[PromptGroup] = AdmissionController(
             budget=plan.budget, window_demand=plan.window_demand, max_fresh=plan.total_prompts
         )
         self.replicas: ReplicaSupervisor

@@ -22,8 +22,7 @@ from recipe.observability.tracking import MetricsAccumulator
 from recipe.run.checkpointing import exported_weights
 
 if TYPE_CHECKING:
-    from ray.actor import ActorHandle
-
+    from fully_async_policy.clients import RolloutClient
     from recipe.workers.trainer_group import TrainerGroup
 
 PUSHED_SLOT = "pushed"
@@ -34,7 +33,9 @@ read it, and a restarted rollout worker is loaded from it (``rollout.max_restart
 class ServedWeights:
     """The served version's weights, kept in every trainer rank (module docstring)."""
 
-    def __init__(self, trainer_group: TrainerGroup, rollouter: ActorHandle, run_dir: Path) -> None:
+    def __init__(
+        self, trainer_group: TrainerGroup, rollouter: RolloutClient, run_dir: Path
+    ) -> None:
         """``run_dir``: where files of weights for the engines go (every node reads it)."""
         self.trainer_group, self.rollouter, self.run_dir = trainer_group, rollouter, run_dir
         self.kept_version: int | None = None
@@ -56,7 +57,7 @@ class ServedWeights:
 
         tag = f"resume-v{version}"
         with exported_weights(self.trainer_group, self.run_dir, tag) as weights:
-            ray.get(self.rollouter.load_weights.remote(weights, version))
+            ray.get(self.rollouter.load_weights(weights, version))
         self.keep(version)
 
     def heal(self, version: int) -> bool:
@@ -65,11 +66,11 @@ class ServedWeights:
         (a push then reaches it over a rebuilt transport)."""
         import ray
 
-        before = ray.get(self.rollouter.engine_workers.remote())
-        waiting = ray.get(self.rollouter.recover_replicas.remote())
+        before = ray.get(self.rollouter.engine_workers())
+        waiting = ray.get(self.rollouter.recover_replicas())
         for replica in waiting:
             if version == 0:  # nothing pushed yet: the model on disk is what is served
-                ray.get(self.rollouter.install_weights.remote(replica, None, 0))
+                ray.get(self.rollouter.install_weights(replica, None, 0))
                 continue
             if self.kept_version != version:
                 raise RuntimeError(
@@ -79,5 +80,5 @@ class ServedWeights:
             tag = f"restart-v{version}"
             kept = exported_weights(self.trainer_group, self.run_dir, tag, slot=PUSHED_SLOT)
             with kept as weights:
-                ray.get(self.rollouter.install_weights.remote(replica, weights, version))
-        return ray.get(self.rollouter.engine_workers.remote()) != before
+                ray.get(self.rollouter.install_weights(replica, weights, version))
+        return ray.get(self.rollouter.engine_workers()) != before

@@ -29,8 +29,9 @@ import functools
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from fully_async_policy.clients import QueueClient, RolloutClient
 from fully_async_policy.messages import EndOfStream, PromptGroup, RolloutProgress
 from fully_async_policy.metrics import group_metrics
 from fully_async_policy.rollout_engines import RolloutEngines
@@ -46,10 +47,6 @@ from recipe.observability.tracking import MetricsAccumulator
 from recipe.run.training_run import TraceSource
 from recipe.separate_trainer import SeparateRayPPOTrainer
 
-if TYPE_CHECKING:
-    from ray.actor import ActorHandle
-
-
 logger = logging.getLogger(__name__)
 
 
@@ -58,7 +55,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
 
     def __init__(self, cfg: RecipeConfig, run_dir: Path) -> None:
         super().__init__(cfg, run_dir)
-        run = self._open_run()
+        run = self.run
         self.plan = plan_run(cfg, len(self.train_records))
         if run.resume_from is not None:
             self._check_resume_plan()
@@ -67,10 +64,10 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         self._build_trainer_group(
             total_optimizer_steps=self.plan.total_steps * optimizer_steps_per_step, wait=False
         )
-        self.rollouter: ActorHandle | None = None
-        """The FullyAsyncRollouter actor (it owns the engines)."""
-        self.queue: ActorHandle | None = None
-        """The MessageQueue actor of PromptGroups."""
+        self.rollouter: RolloutClient
+        """The FullyAsyncRollouter actor, which owns the engines (set by ``attach``)."""
+        self.queue: QueueClient
+        """The MessageQueue actor of PromptGroups (set by ``attach``)."""
         self._run_ref: Any = None
         self._trace_ref: Any = None
         """The rollouter's trace drain in flight (``_pull_trace``)."""
@@ -83,34 +80,33 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         self._last_val: dict[str, float] = {}
         self._rollouter_state: dict[str, Any] | None = None
         """The rollouter's snapshot taken in the last sync, waiting to be checkpointed."""
-        self.served: ServedWeights | None = None
+        self.served: ServedWeights
         """The served version's weights kept in the trainer ranks (built in ``attach``)."""
-        self.engines: RolloutEngines | None = None
+        self.engines: RolloutEngines
         """The rollouter's engines as a push sees them (built in ``attach``)."""
         self._replica_request: Any = None
         """Pending ``rollouter.wait_replica_request`` (a restarted replica wants weights)."""
         self._num_rollout_restarts = self._num_rollout_retired = 0
         if run.resume_from is not None:
-            self.trainer_group.wait_ready()
+            self.ranks.wait_ready()
             self._resume_trainer()
 
-    def attach(self, rollouter: ActorHandle, queue: ActorHandle) -> None:
+    def attach(self, rollouter: RolloutClient, queue: QueueClient) -> None:
         """Wire the rollouter actor and the message queue. A resumed run then makes the
         engines serve the checkpoint's weights and restores the rollouter."""
         import ray
 
-        self.trainer_group.wait_ready()
+        self.ranks.wait_ready()
         self.rollouter, self.queue = rollouter, queue
-        self.served = ServedWeights(self.trainer_group, rollouter, self.run_dir)
+        self.served = ServedWeights(self.ranks, rollouter, self.run_dir)
         self.engines = RolloutEngines(rollouter, self.served, lambda: self.version, self._within)
         if self.run.resume_from is not None:
             self.served.serve_resumed(self.version)
-            ray.get(self.rollouter.restore.remote(str(self.run.resume_from)))
+            ray.get(self.rollouter.restore(str(self.run.resume_from)))
 
     def _serving_engines(self) -> RolloutEngines:
         """The rollouter's engines, paused and resumed by its supervisor (it owns them and
         replaces dead ones): rollout_engines.py."""
-        assert self.engines is not None, "attach() the rollouter before the first push"
         return self.engines
 
     @property
@@ -138,7 +134,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             }
             if stale:
                 back = [(g.ticket, g.prompt_uid) for g in got if g.ticket in stale]
-                ray.get(self.rollouter.readmit.remote(back))
+                ray.get(self.rollouter.readmit(back))
             groups += [g for g in got if g.ticket not in stale]
         return groups
 
@@ -148,10 +144,10 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
 
         start = time.perf_counter()
         deadline = start + self.cfg.rollout.generation_timeout_s
-        ref = self.queue.get_batch.remote(num_groups)
+        ref = self.queue.get_batch(num_groups)
         while True:  # while waiting, bring restarted rollout replicas back into service
             if self._replica_request is None:
-                self._replica_request = self.rollouter.wait_replica_request.remote()
+                self._replica_request = self.rollouter.wait_replica_request()
             waiting = [ref, self._run_ref, self._replica_request]
             left_s = max(deadline - time.perf_counter(), 0.0)
             ready, _ = ray.wait(waiting, num_returns=1, timeout=left_s)
@@ -187,7 +183,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         import ray
 
         try:
-            busy = ray.get(self.rollouter.busy_replicas.remote(), timeout=10)
+            busy = ray.get(self.rollouter.busy_replicas(), timeout=10)
         except Exception:  # the rollouter itself does not answer
             busy = []
         return ", ".join(map(str, busy)) or "?"
@@ -223,8 +219,8 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         paused = self._serving_engines().take_pause()
         start, pause = paused.start, paused.pause
         if self.run.should_save(self.version, last=last):
-            self._rollouter_state = self._within(self.rollouter.snapshot.remote(), "snapshot")
-        end = self.rollouter.end_sync.remote(self.version, len(self.trained_uids))
+            self._rollouter_state = self._within(self.rollouter.snapshot(), "snapshot")
+        end = self.rollouter.end_sync(self.version, len(self.trained_uids))
         self._within(end, "end_sync")
         pause_window_s = time.perf_counter() - start
         if self.cfg.rollout.max_restarts > 0:
@@ -242,8 +238,8 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         """Idle ratios over the step, queue state, and validation results that came in."""
         import ray
 
-        progress = ray.get(self.rollouter.poll.remote())
-        stats = ray.get(self.queue.stats.remote())
+        progress = ray.get(self.rollouter.poll())
+        stats = ray.get(self.queue.stats())
         elapsed = progress.elapsed_s - self._progress.elapsed_s
         out = {
             "trainer/idle_ratio": wait_s / max(interval_s, 1e-9),
@@ -274,10 +270,10 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
 
         run = self.run
         start = run.begin()
-        run.initial_validation(lambda: ray.get(self.rollouter.validate.remote()))
+        run.initial_validation(lambda: ray.get(self.rollouter.validate()))
         if run.resume_from is not None:  # the sync the checkpoint was taken in ends here
-            ray.get(self.rollouter.end_sync.remote(self.version, len(self.trained_uids)))
-        self._run_ref = self.rollouter.run.remote()
+            ray.get(self.rollouter.end_sync(self.version, len(self.trained_uids)))
+        self._run_ref = self.rollouter.run()
         bar = step_bar(self.plan.total_steps, self.cfg.mode, quiet=self.cfg.logger.quiet)
         last_end = time.perf_counter()
         first = self.global_step + 1  # checkpoints follow a sync: a window starts here
@@ -336,7 +332,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             "trained_uids": self.trained_uids,
         }
         self.run.save(
-            self.trainer_group,
+            self.ranks,
             step=self.global_step,
             version=self.version,
             state=state,
@@ -361,12 +357,12 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         """Stop the rollouter, validate the final version, account for every prompt."""
         import ray
 
-        ledger = ray.get(self.rollouter.stop.remote())
+        ledger = ray.get(self.rollouter.stop())
         ray.get(self._run_ref)
-        final = ray.get(self.rollouter.validate.remote())
-        leftover = ray.get(self.queue.drain.remote())
-        ray.get(self.queue.close.remote())
-        queue_stats = ray.get(self.queue.stats.remote())
+        final = ray.get(self.rollouter.validate())
+        leftover = ray.get(self.queue.drain())
+        ray.get(self.queue.close())
+        queue_stats = ray.get(self.queue.stats())
         wall_s = time.perf_counter() - start
         self.ledger = {
             "admitted": ledger.admitted_uids,
@@ -415,7 +411,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
 
     def _trace_sources(self, *, final: bool = False) -> list[TraceSource]:
         """The rollouter's buffered trace events, its engines' among them (``_pull_trace``)."""
-        if self.rollouter is None:
+        if not hasattr(self, "rollouter"):  # attach() never ran
             return []
         return [functools.partial(self._pull_trace, wait=final)]
 
@@ -432,7 +428,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
                 return events
             ref, self._trace_ref = self._trace_ref, None
             events = ray.get(ref)  # a failed drain raises once: the next call asks anew
-        self._trace_ref = self.rollouter.drain_trace.remote()
+        self._trace_ref = self.rollouter.drain_trace()
         if wait:
             ref, self._trace_ref = self._trace_ref, None
             events += ray.get(ref, timeout=30)

@@ -70,7 +70,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
 
     def __init__(self, cfg: RecipeConfig, run_dir: Path) -> None:
         super().__init__(cfg, run_dir)
-        run = self._open_run()
+        run = self.run
         self.cursor = PromptCursor(self.train_records, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
         self.total_steps = self._plan_batch_steps()
         mini_batches = cfg.prompts_per_step // cfg.actor.ppo_mini_batch_size
@@ -137,7 +137,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         cfg = self.cfg.rollout
         records = self.cursor.take(self.cfg.prompts_per_step)
         refs = [
-            self.rollout_group.submit(
+            self.rollout.submit(
                 r.uid,
                 self.prompt_ids[r.uid],
                 version=self.version,
@@ -163,7 +163,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
     def _checkpoint(self, pending: PendingBatch | None) -> None:
         assert self.run is not None
         state = self._loop_state(pending)
-        self.run.save(self.trainer_group, step=self.global_step, version=self.version, state=state)
+        self.run.save(self.ranks, step=self.global_step, version=self.version, state=state)
 
     def _loop_state(self, pending: PendingBatch | None) -> dict[str, Any]:
         """What a checkpoint after a push needs: the cursor (past the pending batch), the
@@ -201,7 +201,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         A replica that died raises ``RolloutWorkerError`` naming it."""
         with metrics.timer("timing/wait_prev_gen_s"):  # ~0 for a batch already waited for
             if pending.groups is None:
-                groups = self.rollout_group.get(pending.refs)
+                groups = self.rollout.get(pending.refs)
                 for record, trajs in zip(pending.records, groups, strict=True):
                     self._score(record, trajs)
                 # Refills run on pending.version: the push that ends it waits for this.

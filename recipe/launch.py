@@ -74,6 +74,7 @@ def save_run_config(cfg: RecipeConfig, path: Path) -> None:
     """The resolved config, plus ``model_provenance`` (package, version, sha256 of a built
     model's GGUF) when ``model.path`` names a built model, which is built now if need be."""
     record = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    assert isinstance(record, dict)
     provenance = model_provenance(cfg.model)
     if provenance is not None:
         record["model_provenance"] = provenance

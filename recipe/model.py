@@ -235,7 +235,7 @@ class HFModelConfig:
         return self.eos_token_ids[0]
 
     @cached_property
-    def pad_token_id(self) -> int | None:
+    def pad_token_id(self) -> int:
         """generation_config's ``pad_token_id``, else the tokenizer's, else the first eos id."""
         gen = self.generation_config
         pad = getattr(gen, "pad_token_id", None) if gen is not None else None

@@ -17,9 +17,9 @@ are built on demand by the subclass that needs them (``_build_trainer_group`` /
 that a loop calls in order; validation is shared. Subclasses call ``super().__init__``.
 
 What a run writes (metrics, trace, ledger, checkpoints) is a ``TrainingRun``
-(recipe/run/training_run.py) that the recipes open with ``_open_run``. The weights version has
-one owner, the recipe's ``version``: pushes are told it and return the next, checkpoints
-store it.
+(recipe/run/training_run.py) opened in ``__init__``. The weights version has one owner, the
+recipe's ``version``: pushes are told it and return the next, checkpoints store it. The trainer
+ranks and a batch recipe's engines are ``ranks`` and ``rollout`` once built.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from recipe.agent.metrics import check_env_errors
 from recipe.algo.advantages import compute_advantages
 from recipe.config import RecipeConfig
-from recipe.observability.trace import TRAINER_PID, Tracer, traced
+from recipe.observability.trace import traced
 from recipe.observability.tracking import MetricsAccumulator
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.run.checkpointing import EXPORT_DIR, exported_weights
@@ -71,25 +71,33 @@ class SeparateRayPPOTrainer:
         """Weights version the engines serve: the one owner of it (+1 per push)."""
         self.global_step = 0
         """Trainer steps done."""
-        self.run: TrainingRun | None = None
-        """What this run writes (``_open_run``)."""
-        self.tracer = Tracer(TRAINER_PID, None, enabled=False)
-        """This process's trace events (observability/trace.py): the run's, once opened."""
+        self.run = TrainingRun(cfg, self.run_dir, num_train_prompts=len(self.train_records))
+        """What this run writes: metrics, trace, ledger, checkpoints (a resume rewinds the run
+        directory first; the recipe then loads the checkpoint's step and version)."""
+        self.tracer = self.run.tracer
+        """This process's trace events (observability/trace.py)."""
         self.param_sync: ParameterSynchronizer | None = None
         """The ParameterSynchronizer, built at the first push (it needs both sides)."""
         self.trainer_group: TrainerGroup | None = None
+        """The trainer ranks (``_build_trainer_group``; ``ranks`` once built)."""
         self.rollout_group: RolloutGroup | None = None
+        """The engines of a batch recipe (``_build_rollout_group``; ``rollout`` once built)."""
+
+    @property
+    def ranks(self) -> TrainerGroup:
+        """The trainer ranks; an error before ``_build_trainer_group``."""
+        if self.trainer_group is None:
+            raise RuntimeError(f"{type(self).__name__}: the trainer ranks are not built")
+        return self.trainer_group
+
+    @property
+    def rollout(self) -> RolloutGroup:
+        """The batch recipe's engines; an error before ``_build_rollout_group``."""
+        if self.rollout_group is None:
+            raise RuntimeError(f"{type(self).__name__}: the rollout engines are not built")
+        return self.rollout_group
 
     # ---- construction -------------------------------------------------------------------
-
-    def _open_run(self) -> TrainingRun:
-        """Open the run's records (trainer side): a resume rewinds the run directory first
-        and its step and version become this process's."""
-        run = self.run = TrainingRun(
-            self.cfg, self.run_dir, num_train_prompts=len(self.train_records)
-        )
-        self.tracer = run.tracer
-        return run
 
     def _plan_batch_steps(self) -> int:
         """Trainer steps of a batch recipe (sync, one_step_off), logged at startup."""
@@ -130,7 +138,7 @@ class SeparateRayPPOTrainer:
             owns_placement_group=not self.placement.one_group,
             wait=wait,
         )
-        return self.trainer_group
+        return self.ranks
 
     def _build_both_groups(self, *, total_optimizer_steps: int) -> None:
         """The trainer ranks and the engines of a batch recipe; the ranks load the model
@@ -156,7 +164,7 @@ class SeparateRayPPOTrainer:
     def _generate_scored(self, records: list[PromptRecord]) -> list[list[Trajectory]]:
         """The groups of ``records`` on the served version, scored (the batch recipes)."""
         rollout = self.cfg.rollout
-        groups = self.rollout_group.generate(
+        groups = self.rollout.generate(
             records,
             [self.prompt_ids[r.uid] for r in records],
             version=self.version,
@@ -176,7 +184,7 @@ class SeparateRayPPOTrainer:
             check_env_errors(
                 trajs,
                 multi_turn.max_env_error_ratio,
-                multi_turn.environment or multi_turn.agent_loop,
+                multi_turn.environment or multi_turn.agent_loop or "the agent loop",
             )
         return TrainBatch.from_trajectories(trajs, pad_token_id=self.model.pad_token_id)
 
@@ -189,9 +197,7 @@ class SeparateRayPPOTrainer:
         ``slot``: forward with the weights saved by ``save_model_to_cpu(slot)`` instead of the
         current ones (the pushed version, in the async recipes)."""
         with metrics.timer("timing/old_log_prob_s"):
-            logprobs_bt, _ = self.trainer_group.compute_log_prob(
-                batch, slot=slot, with_entropy=False
-            )
+            logprobs_bt, _ = self.ranks.compute_log_prob(batch, slot=slot, with_entropy=False)
         mask = batch.response_mask_bt
         num_tokens = max(int(mask.sum()), 1)
         diff = (logprobs_bt - batch.rollout_logprobs_bt).abs()[mask]
@@ -218,7 +224,7 @@ class SeparateRayPPOTrainer:
     @traced("update")
     def _update_actor(self, batch: TrainBatch, metrics: MetricsAccumulator) -> None:
         with metrics.timer("timing/update_s"):
-            actor_metrics = self.trainer_group.update_actor(batch)
+            actor_metrics = self.ranks.update_actor(batch)
         for key, value in actor_metrics.items():
             metrics.add(key, value, reduce="last")
 
@@ -232,7 +238,7 @@ class SeparateRayPPOTrainer:
             from recipe.checkpoint_engine.synchronizer import ParameterSynchronizer
 
             self.param_sync = ParameterSynchronizer(
-                self.trainer_group,
+                self.ranks,
                 self._serving_engines(),
                 self.cfg.checkpoint_engine,
                 file_root=self.run_dir / EXPORT_DIR,  # backend=file: read on every node
@@ -269,8 +275,7 @@ class SeparateRayPPOTrainer:
         """Resume: the checkpoint's weights, optimizer, schedule and RNG into the trainer
         group and this process; its step and version become this recipe's. Returns its
         ``trainer_state.json`` (the recipe's loop state among it)."""
-        assert self.run is not None and self.trainer_group is not None
-        state = self.run.checkpointer.load(self.trainer_group)
+        state = self.run.checkpointer.load(self.ranks)
         self.global_step, self.version = state["global_step"], state["param_version"]
         return state
 
@@ -279,10 +284,9 @@ class SeparateRayPPOTrainer:
         ``model.path`` at version 0): the trainer exports them once, every replica loads
         them."""
         assert self.version > 0, "checkpoints are taken after a push"
-        assert self.trainer_group is not None and self.rollout_group is not None
         tag = f"resume-v{self.version}"
-        with exported_weights(self.trainer_group, self.run_dir, tag) as weights:
-            self.rollout_group.update_weights_from_file(weights, self.version)
+        with exported_weights(self.ranks, self.run_dir, tag) as weights:
+            self.rollout.update_weights_from_file(weights, self.version)
         logger.info("engines serve the resumed version %d", self.version)
 
     # ---- validation ---------------------------------------------------------------------
@@ -293,7 +297,7 @@ class SeparateRayPPOTrainer:
         if not self.val_records:
             return {}
         start = time.perf_counter()
-        groups = self.rollout_group.generate(
+        groups = self.rollout.generate(
             self.val_records,
             [self.prompt_ids[r.uid] for r in self.val_records],
             **val_sampling(self.version, self.cfg.rollout.val_temperature),
@@ -307,14 +311,14 @@ class SeparateRayPPOTrainer:
     def _trace_sources(self, *, final: bool = False) -> list[TraceSource]:
         """Callables returning the events buffered by other processes (the engines);
         ``final``: the last pull, at close, which must not leave any behind."""
-        return [self.rollout_group.drain_trace] if self.rollout_group is not None else []
+        return [self.rollout.drain_trace] if self.rollout_group is not None else []
 
     def close(self, *, release_placement: bool = True) -> None:
         """Close the run's records, then shut the workers down; safe to call twice.
         ``release_placement`` False keeps the placement's own groups (``Placement.release``)
         for a caller whose workers in them are still up (fully_async's rollouter)."""
-        if self.run is not None:  # before the engines go: their last events are pulled
-            self.run.close(self._trace_sources(final=True))
+        # Before the engines go: their last events are pulled.
+        self.run.close(self._trace_sources(final=True))
         for group in (self.param_sync, self.rollout_group, self.trainer_group):
             if group is not None:
                 try:

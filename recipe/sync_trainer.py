@@ -40,7 +40,7 @@ class SyncTrainer(SeparateRayPPOTrainer):
 
     def __init__(self, cfg: RecipeConfig, run_dir: Path) -> None:
         super().__init__(cfg, run_dir)
-        run = self._open_run()
+        run = self.run
         self.cursor = PromptCursor(self.train_records, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
         self.total_steps = self._plan_batch_steps()
         mini_batches = cfg.prompts_per_step // cfg.actor.ppo_mini_batch_size
@@ -104,7 +104,7 @@ class SyncTrainer(SeparateRayPPOTrainer):
     def _checkpoint(self) -> None:
         state = {"cursor": self.cursor.state_dict()}
         assert self.run is not None
-        self.run.save(self.trainer_group, step=self.global_step, version=self.version, state=state)
+        self.run.save(self.ranks, step=self.global_step, version=self.version, state=state)
 
     def _more(self, num_prompts: int) -> tuple[list[PromptRecord], list[list[Trajectory]]]:
         """A refill round of dynamic sampling: the next prompts, generated and scored."""

@@ -72,6 +72,7 @@ class PlainTrainer:
             with self._autocast():
                 logprob_n = self._log_probs(micro)
             old_n = micro.rollout_logprobs_bt[mask_bt]
+            assert micro.advantages_bt is not None, "update() needs a batch with advantages"
             adv_n = micro.advantages_bt[mask_bt]
             ratio_n = torch.exp(logprob_n - old_n)
             loss_n = torch.maximum(-adv_n * ratio_n, -adv_n * ratio_n.clamp(1 - clip, 1 + clip))

@@ -151,9 +151,8 @@ def run_ours(args: argparse.Namespace, model_path: str, groups: list) -> dict[st
             seed=args.seed,
             response_length=args.max_tokens,
         )
-        worker = ray.remote(**resources)(VLLMRolloutWorker).remote(
-            ModelConfig(path=model_path, dtype=args.dtype), rollout_cfg
-        )
+        actor: Any = ray.remote(**resources)(VLLMRolloutWorker)
+        worker = actor.remote(ModelConfig(path=model_path, dtype=args.dtype), rollout_cfg)
         ray.get(worker.get_version.remote())
         requests = [
             GenerationRequest(

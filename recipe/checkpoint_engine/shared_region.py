@@ -195,6 +195,7 @@ class SharedRegionEngine(CheckpointEngine):
 
     def _wait_stamp(self, bucket: int, transfer_id: int, end: float, deadline_s: float) -> None:
         index, pause_s = self._stamp_index(bucket), 1e-4
+        assert self._header is not None, "the region is not open"
         while int(self._header[index]) != transfer_id:
             if time.monotonic() > end:
                 raise WeightSyncError(

@@ -207,7 +207,7 @@ class WandbBackend(Backend):
             name=cfg.experiment,
             entity=cfg.wandb.entity,
             dir=str(run_dir),
-            mode=cfg.wandb.mode,
+            mode=cfg.wandb.mode,  # type: ignore[arg-type]  # checked by WandbConfig
             config=run_config,
             id=run_id,
             resume="allow",

@@ -22,7 +22,7 @@ import contextlib
 import math
 import sys
 from collections.abc import Iterator, Mapping
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 from tqdm import tqdm
 
@@ -56,7 +56,7 @@ def step_bar(total: int, mode: str, *, quiet: bool, file: TextIO | None = None) 
 
 
 @contextlib.contextmanager
-def bar_paused(file: TextIO) -> Iterator[None]:
+def bar_paused(file: IO[str]) -> Iterator[None]:
     """Write to ``file`` inside this block: a bar on the same terminal is erased before and
     redrawn after. A log-file bar (``_WholeLines``) is left alone: its lines are complete."""
     with tqdm.external_write_mode(file=file):

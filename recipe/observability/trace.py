@@ -360,7 +360,7 @@ class RunTrace:
         # must not start inside the previous slice.
         start_us = max(end_us - metrics.get("timing/step_s", 0.0) * 1e6, self._last_end_us)
         self._last_end_us = end_us
-        args = {"step": step, "version": version}
+        args: dict[str, float] = {"step": step, "version": version}
         args |= {k: metrics[k] for k in STEP_ARG_KEYS if k in metrics}
         self.tracer.complete("step", start_us, end_us, tid=STEPS_TID, cat="step", args=args)
         self.tracer.counter("param_version", {"version": version}, ts_us=end_us)

@@ -158,9 +158,9 @@ def validate(workload: Workload, run_dirs: list[Path]) -> list[tuple[str, float,
 # ---- the command line ------------------------------------------------------------------------
 
 
-def workload_from_args(args: argparse.Namespace) -> tuple[Workload, dict[str, object]]:
+def workload_from_args(args: argparse.Namespace) -> tuple[Workload, dict[str, int]]:
     """The measured workload of ``--run`` with flag overrides, or one from flags alone."""
-    defaults: dict[str, object] = {"steps_per_sync": 1}
+    defaults: dict[str, int] = {"steps_per_sync": 1}
     if args.run is not None:
         from recipe.plan.inputs import measure
         from recipe.report.data import load_run

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +63,7 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def group_size(requests: list[dict[str, Any]]) -> int:
+def group_size(requests: list[Mapping[str, Any]]) -> int:
     """Responses per prompt of the training requests (``rollout.n``)."""
     sizes = sorted(e["args"]["n"] for e in requests)
     return int(sizes[len(sizes) // 2])
@@ -76,12 +77,12 @@ def prompts_per_step(run: RunData, n: int) -> int:
     return max(1, round(samples[len(samples) // 2] / n))
 
 
-def training_requests(run: RunData) -> list[dict[str, Any]]:
+def training_requests(run: RunData) -> list[Mapping[str, Any]]:
     """The engines' slices of training generation (sampled, not greedy validation)."""
     return [e for e in rollout_slices(run.trace) if e.get("args", {}).get("temperature", 1) > 0]
 
 
-def response_lengths(requests: list[dict[str, Any]]) -> tuple[int, ...]:
+def response_lengths(requests: list[Mapping[str, Any]]) -> tuple[int, ...]:
     """Per-response token counts of finished requests (a cut one counts where it ends)."""
     lengths: list[int] = []
     for event in requests:
@@ -95,11 +96,11 @@ def response_lengths(requests: list[dict[str, Any]]) -> tuple[int, ...]:
     return tuple(lengths)
 
 
-def engine_tokens_per_s(run: RunData, requests: list[dict[str, Any]]) -> float:
+def engine_tokens_per_s(run: RunData, requests: list[Mapping[str, Any]]) -> float:
     """New tokens over the time some training request was running, per replica, after the
     warm-up steps."""
     start_us = _steady_start_us(run)
-    by_replica: dict[int, list[dict[str, Any]]] = {}
+    by_replica: dict[int, list[Mapping[str, Any]]] = {}
     for event in requests:
         if event["ts"] >= start_us:
             by_replica.setdefault(event["pid"], []).append(event)

@@ -85,7 +85,10 @@ class AsyncCase:
 
 
 def _case(name, sync, split, train_s, max_tokens, published, step_s, gen=None) -> AsyncCase:
-    return AsyncCase(name, sync, *split, train_s, max_tokens, published, step_s, gen)
+    trainer_gpus, rollout_gpus = split
+    return AsyncCase(
+        name, sync, trainer_gpus, rollout_gpus, train_s, max_tokens, published, step_s, gen
+    )
 
 
 # name, colocated sync, (trainer, rollout) GPUs, trainer s per 512 prompts, max response,
@@ -192,13 +195,12 @@ def fit_engine(case: AsyncCase) -> Engine:
     ``case``: the colocated sync batch on all its GPUs and the batch on the rollout GPUs.
     A faster lone sequence shortens the tail, which only the colocated time feels."""
     assert case.published_gen_s is not None
+    published_gen_s = case.published_gen_s
 
     def on_rollout_gpus(seq_tps: float) -> Engine:
         return Engine(
             _bisect(
-                lambda tps: (
-                    gen_s(case, case.rollout_gpus, Engine(tps, seq_tps)) > case.published_gen_s
-                ),
+                lambda tps: gen_s(case, case.rollout_gpus, Engine(tps, seq_tps)) > published_gen_s,
                 100.0,
                 1e6,
             ),

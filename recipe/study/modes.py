@@ -148,8 +148,8 @@ def read_json(path: Path) -> dict:
 
 
 def _report(study: Study) -> None:
-    dirs = [study.out / run_name(m, s) for m, s in study.runs()]
-    dirs = [str(d) for d in dirs if (d / "summary.json").is_file()]
+    paths = [study.out / run_name(m, s) for m, s in study.runs()]
+    dirs = [str(d) for d in paths if (d / "summary.json").is_file()]
     if dirs:
         cmd = [sys.executable, "-m", "recipe.report", *dirs, "--out", str(study.records / "report")]
         subprocess.run(cmd, check=False)

@@ -99,8 +99,8 @@ def run_row(out: Path, cell: Cell) -> dict[str, Any] | None:
     }
 
 
-def _stats(values: list[float]) -> tuple[float | None, float | None]:
-    values = [v for v in values if v is not None]
+def _stats(given: list[float | None]) -> tuple[float | None, float | None]:
+    values = [v for v in given if v is not None]
     if not values:
         return None, None
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
@@ -126,8 +126,8 @@ def collect(records: Path, out: Path, cells: list[Cell]) -> list[dict[str, Any]]
     for cell in cells:
         if cell.point not in runs:
             order.append(cell.point)
-        row = record(records, out, cell)
-        runs[cell.point] += [row] if row is not None else []
+        found = record(records, out, cell)
+        runs[cell.point] += [found] if found is not None else []
     rows = []
     for point in order:
         done = runs[point]

@@ -213,8 +213,9 @@ def _type_name(annotation: Any) -> str:
         return "a list, like [a,b]"
     if dataclasses.is_dataclass(annotation):
         return "a section, like {key: value}"
-    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-    return names.get(annotation, getattr(annotation, "__name__", str(annotation)))
+    scalars: dict[Any, str] = {int: "an integer", float: "a number", bool: "true or false",
+                               str: "a string"}  # fmt: skip
+    return scalars.get(annotation, getattr(annotation, "__name__", str(annotation)))
 
 
 def _value_text(override: Override) -> str:

@@ -99,5 +99,6 @@ def device_micro_batches(
             yield rows, batch.select([0]).without_targets().trim_padding().to(device)
             continue
         num_cols = max(lengths[row] for row in rows)
+        assert on_device is not None  # a plan with rows selects them
         yield rows, on_device.narrow_rows(start, start + len(rows), num_cols)
         start += len(rows)

@@ -73,8 +73,8 @@ class TrainerGroup:
         # The ranks meet at a store this process serves for the group's lifetime, on this
         # node's own address under a secret (``recipe.utils.rendezvous``).
         self._rendezvous = StoreServer.open(self.world_size, JOIN_TIMEOUT, namespace="trainer")
-        worker_cls = ray.remote(TrainerWorker)
-        self.workers = [
+        worker_cls: Any = ray.remote(TrainerWorker)
+        self.workers: list[Any] = [
             worker_cls.options(
                 num_cpus=1,
                 num_gpus=gpu_fraction if use_gpu else 0,

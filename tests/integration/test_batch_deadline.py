@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from fully_async_policy.clients import QueueClient, RolloutClient
 from fully_async_policy.trainer import FullyAsyncTrainer
 from recipe.faults import RunFailure
 
@@ -47,7 +48,7 @@ def _trainer_waiting_on(silent, timeout_s: float) -> FullyAsyncTrainer:
     trainer = object.__new__(FullyAsyncTrainer)
     trainer.cfg = SimpleNamespace(rollout=SimpleNamespace(generation_timeout_s=timeout_s))
     trainer.tracer = SimpleNamespace(span=lambda *a, **k: contextlib.nullcontext())
-    trainer.queue = trainer.rollouter = silent
+    trainer.queue, trainer.rollouter = QueueClient(silent), RolloutClient(silent)
     trainer._replica_request = None
     trainer._run_ref = silent.run.remote()
     trainer._wait_s = 0.0

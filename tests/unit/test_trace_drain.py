@@ -8,6 +8,7 @@ import itertools
 
 import pytest
 
+from fully_async_policy.clients import RolloutClient
 from fully_async_policy.trainer import FullyAsyncTrainer
 
 
@@ -35,7 +36,7 @@ def test_a_failed_drain_is_raised_once_and_the_next_pull_asks_again(monkeypatch)
     monkeypatch.setattr(ray, "wait", lambda refs, timeout=None: (refs, []))
     monkeypatch.setattr(ray, "get", fake_get)
     trainer = object.__new__(FullyAsyncTrainer)  # only the two fields _pull_trace uses
-    trainer.rollouter, trainer._trace_ref = rollouter, None
+    trainer.rollouter, trainer._trace_ref = RolloutClient(rollouter), None
     assert trainer._pull_trace(wait=False) == []  # asks for drain 0
     assert trainer._pull_trace(wait=False) == [{"name": "event of drain 0"}]  # asks for 1
     with pytest.raises(RuntimeError, match="drain 1 failed"):

@@ -91,6 +91,7 @@ def _row(source: dict[str, Any], *, split: str, index: int) -> dict[str, Any]:
     for name, value in (("question", question), ("answer", answer)):
         if not isinstance(value, str) or not value.strip():
             raise PrepareError(f"{name!r} must be a non-empty string, got {value!r:.60}")
+    assert isinstance(question, str) and isinstance(answer, str)  # checked just above
     truth = final_answer(answer)
     if truth is None:
         raise PrepareError(f"the answer has no '#### <number>' line: ...{answer[-60:]!r}")

@@ -61,7 +61,7 @@ def _refresh_tied_heads(model: torch.nn.Module) -> None:
         method = getattr(module, "quant_method", None)
         weight = getattr(module, "weight", None)
         tied = weight is not None and num_owners.get(id(weight), 0) > 1
-        if tied and type(method).__name__ == "UnquantizedEmbeddingMethod":
+        if tied and method is not None and type(method).__name__ == "UnquantizedEmbeddingMethod":
             method.process_weights_after_loading(module)
 
 
