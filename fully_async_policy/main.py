@@ -3,7 +3,7 @@
     driver process                          Ray actors
     +---------------------------+           +----------------------------------+
     | FullyAsyncTrainer         |  poll,    | FullyAsyncRollouter (async)      |
-    |  TrainerGroup (FSDP2)  ----+ syncs --> |  RolloutGroup (vLLM engines)     |
+    |  TrainerRanks (FSDP2)  ----+ syncs --> |  RolloutReplicas (vLLM engines)     |
     |  Tracker (metrics.jsonl)  |           |  PromptCursor, AdmissionControl  |
     +------------^--------------+           +----------------+-----------------+
                  | get_batch(R)                               | put(group), blocks when full

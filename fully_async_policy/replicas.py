@@ -3,7 +3,7 @@
 A rollout replica is dead when its actor died (``RayActorError``: the process was killed or
 crashed) or when it is alive but fails ``check_health`` (its vLLM engine core process died:
 every call then raises ``EngineDeadError``); the batch recipes judge it the same way
-(``recipe.workers.rollout_group.failed_health_check``). A replica that does not answer a
+(``recipe.workers.rollout.replicas.failed_health_check``). A replica that does not answer a
 health check in time is busy or hung, not dead: that is a matter for the weight-sync deadline
 (``checkpoint_engine.on_failure``), not for a restart. States of one replica::
 
@@ -14,7 +14,7 @@ health check in time is busy or hung, not dead: that is a matter for the weight-
     WAITING_WEIGHTS --install_weights(v) (the trainer's copy of push v; none for v=0)--> SERVING
 
 Invariant: only a SERVING replica takes groups (``in_service``; the supervisor places the
-rollouter's groups, validation's too, through ``RolloutGroup.place_with``), and a replica
+rollouter's groups, validation's too, through ``RolloutReplicas.place_with``), and a replica
 enters SERVING only when it holds the weights every other replica serves, so no group is
 ever generated on the wrong weights. A replica that comes up while the rollouter is paused for
 a sync waits for the trainer (the push may be changing the version) and joins paused. The
@@ -37,7 +37,7 @@ from recipe.protocol import PromptRecord, Trajectory
 from recipe.utils.weights_file import WeightsFile
 from recipe.workers.cluster import PlacementError
 from recipe.workers.config import RolloutConfig
-from recipe.workers.rollout_group import (
+from recipe.workers.rollout.replicas import (
     HEALTH_TIMEOUT_S,
     ReplicaDeath,
     actor_death,
@@ -48,8 +48,8 @@ logger = logging.getLogger(__name__)
 
 
 class EngineReplicas(Protocol):
-    """The engines as the rollouter and its supervisor drive them: ``RolloutGroup``'s
-    surface (recipe/workers/rollout_group.py), which unit tests fill with in-process fakes."""
+    """The engines as the rollouter and its supervisor drive them: ``RolloutReplicas``'s
+    surface (recipe/workers/rollout/replicas.py), which unit tests fill with in-process fakes."""
 
     cfg: RolloutConfig
     workers: list[Any]
@@ -107,7 +107,7 @@ class ReplicaSupervisor:
         on_fatal: Callable[[BaseException], None],
         timeout_s: float = 120.0,
     ) -> None:
-        """``group``: the rollouter's ``RolloutGroup`` (its groups are placed here from now
+        """``group``: the rollouter's ``RolloutReplicas`` (its groups are placed here from now
         on); ``served_version()``: the weights version the replicas serve (the rollouter's);
         ``on_fatal(error)`` is called when a replica dies with no restart left (or fails to
         come back up); ``timeout_s`` bounds a pause or resume of one replica
@@ -354,28 +354,26 @@ class ReplicaSupervisor:
     # ---- pausing around syncs -----------------------------------------------------------------
 
     async def pause_all(self) -> None:
-        """Pause every replica that is up; one found dead is restarted (it generates nothing)."""
+        """Pause every replica that is up; one found dead is restarted (it generates nothing).
+        The only place the rollouter's engines are paused: ``paused`` is their state."""
         self.paused = True
-        await self._each("pause")
+        await self._each("pause", lambda w: w.pause.remote())
 
     async def resume_all(self) -> None:
         self.paused = False
-        await self._each("resume")
+        await self._each("resume", lambda w: w.resume.remote())
 
     async def cut_episodes_all(self) -> None:
         """End the multi-turn episodes waiting in paused replicas, as ``aborted`` (the run
         is stopping, or a checkpoint saves them; ``RolloutWorker.cut_episodes``)."""
-        await self._each("cut_episodes")
+        await self._each("cut_episodes", lambda w: w.cut_episodes.remote())
 
-    async def _each(self, method: str) -> None:
-        """``method`` on every replica that is up, each within ``timeout_s``: a hung replica
-        fails the call naming it (a sync must never wait silently)."""
+    async def _each(self, what: str, call: Callable[[Any], Any]) -> None:
+        """``call(worker)`` on every replica that is up, each within ``timeout_s``: a hung
+        replica fails it naming ``what`` and the replica (a sync never waits silently)."""
         up = self.up()
         results = await asyncio.gather(
-            *(
-                asyncio.wait_for(_awaitable(getattr(w, method).remote()), self.timeout_s)
-                for _, w in up
-            ),
+            *(asyncio.wait_for(_awaitable(call(w)), self.timeout_s) for _, w in up),
             return_exceptions=True,
         )
         for (index, worker), result in zip(up, results, strict=True):
@@ -383,7 +381,7 @@ class ReplicaSupervisor:
                 from recipe.checkpoint_engine.base import WeightSyncError
 
                 detail = f"no answer within {self.timeout_s:.1f} s"
-                raise WeightSyncError(method, f"rollout replica {index}", detail)
+                raise WeightSyncError(what, f"rollout replica {index}", detail)
             if isinstance(result, Exception) and not await self.on_failure(index, worker, result):
                 raise result
 

@@ -1,6 +1,6 @@
 """``FullyAsyncRollouter``: streams prompt groups through the engines into the message queue.
 
-Runs as an async Ray actor beside the trainer; it owns the rollout engines (``RolloutGroup``)
+Runs as an async Ray actor beside the trainer; it owns the rollout engines (``RolloutReplicas``)
 and the prompt cursor. One event loop drives everything, so no state needs a lock::
 
     run():    admit while the window's allowance lasts --> submit(group) to an engine
@@ -133,7 +133,7 @@ class FullyAsyncRollouter:
         self.placement.adopt("rollout", engines)
         self.version = 0
         """The weights version the engines serve (the trainer's, told at ``end_sync``)."""
-        self.rollout_group: EngineReplicas | None = None
+        self._engines: EngineReplicas | None = None
         """The engines (built by ``start``)."""
         multi_turn = cfg.rollout.multi_turn
         self.tracer = Tracer(ROLLOUTER_PID, "rollouter", sort_index=ROLLOUTER_PID)
@@ -180,7 +180,7 @@ class FullyAsyncRollouter:
         if engines is None:
             assert self.inputs.model is not None, "RunInputs without a model brings its engines"
             engines = await asyncio.to_thread(self.placement.start_engines, self.inputs.model)
-        self.rollout_group = engines
+        self._engines = engines
         self.replicas = ReplicaSupervisor(
             engines,
             served_version=lambda: self.version,
@@ -195,9 +195,9 @@ class FullyAsyncRollouter:
     @property
     def engines(self) -> EngineReplicas:
         """The engines ``start`` built (an error before it)."""
-        if self.rollout_group is None:
+        if self._engines is None:
             raise RuntimeError("FullyAsyncRollouter.start() has not run")
-        return self.rollout_group
+        return self._engines
 
     def engine_workers(self) -> list[Any]:
         """The replicas' current worker handles, for the trainer's weight push (the engines
@@ -623,12 +623,12 @@ class FullyAsyncRollouter:
         to call twice."""
         if hasattr(self, "replicas"):  # start() built them
             self.replicas.close()
-        if self.rollout_group is not None:
+        if self._engines is not None:
             try:
-                self.rollout_group.shutdown()
+                self._engines.shutdown()
             except Exception:  # closing must go on: the placement is released all the same
                 logger.exception("shutting down the rollout engines failed")
-            self.rollout_group = None
+            self._engines = None
         self.placement.release()
 
     async def shutdown(self) -> None:

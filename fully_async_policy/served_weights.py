@@ -23,7 +23,7 @@ from recipe.run.checkpointing import exported_weights
 
 if TYPE_CHECKING:
     from fully_async_policy.clients import RolloutClient
-    from recipe.workers.trainer_group import TrainerGroup
+    from recipe.workers.trainer.ranks import TrainerRanks
 
 PUSHED_SLOT = "pushed"
 """CPU slot holding the weights version last pushed to the engines: decoupled old log-probs
@@ -33,11 +33,9 @@ read it, and a restarted rollout worker is loaded from it (``rollout.max_restart
 class ServedWeights:
     """The served version's weights, kept in every trainer rank (module docstring)."""
 
-    def __init__(
-        self, trainer_group: TrainerGroup, rollouter: RolloutClient, run_dir: Path
-    ) -> None:
+    def __init__(self, ranks: TrainerRanks, rollouter: RolloutClient, run_dir: Path) -> None:
         """``run_dir``: where files of weights for the engines go (every node reads it)."""
-        self.trainer_group, self.rollouter, self.run_dir = trainer_group, rollouter, run_dir
+        self.ranks, self.rollouter, self.run_dir = ranks, rollouter, run_dir
         self.kept_version: int | None = None
         """The version held in ``PUSHED_SLOT`` (None: nothing kept yet)."""
 
@@ -47,7 +45,7 @@ class ServedWeights:
         if self.kept_version == version:
             return
         with metrics.timer("timing/save_to_cpu_s") if metrics else contextlib.nullcontext():
-            self.trainer_group.save_model_to_cpu(PUSHED_SLOT)
+            self.ranks.save_model_to_cpu(PUSHED_SLOT)
         self.kept_version = version
 
     def serve_resumed(self, version: int) -> None:
@@ -56,7 +54,7 @@ class ServedWeights:
         import ray
 
         tag = f"resume-v{version}"
-        with exported_weights(self.trainer_group, self.run_dir, tag) as weights:
+        with exported_weights(self.ranks, self.run_dir, tag) as weights:
             ray.get(self.rollouter.load_weights(weights, version))
         self.keep(version)
 
@@ -78,7 +76,7 @@ class ServedWeights:
                     f"trainer keeps a copy of version {self.kept_version}"
                 )
             tag = f"restart-v{version}"
-            kept = exported_weights(self.trainer_group, self.run_dir, tag, slot=PUSHED_SLOT)
+            kept = exported_weights(self.ranks, self.run_dir, tag, slot=PUSHED_SLOT)
             with kept as weights:
                 ray.get(self.rollouter.install_weights(replica, weights, version))
         return ray.get(self.rollouter.engine_workers()) != before

@@ -61,7 +61,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             self._check_resume_plan()
         optimizer_steps_per_step = cfg.async_training.require_batches * cfg.actor.ppo_epochs
         # The ranks load the model while the rollouter starts the engines (attach waits).
-        self._build_trainer_group(
+        self._start_ranks(
             total_optimizer_steps=self.plan.total_steps * optimizer_steps_per_step, wait=False
         )
         self.rollouter: RolloutClient

@@ -11,8 +11,8 @@ pieces both sides use, ``RunInputs`` (recipe/run/inputs.py) and ``Placement``
 
 It owns what the recipes share and nothing recipe-specific: bad input (model path, data,
 reward functions, prompt lengths) is rejected in ``__init__`` before Ray starts; worker groups
-are built on demand by the subclass that needs them (``_build_trainer_group`` /
-``_build_rollout_group``; Ray starts with the first); the PPO step is split into named pieces
+are built on demand by the subclass that needs them (``_start_ranks`` /
+``_start_engines``; Ray starts with the first); the PPO step is split into named pieces
 (``_compute_old_log_prob``, ``_compute_advantages``, ``_update_actor``, ``_fit_update_weights``)
 that a loop calls in order; validation is shared. Subclasses call ``super().__init__``.
 
@@ -40,14 +40,14 @@ from recipe.run.inputs import RunInputs
 from recipe.run.metrics import val_metrics, val_sampling
 from recipe.run.placement import Placement, init_ray
 from recipe.run.training_run import TraceSource, TrainingRun
-from recipe.workers.batch import TrainBatch
-from recipe.workers.correction import correct_batch
+from recipe.workers.trainer.batch import TrainBatch
+from recipe.workers.trainer.correction import correct_batch
 
 if TYPE_CHECKING:
     from recipe.checkpoint_engine.engines import ServingEngines
     from recipe.checkpoint_engine.synchronizer import ParameterSynchronizer
-    from recipe.workers.rollout_group import RolloutGroup
-    from recipe.workers.trainer_group import TrainerGroup
+    from recipe.workers.rollout.replicas import RolloutReplicas
+    from recipe.workers.trainer.ranks import TrainerRanks
 
 logger = logging.getLogger(__name__)
 
@@ -78,24 +78,24 @@ class SeparateRayPPOTrainer:
         """This process's trace events (observability/trace.py)."""
         self.param_sync: ParameterSynchronizer | None = None
         """The ParameterSynchronizer, built at the first push (it needs both sides)."""
-        self.trainer_group: TrainerGroup | None = None
-        """The trainer ranks (``_build_trainer_group``; ``ranks`` once built)."""
-        self.rollout_group: RolloutGroup | None = None
-        """The engines of a batch recipe (``_build_rollout_group``; ``rollout`` once built)."""
+        self._ranks: TrainerRanks | None = None
+        """The trainer ranks (``_start_ranks``; ``ranks`` once built)."""
+        self._rollout: RolloutReplicas | None = None
+        """The engines of a batch recipe (``_start_engines``; ``rollout`` once built)."""
 
     @property
-    def ranks(self) -> TrainerGroup:
-        """The trainer ranks; an error before ``_build_trainer_group``."""
-        if self.trainer_group is None:
+    def ranks(self) -> TrainerRanks:
+        """The trainer ranks; an error before ``_start_ranks``."""
+        if self._ranks is None:
             raise RuntimeError(f"{type(self).__name__}: the trainer ranks are not built")
-        return self.trainer_group
+        return self._ranks
 
     @property
-    def rollout(self) -> RolloutGroup:
-        """The batch recipe's engines; an error before ``_build_rollout_group``."""
-        if self.rollout_group is None:
+    def rollout(self) -> RolloutReplicas:
+        """The batch recipe's engines; an error before ``_start_engines``."""
+        if self._rollout is None:
             raise RuntimeError(f"{type(self).__name__}: the rollout engines are not built")
-        return self.rollout_group
+        return self._rollout
 
     # ---- construction -------------------------------------------------------------------
 
@@ -112,13 +112,11 @@ class SeparateRayPPOTrainer:
         )
         return steps
 
-    def _build_trainer_group(
-        self, *, total_optimizer_steps: int, wait: bool = True
-    ) -> TrainerGroup:
+    def _start_ranks(self, *, total_optimizer_steps: int, wait: bool = True) -> TrainerRanks:
         """Start the trainer ranks; ``wait`` False returns while they load the model (the
-        engines start meanwhile), and the caller then calls ``trainer_group.wait_ready()``."""
-        from recipe.workers.trainer import TrainerSpec
-        from recipe.workers.trainer_group import TrainerGroup
+        engines start meanwhile), and the caller then calls ``ranks.wait_ready()``."""
+        from recipe.workers.trainer.ranks import TrainerRanks
+        from recipe.workers.trainer.worker import TrainerSpec
 
         init_ray(self.cfg.ray)
         spec = TrainerSpec(
@@ -129,7 +127,7 @@ class SeparateRayPPOTrainer:
             compute_dtype=self.cfg.model.dtype,
             seed=self.cfg.trainer.seed,
         )
-        self.trainer_group = TrainerGroup(
+        self._ranks = TrainerRanks(
             self.cfg.actor,
             spec,
             use_gpu=self.device == "cuda",
@@ -140,20 +138,20 @@ class SeparateRayPPOTrainer:
         )
         return self.ranks
 
-    def _build_both_groups(self, *, total_optimizer_steps: int) -> None:
+    def _start_ranks_and_engines(self, *, total_optimizer_steps: int) -> None:
         """The trainer ranks and the engines of a batch recipe; the ranks load the model
         while the engines start."""
-        group = self._build_trainer_group(total_optimizer_steps=total_optimizer_steps, wait=False)
+        group = self._start_ranks(total_optimizer_steps=total_optimizer_steps, wait=False)
         try:
-            self._build_rollout_group()
+            self._start_engines()
         except BaseException:
             group.shutdown(graceful=False)
             raise
         group.wait_ready()
 
-    def _build_rollout_group(self) -> RolloutGroup:
-        self.rollout_group = self.placement.start_engines(self.model)
-        return self.rollout_group
+    def _start_engines(self) -> RolloutReplicas:
+        self._rollout = self.placement.start_engines(self.model)
+        return self._rollout
 
     # ---- the PPO step pieces ------------------------------------------------------------
 
@@ -254,7 +252,7 @@ class SeparateRayPPOTrainer:
         process, idle between batches, and pause it for the push directly."""
         from recipe.checkpoint_engine.engines import DirectEngines
 
-        group = self.rollout_group
+        group = self._rollout
         assert group is not None, "build the rollout group before the first push"
         return DirectEngines(lambda: group.workers, self.cfg.checkpoint_engine.timeout_s)
 
@@ -311,7 +309,7 @@ class SeparateRayPPOTrainer:
     def _trace_sources(self, *, final: bool = False) -> list[TraceSource]:
         """Callables returning the events buffered by other processes (the engines);
         ``final``: the last pull, at close, which must not leave any behind."""
-        return [self.rollout.drain_trace] if self.rollout_group is not None else []
+        return [self.rollout.drain_trace] if self._rollout is not None else []
 
     def close(self, *, release_placement: bool = True) -> None:
         """Close the run's records, then shut the workers down; safe to call twice.
@@ -319,12 +317,12 @@ class SeparateRayPPOTrainer:
         for a caller whose workers in them are still up (fully_async's rollouter)."""
         # Before the engines go: their last events are pulled.
         self.run.close(self._trace_sources(final=True))
-        for group in (self.param_sync, self.rollout_group, self.trainer_group):
+        for group in (self.param_sync, self._rollout, self._ranks):
             if group is not None:
                 try:
                     group.shutdown()
                 except Exception:  # closing must go on for the rest
                     logger.exception("shutting down %s failed", type(group).__name__)
-        self.param_sync = self.rollout_group = self.trainer_group = None
+        self.param_sync = self._rollout = self._ranks = None
         if release_placement:
             self.placement.release()

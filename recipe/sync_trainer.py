@@ -44,7 +44,7 @@ class SyncTrainer(SeparateRayPPOTrainer):
         self.cursor = PromptCursor(self.train_records, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
         self.total_steps = self._plan_batch_steps()
         mini_batches = cfg.prompts_per_step // cfg.actor.ppo_mini_batch_size
-        self._build_both_groups(
+        self._start_ranks_and_engines(
             total_optimizer_steps=self.total_steps * mini_batches * cfg.actor.ppo_epochs
         )
         self._trained_now: list[str] = []

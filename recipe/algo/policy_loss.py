@@ -1,6 +1,6 @@
 """Policy-loss variants selected by name (``algorithm.policy_loss``): PPO clip, GSPO, CISPO.
 Dr.GRPO is ``algorithm.norm_adv_by_std_in_grpo=false`` with
-``actor.loss_agg_mode=seq-mean-token-sum-norm`` (``recipe.workers.actor_loss.aggregation``).
+``actor.loss_agg_mode=seq-mean-token-sum-norm`` (``recipe.workers.trainer.actor_loss.aggregation``).
 
 Same conventions as ``recipe.algo.losses``: per-token tensors shaped (B, T), a 0/1 ``mask_bt``
 of the response tokens to train on, optional detached rollout-correction weights

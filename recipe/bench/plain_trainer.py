@@ -14,8 +14,8 @@ from contextlib import nullcontext
 
 import torch
 
-from recipe.workers.batch import TrainBatch
-from recipe.workers.micro_batches import MicroPlan
+from recipe.workers.trainer.batch import TrainBatch
+from recipe.workers.trainer.micro_batches import MicroPlan
 
 
 class PlainTrainer:

@@ -38,9 +38,9 @@ from recipe.bench.flops import ModelFlops, device_peak_flops, mfu
 from recipe.bench.models import resolve_bench_model
 from recipe.bench.plain_trainer import PlainTrainer
 from recipe.protocol import Trajectory
-from recipe.workers.batch import TrainBatch
-from recipe.workers.micro_batches import fixed_plan, token_budget_plan
 from recipe.workers.rollout.requests import longtail_lengths
+from recipe.workers.trainer.batch import TrainBatch
+from recipe.workers.trainer.micro_batches import fixed_plan, token_budget_plan
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def bench_plain(args, model_path: str, batch: TrainBatch, plans: dict) -> list[d
 
 def bench_ours(args, model_path: str, batch: TrainBatch, compute_dtype: str) -> list[dict]:
     from recipe.workers.config import ActorConfig
-    from recipe.workers.trainer import TrainerSpec, TrainerWorker
+    from recipe.workers.trainer.worker import TrainerSpec, TrainerWorker
 
     base = ActorConfig(
         lr=1e-6,

@@ -14,7 +14,7 @@ generation owns that state, and a push asks it through this interface::
                 ``pause`` comes just before the load; False: ``pause`` comes first
 
 Two owners implement it:
-- ``DirectEngines`` (below): the batch recipes' own ``RolloutGroup``, idle between batches,
+- ``DirectEngines`` (below): the batch recipes' own ``RolloutReplicas``, idle between batches,
   paused for the push by the calls on its workers.
 - ``RolloutEngines`` (fully_async_policy/rollout_engines.py): the fully async rollouter, whose
   ``ReplicaSupervisor`` is the only place its engines are paused or resumed.

@@ -46,6 +46,7 @@ from recipe.checkpoint_engine.base import (
     TransferReport,
     WeightSyncError,
 )
+from recipe.checkpoint_engine.clients import ReceiverClient, SenderClient
 from recipe.checkpoint_engine.config import CheckpointEngineConfig
 from recipe.checkpoint_engine.engines import ServingEngines
 from recipe.checkpoint_engine.host import EndpointSite, shm_dir
@@ -67,15 +68,11 @@ _DRIVER_GRACE_S = 2.0
 Timer = Callable[[str], AbstractContextManager[Any]]
 
 
-class TrainerRanks(Protocol):
-    """What a push needs of the trainer's group (recipe/workers/trainer_group.py)."""
+class SendingRanks(Protocol):
+    """What a push needs of the trainer's group (recipe/workers/trainer/ranks.py)."""
 
     workers: list[Any]
-    """Trainer rank actors; rank 0 sends."""
-
-    def submit_all(self, method: str, *args: Any) -> list[Any]:
-        """Call ``method`` on every rank; their ObjectRefs."""
-        ...
+    """Trainer rank actors (``SenderClient`` calls them); rank 0 sends."""
 
     def check_alive(self) -> None:
         """Raise ``TrainerWorkerError`` naming a dead rank."""
@@ -103,7 +100,7 @@ class ParameterSynchronizer:
 
     def __init__(
         self,
-        trainer_group: TrainerRanks,
+        ranks: SendingRanks,
         engines: ServingEngines,
         cfg: CheckpointEngineConfig,
         *,
@@ -116,7 +113,7 @@ class ParameterSynchronizer:
         its files, a directory every node reads (the run directory's private weights
         directory); None: this host's shared memory (single-host use only)."""
         self.cfg = cfg
-        self._trainer, self._engines = trainer_group, engines
+        self._trainer, self._engines = ranks, engines
         self._workers: list[Any] = []  # the handles the transport was built for
         self._bucket_override = bucket_size_bytes
         self._metadata: list[Any] | None = None
@@ -157,24 +154,30 @@ class ParameterSynchronizer:
         with self.tracer.span(phase, cat="sync"):
             return wait_phase(phase, calls, self.cfg.timeout_s + _DRIVER_GRACE_S)
 
-    def _on_sender(self, method: str, *args: Any) -> dict[str, Any]:
-        return {SENDER: self._trainer.workers[0].weight_sender_call.remote(method, *args)}
+    def _on_sender(self, call: Callable[[SenderClient], Any]) -> dict[str, Any]:
+        """``call`` on trainer rank 0 (the sender), keyed by its peer name."""
+        return {SENDER: call(SenderClient(self._trainer.workers[0]))}
 
-    def _on_replicas(self, method: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    def _on_ranks(self, call: Callable[[SenderClient], Any]) -> dict[str, Any]:
+        """``call`` on every trainer rank (rank 0 under the sender's peer name)."""
         return {
-            replica_peer(i): getattr(w, method).remote(*args, **kwargs)
-            for i, w in enumerate(self._workers)
+            f"trainer rank {r}": call(SenderClient(w)) for r, w in enumerate(self._trainer.workers)
         }
+
+    def _on_replicas(self, call: Callable[[int, ReceiverClient], Any]) -> dict[str, Any]:
+        """``call(i, replica)`` on every replica the transport was built for."""
+        return {replica_peer(i): call(i, ReceiverClient(w)) for i, w in enumerate(self._workers)}
 
     def init_communicator(self, version: int) -> None:
         """Resolve backend and bucket size, compute the layout (once), build the transport
         to the replicas' current workers (the trainer side records ``version``)."""
         self._workers = self._engines.workers()
         if self._metadata is None:
-            metadata = {SENDER: self._trainer.workers[0].weight_metadata.remote()}
+            metadata = self._on_sender(SenderClient.metadata)
             self._metadata = self._phase("metadata", metadata)[SENDER]
         infos = self._phase(
-            "placement", self._on_sender("info") | self._on_replicas("weight_receiver_call", "info")
+            "placement",
+            self._on_sender(SenderClient.info) | self._on_replicas(lambda _, r: r.info()),
         )
         sender = EndpointSite.from_wire(infos[SENDER])
         groups = [
@@ -186,7 +189,7 @@ class ParameterSynchronizer:
         if backend != self._backend:
             logger.info("%s", describe_backend_choice(backend, sender, receivers))
         self._backend = backend
-        self._phase("placement", self._on_sender("commit", version))
+        self._phase("placement", self._on_sender(lambda s: s.commit(version)))
         if self._backend == "file":
             if self._file_dir is None:
                 root = self._file_root or Path(shm_dir())
@@ -199,12 +202,9 @@ class ParameterSynchronizer:
         plan = TransferPlan(
             self._backend, layout, len(receivers), self.cfg.timeout_s, self.cfg.verify
         ).to_wire()
-        info = self._phase("prepare", self._on_sender("prepare", plan))[SENDER]
-        calls = self._on_sender("init", info)
-        for i, worker in enumerate(self._workers):
-            calls[replica_peer(i)] = worker.weight_receiver_call.remote(
-                "connect", plan, ranks[i], info
-            )
+        info = self._phase("prepare", self._on_sender(lambda s: s.prepare(plan)))[SENDER]
+        calls = self._on_sender(lambda s: s.init(info))
+        calls |= self._on_replicas(lambda i, r: r.connect(plan, ranks[i], info))
         ranks_by_peer = self._phase("connect", calls)
         self.receiver_ranks = [ranks_by_peer[replica_peer(i)] for i in range(len(groups))]
         self._connected = True
@@ -324,9 +324,11 @@ class ParameterSynchronizer:
         """Trainer rank 0 and every replica hold ``expected``; with ``commit`` the trainer
         first records it (only once every engine loaded it)."""
         if commit:
-            self._phase(phase, self._on_sender("commit", expected))
+            self._phase(phase, self._on_sender(lambda s: s.commit(expected)))
         versions = self._phase(
-            phase, self._on_sender("get_version") | self._on_replicas("get_version")
+            phase,
+            self._on_sender(SenderClient.get_version)
+            | self._on_replicas(lambda _, r: r.get_version()),
         )
         wrong = {peer: v for peer, v in versions.items() if v != expected}
         if wrong:
@@ -337,9 +339,8 @@ class ParameterSynchronizer:
         """Transfer + verify: every replica holds the new weights in staging (the engines'
         own weights are untouched). Returns the transfer id and its ``sync/*`` figures."""
         transfer_id, self._next_transfer = self._next_transfer, self._next_transfer + 1
-        refs = self._trainer.submit_all("weight_sender_call", "send", transfer_id, target)
-        calls = {f"trainer rank {r}": ref for r, ref in enumerate(refs)}
-        calls |= self._on_replicas("weight_receiver_call", "receive", transfer_id)
+        calls = self._on_ranks(lambda s: s.send(transfer_id, target))
+        calls |= self._on_replicas(lambda _, r: r.receive(transfer_id))
         start = time.perf_counter()
         start_us = time.time() * 1e6
         try:
@@ -368,7 +369,7 @@ class ParameterSynchronizer:
     def _load(self, target: int, transfer_id: int, metrics: dict[str, float]) -> dict[str, float]:
         """Every (paused) replica loads the staged transfer ``transfer_id`` as ``target``."""
         start = time.perf_counter()
-        self._phase("load", self._on_replicas("commit_weights", target, transfer_id))
+        self._phase("load", self._on_replicas(lambda _, r: r.commit_weights(target, transfer_id)))
         return metrics | {"sync/load_s": time.perf_counter() - start}
 
     def _verify(self, sent: TransferReport, received: list[list[TransferReport]]) -> float:
@@ -394,14 +395,13 @@ class ParameterSynchronizer:
         assert self._file_dir is not None
         path = str(self._file_dir / f"policy-v{target}.safetensors")
         start = time.perf_counter()
-        refs = self._trainer.submit_all("export_weights", path)
-        exported = self._phase("transfer", {f"trainer rank {r}": f for r, f in enumerate(refs)})
+        exported = self._phase("transfer", self._on_ranks(lambda s: s.export_weights(path)))
         transfer_s = time.perf_counter() - start
         start = time.perf_counter()
         try:
             written = exported[SENDER]
             loads = self._on_replicas(
-                "update_weights_from_file", path, target, sha256=written.sha256
+                lambda _, r: r.update_weights_from_file(path, target, written.sha256)
             )
             self._phase("load", loads)
         finally:
@@ -427,7 +427,7 @@ class ParameterSynchronizer:
         self._connected = False
         if self._backend in (None, "file"):
             return
-        calls = self._on_sender("close") | self._on_replicas("weight_receiver_call", "close")
+        calls = self._on_sender(SenderClient.close) | self._on_replicas(lambda _, r: r.close())
         calls = {peer: ref for peer, ref in calls.items() if peer not in self._hung_peers}
         try:
             self._phase("shutdown", calls)

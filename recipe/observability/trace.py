@@ -2,7 +2,7 @@
 
     driver (trainer)   Tracer(pid 1) --span / complete / counter--> buffer --+
     rollouter actor    Tracer(pid 2) --drain_trace(), pulled every step---->+--> TraceFile
-    engine replica r   RequestTrace --RolloutGroup.drain_trace(), pid 10+r->+    trace.json
+    engine replica r   RequestTrace --RolloutReplicas.drain_trace(), pid 10+r->+    trace.json
 
 Every process buffers its own events; the trainer pulls them once per step and appends them
 to ``trace.json``, so one file holds the whole pipeline. Tracks (Chrome "threads"):

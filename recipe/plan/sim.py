@@ -7,7 +7,7 @@
             version + 1, resume                 wait in the replica's FIFO
 
 A sequence's work is ``prefill_tokens + length`` tokens (length drawn from the measured
-response lengths); a group is ``n`` sequences on one replica (round robin, as RolloutGroup
+response lengths); a group is ``n`` sequences on one replica (round robin, as RolloutReplicas
 does) and completes when its last sequence does. The modes follow the recipes:
 
     sync          submit R groups to every engine, wait, train, push

@@ -40,7 +40,7 @@ from recipe.utils.weights_file import WeightsFile
 
 if TYPE_CHECKING:
     from recipe.config import RecipeConfig
-    from recipe.workers.trainer_group import TrainerGroup
+    from recipe.workers.trainer.ranks import TrainerRanks
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class RunCheckpointer:
 
     def save(
         self,
-        trainer_group: TrainerGroup,
+        ranks: TrainerRanks,
         *,
         step: int,
         version: int,
@@ -99,8 +99,8 @@ class RunCheckpointer:
         start = time.perf_counter()
 
         def fill(partial: Path) -> None:
-            trainer_group.save_hf(partial)
-            trainer_group.save_train_state(partial / RUN_STATE_DIR)
+            ranks.save_hf(partial)
+            ranks.save_train_state(partial / RUN_STATE_DIR)
             if extra is not None:
                 extra(partial / RUN_STATE_DIR)
             meta = {
@@ -120,14 +120,14 @@ class RunCheckpointer:
         logger.info("checkpoint of step %d took %.2f s", step, time.perf_counter() - start)
         return final
 
-    def load(self, trainer_group: TrainerGroup) -> dict[str, Any]:
-        """Load ``resume_from`` into ``trainer_group`` (weights, optimizer, schedule, RNG) and
+    def load(self, ranks: TrainerRanks) -> dict[str, Any]:
+        """Load ``resume_from`` into ``ranks`` (weights, optimizer, schedule, RNG) and
         this process's RNG; returns ``trainer_state.json`` (``global_step``,
         ``param_version`` and the recipe's loop state)."""
         assert self.resume_from is not None, "load() only when resuming"
         start = time.perf_counter()
-        trainer_group.load_hf(self.resume_from)
-        trainer_group.load_train_state(self.resume_from / RUN_STATE_DIR)
+        ranks.load_hf(self.resume_from)
+        ranks.load_train_state(self.resume_from / RUN_STATE_DIR)
         restore_rng(self.resume_state["rng"])
         logger.info("trainer state loaded in %.2f s", time.perf_counter() - start)
         return self.resume_state
@@ -174,7 +174,7 @@ EXPORT_DIR = ".weights"
 
 @contextlib.contextmanager
 def exported_weights(
-    trainer_group: TrainerGroup, run_dir: Path, tag: str, *, slot: str | None = None
+    ranks: TrainerRanks, run_dir: Path, tag: str, *, slot: str | None = None
 ) -> Iterator[WeightsFile]:
     """The trainer's weights (or those saved in CPU ``slot``) as one safetensors file, for
     engines that load a file (a resume, a restarted replica), with the checksum a reader
@@ -189,6 +189,6 @@ def exported_weights(
     directory.chmod(0o700)  # mkdir's mode is cut by the umask and ignored for an old dir
     path = directory / f"{tag}-{uuid.uuid4().hex}.safetensors"
     try:
-        yield trainer_group.export_weights(str(path), slot=slot)
+        yield ranks.export_weights(str(path), slot=slot)
     finally:
         path.unlink(missing_ok=True)

@@ -41,7 +41,7 @@ from recipe.workers.cluster import (
 
 if TYPE_CHECKING:
     from recipe.model import HFModelConfig
-    from recipe.workers.rollout_group import RolloutGroup
+    from recipe.workers.rollout.replicas import RolloutReplicas
 
 ENGINE_LOG_DIR = "engines"
 """Run-directory folder of the engines' own output (recipe/workers/rollout/engine_log.py)."""
@@ -173,15 +173,15 @@ class Placement:
         """Use ``group``, reserved by another process, as ``role``'s (``take`` returns it)."""
         self._reserved[role] = group
 
-    def start_engines(self, model: HFModelConfig) -> RolloutGroup:
+    def start_engines(self, model: HFModelConfig) -> RolloutReplicas:
         """Start ``rollout.replicas`` engines loading ``model`` in the rollout role's group
         (``take("rollout")``; starts Ray); each writes its output under the run directory's
         ``ENGINE_LOG_DIR``. Blocking: it returns once every engine started (or raises naming
         the replica)."""
-        from recipe.workers.rollout_group import RolloutGroup
+        from recipe.workers.rollout.replicas import RolloutReplicas
 
         init_ray(self.cfg.ray)
-        return RolloutGroup(
+        return RolloutReplicas(
             model,
             self.cfg.rollout,
             device=self.device,

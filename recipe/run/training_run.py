@@ -33,7 +33,7 @@ from recipe.run.metrics import RunTotals, run_summary
 
 if TYPE_CHECKING:
     from recipe.config import RecipeConfig
-    from recipe.workers.trainer_group import TrainerGroup
+    from recipe.workers.trainer.ranks import TrainerRanks
 
 logger = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ class TrainingRun:
 
     def save(
         self,
-        trainer_group: TrainerGroup,
+        ranks: TrainerRanks,
         *,
         step: int,
         version: int,
@@ -220,7 +220,7 @@ class TrainingRun:
         }
         with self.tracer.span("checkpoint"):
             return self.checkpointer.save(
-                trainer_group, step=step, version=version, state=state, extra=extra
+                ranks, step=step, version=version, state=state, extra=extra
             )
 
     def finish(

@@ -53,7 +53,7 @@ class ActorConfig:
     """On a skipped step, run its micro-batches again one at a time and log where the
     non-finite gradient arises: the first layer with non-finite output (on real tokens or on
     padding only) and which attention kernels give finite gradients
-    (``recipe.workers.nonfinite_probe``; world size 1 only; a few extra passes per skip)."""
+    (``recipe.workers.trainer.nonfinite_probe``; world size 1 only; a few extra passes per skip)."""
     ppo_mini_batch_size: int = 16
     """Prompts per optimizer step (each brings ``rollout.n`` responses)."""
     ppo_micro_batch_size_per_gpu: int = 32
@@ -61,7 +61,7 @@ class ActorConfig:
     ``use_dynamic_bsz``."""
     use_dynamic_bsz: bool = True
     """Cut micro-batches by a token budget over length-sorted sequences instead of a fixed row
-    count (``recipe.workers.micro_batches``): little padding on long-tailed lengths. The
+    count (``recipe.workers.trainer.micro_batches``): little padding on long-tailed lengths. The
     gradient is the same up to float summation order. On by default (verl's is off): 3.2x
     faster updates on the long-tail benchmark batch even on CPU."""
     ppo_max_token_len_per_gpu: int = 16384

@@ -14,7 +14,7 @@ import torch
 
 from recipe.algo.advantages import grpo_advantages
 from recipe.protocol import Trajectory
-from recipe.workers.batch import TrainBatch
+from recipe.workers.trainer.batch import TrainBatch
 
 
 def random_trajectories(

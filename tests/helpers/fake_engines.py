@@ -10,7 +10,7 @@
                           per ``tick_s``, token ids from the prompt, each stamped with the
                           served version
     ScriptedEngines       ``EngineReplicas`` of ScriptedWorkers (placement, restarts,
-                          ``group_request`` as the real RolloutGroup builds it)
+                          ``group_request`` as the real RolloutReplicas builds it)
 
 Fakes for the fast tier only: every path they stand in for also runs against real engines in
 tests/integration/.
@@ -28,8 +28,8 @@ from recipe.protocol import PromptRecord, Trajectory
 from recipe.utils.weights_file import WeightsFile
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout.base import RolloutWorker
+from recipe.workers.rollout.replicas import actor_death, group_request
 from recipe.workers.rollout.requests import GenerationRequest, SampleJob, finish_job, plan_group
-from recipe.workers.rollout_group import actor_death, group_request
 
 
 def actor_died(pid: int = 4242) -> Exception:

@@ -176,7 +176,7 @@ def faulted_run(rollout_model_path, tmp_path_factory) -> FaultedRun:
         return groups
 
     def recording_push(metrics):
-        state = trainer.trainer_group.full_state_dict()  # the weights this push sends
+        state = trainer.ranks.full_state_dict()  # the weights this push sends
         if trainer.global_step == 4:  # the replica stops answering through one push
             frozen.append(replica_processes(recipe)["worker"])
             os.kill(frozen[-1], signal.SIGSTOP)
@@ -275,14 +275,14 @@ def test_a_dead_replica_is_named_by_the_batch_recipes_and_a_restart_serves_again
     tiny_model_path,
 ):
     """sync and one_step_off do not restart: they stop with the replica named (through
-    ``RolloutGroup.get``); ``restart`` is what fully_async's supervisor builds on."""
+    ``RolloutReplicas.get``); ``restart`` is what fully_async's supervisor builds on."""
     import ray
 
     from recipe.model import HFModelConfig
     from recipe.workers.config import RolloutConfig
-    from recipe.workers.rollout_group import RolloutGroup
+    from recipe.workers.rollout.replicas import RolloutReplicas
 
-    group = RolloutGroup(
+    group = RolloutReplicas(
         HFModelConfig(tiny_model_path),
         RolloutConfig(backend="hf", num_replicas=1, response_length=4),
         device="cpu",
@@ -315,7 +315,7 @@ def test_a_killed_trainer_worker_stops_the_run_naming_it_and_the_checkpoint_to_r
     run_dir = tmp_path / "run"
     recipe = build_recipe(run_dir, PRESET, HF_RUN | {"trainer.save_freq": 2})
     trainer = recipe.trainer
-    rank0 = trainer.trainer_group.workers[0]
+    rank0 = trainer.ranks.workers[0]
     pid = ray.get(rank0.__ray_call__.remote(lambda _: os.getpid()))
     killed_at: list[float] = []
     train_step = trainer._train_step

@@ -437,12 +437,12 @@ def test_slow_trainer_blocks_the_rollouter_and_old_log_probs_come_from_the_pushe
     def recording_old_log_prob(batch, metrics, *, slot=None):
         out = old_log_prob(batch, metrics, slot=slot)
         if slot is not None:
-            current_bt, _ = trainer.trainer_group.compute_log_prob(batch)
+            current_bt, _ = trainer.ranks.compute_log_prob(batch)
             checks.append((trainer.version, out, out.old_logprobs_bt.clone(), current_bt))
         return out
 
     def recording_push(metrics, **kw):
-        pushed[trainer.version + 1] = trainer.trainer_group.full_state_dict()
+        pushed[trainer.version + 1] = trainer.ranks.full_state_dict()
         push(metrics, **kw)
 
     trainer._update_actor = slow_update

@@ -2,8 +2,8 @@
 GPUs (``ray.init(num_gpus=2)`` on a CPU machine: Ray assigns GPU ids and sets
 CUDA_VISIBLE_DEVICES, nothing touches a device).
 
-Probe actors take each bundle with the options the worker groups use (``TrainerGroup``: a
-rank on bundle r with ``trainer_gpu_fraction``; ``RolloutGroup``: a replica on bundle r with
+Probe actors take each bundle with the options the worker groups use (``TrainerRanks``: a
+rank on bundle r with ``trainer_gpu_fraction``; ``RolloutReplicas``: a replica on bundle r with
 ``replica_gpus``) and report the GPU ids Ray gave them: colocated, rank i and replica i share
 GPU i and no two ranks share one (NCCL refuses two ranks on one device); split, no engine
 sits on a trainer's GPU.

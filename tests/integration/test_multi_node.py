@@ -187,7 +187,7 @@ def _hosts(recipe: Any) -> tuple[str, list[str]]:
     the receivers answer from inside the engines' own processes."""
     import ray
 
-    sender = ray.get(recipe.trainer.trainer_group.workers[0].weight_sender_call.remote("info"))
+    sender = ray.get(recipe.trainer.ranks.workers[0].weight_sender_call.remote("info"))
     workers = ray.get(recipe.rollouter.engine_workers.remote())
     infos = ray.get([w.weight_receiver_call.remote("info") for w in workers])
     return sender["host"], [site["host"] for sites in infos for site in sites]

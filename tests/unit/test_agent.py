@@ -311,7 +311,7 @@ def test_config_names_the_key_of_a_bad_value():
 
 
 def test_an_episode_trains_on_model_tokens_only_and_its_versions_skip_observations(tokenizer):
-    from recipe.workers.batch import TrainBatch
+    from recipe.workers.trainer.batch import TrainBatch
 
     engine = ScriptedEngine(tokenizer, ["calc: 2+3", "answer: 5"])
     engine.version = 3

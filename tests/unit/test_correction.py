@@ -24,8 +24,8 @@ from recipe.algo.correction import (
 )
 from recipe.observability.tracking import MetricsAccumulator
 from recipe.protocol import Trajectory
-from recipe.workers.batch import TrainBatch
-from recipe.workers.correction import correct_batch
+from recipe.workers.trainer.batch import TrainBatch
+from recipe.workers.trainer.correction import correct_batch
 
 L = math.log
 PAD = 1e4

@@ -32,7 +32,7 @@ from recipe.observability.tracking import Tracker
 from recipe.utils.output_dir import OutputDirError, check_writable_dir
 from recipe.utils.weights_file import WeightsFile
 from recipe.workers.cluster import PlacementError
-from recipe.workers.rollout_group import RolloutGroup, failed_health_check
+from recipe.workers.rollout.replicas import RolloutReplicas, failed_health_check
 from tests.helpers.fake_engines import actor_died
 
 # ---- fake replicas ---------------------------------------------------------------------------
@@ -139,7 +139,7 @@ def test_a_dead_replica_is_restarted_and_serves_again_at_version_zero():
         old.state = "dead"
         assert await sup.on_failure(1, old, RuntimeError("generate failed"))
         assert sup.in_service == [True, False]
-        # Groups placed by the RolloutGroup itself (validation) skip it too.
+        # Groups placed by the RolloutReplicas itself (validation) skip it too.
         assert [group.placement() for _ in range(3)] == [0, 0, 0]
         assert await sup.on_failure(1, old, actor_died())  # the same death, seen again
         await _settle()
@@ -421,7 +421,7 @@ def test_an_engine_death_without_a_logged_error_is_named_by_the_remote_error():
 
 
 def test_a_rollout_group_places_round_robin_unless_its_supervisor_places():
-    group = RolloutGroup.__new__(RolloutGroup)  # no engines: placement state only
+    group = RolloutReplicas.__new__(RolloutReplicas)  # no engines: placement state only
     group.workers, group._next_replica, group._placement = ["w0", "w1"], 0, None
     assert [group.next_replica() for _ in range(3)] == [0, 1, 0]
     group.place_with(lambda: 1)

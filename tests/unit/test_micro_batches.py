@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from recipe.workers.config import ActorConfig
-from recipe.workers.logprob_head import chunked_logprob_entropy
-from recipe.workers.micro_batches import (
+from recipe.workers.trainer.logprob_head import chunked_logprob_entropy
+from recipe.workers.trainer.micro_batches import (
     fixed_plan,
     padded_tokens,
     split_to_count,
     token_budget_plan,
 )
-from recipe.workers.trainer import TrainerSpec, TrainerWorker
+from recipe.workers.trainer.worker import TrainerSpec, TrainerWorker
 from tests.helpers.batches import random_train_batch
 
 # ---- plans ------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ from recipe.algo.policy_loss import (
     gspo_loss,
     policy_loss,
 )
-from recipe.workers.actor_loss import aggregation
 from recipe.workers.config import DR_GRPO_AGG_MODE
+from recipe.workers.trainer.actor_loss import aggregation
 
 CLIP = {"clip_low": 0.2, "clip_high": 0.28}
 LOG2 = math.log(2.0)

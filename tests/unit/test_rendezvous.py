@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from recipe.utils.rendezvous import StoreAddress, StoreServer
-from recipe.workers.fsdp_utils import join_process_group
+from recipe.workers.trainer.fsdp_utils import join_process_group
 
 TIMEOUT = datetime.timedelta(seconds=2)
 

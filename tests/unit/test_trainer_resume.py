@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from recipe.workers.config import ActorConfig
-from recipe.workers.trainer import TrainerSpec, TrainerWorker
+from recipe.workers.trainer.worker import TrainerSpec, TrainerWorker
 from tests.helpers.batches import random_train_batch
 
 

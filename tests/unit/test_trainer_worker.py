@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from recipe.algo.losses import ppo_clip_loss
-from recipe.workers.batch import TrainBatch
 from recipe.workers.config import ActorConfig
-from recipe.workers.fsdp_utils import lr_factor
-from recipe.workers.trainer import TrainerSpec, TrainerWorker
+from recipe.workers.trainer.batch import TrainBatch
+from recipe.workers.trainer.fsdp_utils import lr_factor
+from recipe.workers.trainer.worker import TrainerSpec, TrainerWorker
 from tests.helpers.batches import random_train_batch, random_trajectories
 
 METRIC_KEYS = {
@@ -288,7 +288,7 @@ def test_the_probe_finds_a_nan_that_arises_on_padding_and_names_its_layer(model_
     ``actor.probe_non_finite`` the skipped step's micro-batches are run again one at a time
     and the warning names the micro-batch, the layer and that only padding was hit, then the
     verdict per attention kernel."""
-    from recipe.workers.fsdp_utils import decoder_layers
+    from recipe.workers.trainer.fsdp_utils import decoder_layers
 
     batch = random_train_batch(model_dir, seed=7)
     assert not bool(batch.attention_mask_bt.bool().all())  # some rows are padded

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from recipe.workers.fsdp_utils import reshard_all
+from recipe.workers.trainer.fsdp_utils import reshard_all
 
 _CURRENT = "__current__"
 _GIB = 1 << 30

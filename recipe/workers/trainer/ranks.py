@@ -1,4 +1,4 @@
-"""``TrainerGroup``: the driver-side handle of N ``TrainerWorker`` Ray actors (one per rank).
+"""``TrainerRanks``: the driver-side handle of N ``TrainerWorker`` Ray actors (one per rank).
 
     driver: TrainBatch (B rows) --shard by whole prompt groups--> rank 0 .. rank N-1 (Ray actors)
             logprobs (B, T)     <--reassemble by row index------  per-rank (B_r, T)
@@ -13,6 +13,7 @@ cannot be split that way is refused with a ValueError before anything runs.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +22,17 @@ import torch
 from recipe.faults import TrainerWorkerError, describe_death, is_actor_death
 from recipe.utils.rendezvous import StoreServer
 from recipe.utils.weights_file import WeightsFile
-from recipe.workers.batch import TrainBatch
 from recipe.workers.config import ActorConfig
-from recipe.workers.fsdp_utils import JOIN_TIMEOUT
-from recipe.workers.trainer import TrainerSpec, TrainerWorker
+from recipe.workers.trainer.batch import TrainBatch
+from recipe.workers.trainer.fsdp_utils import JOIN_TIMEOUT
+from recipe.workers.trainer.worker import TrainerSpec, TrainerWorker
 
 logger = logging.getLogger(__name__)
 
 _READY_TIMEOUT_S = 600.0
 
 
-class TrainerGroup:
+class TrainerRanks:
     """N trainer ranks in one placement group; methods fan out to all ranks and wait."""
 
     def __init__(
@@ -151,19 +152,15 @@ class TrainerGroup:
                 self._raise_if_died(refs.index(ref), exc)
                 raise
 
-    def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Call ``method`` on every rank with the same arguments; results in rank order."""
-        return self._get_all([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
-
-    def submit_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Start ``method`` on every rank without waiting; ObjectRefs in rank order (for
-        callers that wait with their own deadline, e.g. the ParameterSynchronizer)."""
-        return [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
+    def on_every_rank(self, call: Callable[[Any], Any]) -> list[Any]:
+        """``call(rank_handle)`` (one ``.remote`` call, the same on every rank: collective
+        methods need all of them) and its results, in rank order."""
+        return self._get_all([call(w) for w in self.workers])
 
     def shard_rows(self, batch: TrainBatch) -> list[list[int]]:
         """Rows of each rank. Ranks may get different row counts (prompt groups of unequal
         size): each rank's micro-batch plan is cut to the group's largest count
-        (``recipe.workers.micro_batches``)."""
+        (``recipe.workers.trainer.micro_batches``)."""
         per_mini = self.actor.ppo_mini_batch_size
         return [
             batch.shard_rows(r, self.world_size, groups_per_mini_batch=per_mini)
@@ -212,36 +209,36 @@ class TrainerGroup:
     # ---- weights --------------------------------------------------------------------------
 
     def save_model_to_cpu(self, slot: str) -> None:
-        self.execute_all("save_model_to_cpu", slot)
+        self.on_every_rank(lambda w: w.save_model_to_cpu.remote(slot))
 
     def restore_model_from_cpu(self, slot: str) -> None:
-        self.execute_all("restore_model_from_cpu", slot)
+        self.on_every_rank(lambda w: w.restore_model_from_cpu.remote(slot))
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Full HF-named CPU tensors (tied weights once), gathered by rank 0."""
-        return self.execute_all("full_state_dict")[0]
+        return self.on_every_rank(lambda w: w.full_state_dict.remote())[0]
 
     def export_weights(self, path: str, *, slot: str | None = None) -> WeightsFile:
         """Rank 0 writes the full weights (``slot``: those saved by ``save_model_to_cpu``)
         to ``path`` (safetensors); returns its record (bytes, checksum)."""
-        return self.execute_all("export_weights", str(path), slot=slot)[0]
+        return self.on_every_rank(lambda w: w.export_weights.remote(str(path), slot=slot))[0]
 
     def weight_metadata(self) -> list[tuple[str, tuple[int, ...], str]]:
-        return self.execute_all("weight_metadata")[0]
+        return self.on_every_rank(lambda w: w.weight_metadata.remote())[0]
 
     def save_hf(self, path: str | Path) -> None:
-        self.execute_all("save_hf", str(path))
+        self.on_every_rank(lambda w: w.save_hf.remote(str(path)))
 
     def load_hf(self, path: str | Path) -> None:
-        self.execute_all("load_hf", str(path))
+        self.on_every_rank(lambda w: w.load_hf.remote(str(path)))
 
     def save_train_state(self, path: str | Path) -> None:
         """Optimizer + LR schedule (full, rank 0) and every rank's RNG into ``path``."""
-        self.execute_all("save_train_state", str(path))
+        self.on_every_rank(lambda w: w.save_train_state.remote(str(path)))
 
     def load_train_state(self, path: str | Path) -> None:
         """The state ``save_train_state`` wrote (after ``load_hf`` of the same checkpoint)."""
-        self.execute_all("load_train_state", str(path))
+        self.on_every_rank(lambda w: w.load_train_state.remote(str(path)))
 
     def shutdown(self, *, graceful: bool = True) -> None:
         """Leave the process groups, end the actors this group started, free the bundles."""

@@ -15,8 +15,8 @@ import torch
 
 from recipe.algo.losses import agg_loss, kl_penalty
 from recipe.algo.policy_loss import policy_loss
-from recipe.workers.batch import TrainBatch
 from recipe.workers.config import DR_GRPO_AGG_MODE, ActorConfig
+from recipe.workers.trainer.batch import TrainBatch
 
 
 class TrainerSpecLike(Protocol):

@@ -1,6 +1,6 @@
 """``TrainerWorker``: one data-parallel rank of the FSDP2 policy trainer.
 
-A plain class: ``recipe.workers.trainer_group.TrainerGroup`` runs one per rank as a Ray actor,
+A plain class: ``recipe.workers.trainer.ranks.TrainerRanks`` runs one per rank as a Ray actor,
 and unit tests drive it in-process at world size 1. Each rank holds float32 master weights
 sharded by FSDP2 (gloo on CPU, NCCL on CUDA) and an AdamW optimizer over its shards.
 
@@ -34,10 +34,10 @@ from recipe.algo.policy_loss import POLICY_LOSSES
 from recipe.utils.config_check import require_choice, require_positive
 from recipe.utils.rendezvous import StoreAddress
 from recipe.utils.weights_file import WeightsFile, write_weights
-from recipe.workers.actor_loss import LossSums, micro_loss, update_metrics
-from recipe.workers.batch import TrainBatch
 from recipe.workers.config import ActorConfig
-from recipe.workers.fsdp_utils import (
+from recipe.workers.trainer.actor_loss import LossSums, micro_loss, update_metrics
+from recipe.workers.trainer.batch import TrainBatch
+from recipe.workers.trainer.fsdp_utils import (
     PolicyModule,
     all_reduce_max,
     all_reduce_sum,
@@ -51,15 +51,15 @@ from recipe.workers.fsdp_utils import (
     reshard_all,
     shard_policy,
 )
-from recipe.workers.micro_batches import (
+from recipe.workers.trainer.micro_batches import (
     MicroPlan,
     device_micro_batches,
     fixed_plan,
     split_to_count,
     token_budget_plan,
 )
-from recipe.workers.train_state import load_train_state, save_train_state
-from recipe.workers.weight_slots import WeightSlots
+from recipe.workers.trainer.train_state import load_train_state, save_train_state
+from recipe.workers.trainer.weight_slots import WeightSlots
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class TrainerWorker:
         device: str = "cpu",
     ):
         """Rank ``rank`` of ``world_size``, meeting the others at ``rendezvous`` (the
-        ``TrainerGroup``'s store; None: a world of one)."""
+        ``TrainerRanks``'s store; None: a world of one)."""
         if actor.ppo_mini_batch_size % world_size:
             raise ValueError(
                 f"actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} must be a multiple of "
@@ -185,7 +185,7 @@ class TrainerWorker:
         return logprob_bt.cpu(), None if entropy_bt is None else entropy_bt.cpu()
 
     def _micro_plan(self, lengths: list[int], *, grad: bool) -> MicroPlan:
-        """Rows of each micro-batch (``recipe.workers.micro_batches``) for rows of
+        """Rows of each micro-batch (``recipe.workers.trainer.micro_batches``) for rows of
         ``lengths`` tokens; with world size > 1 every rank gets as many micro-batches as the
         rank that needs the most."""
         if self.actor.use_dynamic_bsz:
@@ -263,7 +263,7 @@ class TrainerWorker:
         if self.world_size > 1:
             logger.warning("actor.probe_non_finite: runs at trainer world size 1 only")
             return
-        from recipe.workers.nonfinite_probe import probe_micro_batches
+        from recipe.workers.trainer.nonfinite_probe import probe_micro_batches
 
         def loss_of(micro: TrainBatch):
             def run() -> torch.Tensor:
@@ -323,7 +323,7 @@ class TrainerWorker:
 
     def save_model_to_cpu(self, slot: str) -> None:
         """Copy this rank's parameter shards into ``slot`` (real copies, never views): on the
-        device when it has room to spare, else pinned CPU (``recipe.workers.weight_slots``)."""
+        device when it has room to spare, else pinned CPU (weight_slots.py)."""
         self._slots.save(slot)
 
     def restore_model_from_cpu(self, slot: str) -> None:
@@ -414,7 +414,7 @@ class TrainerWorker:
 
     def save_train_state(self, path: str | Path) -> None:
         """Optimizer, LR schedule and RNG into the directory ``path``
-        (``recipe.workers.train_state.save_train_state``). Collective."""
+        (``recipe.workers.trainer.train_state.save_train_state``). Collective."""
         save_train_state(self._policy, self._optimizer, self._scheduler, path, self.rank)
 
     def load_train_state(self, path: str | Path) -> None:

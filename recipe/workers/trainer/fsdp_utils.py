@@ -1,10 +1,10 @@
 """FSDP2 building blocks of the trainer: the log-prob head, sharding, LR schedule, full weights.
 
 ``PolicyModule`` wraps an HF causal LM so that one FSDP2 root forward returns per-token
-log-probs and entropies of the response tokens (see ``recipe.workers.batch`` for the
+log-probs and entropies of the response tokens (see ``recipe.workers.trainer.batch`` for the
 alignment) without ever materialising the (B, T, V) logits: only the hidden states of
 positions that predict a response token go through the vocab projection, ``chunk_size`` rows
-at a time (``recipe.workers.logprob_head``), so at most one (chunk, V) float block is alive.
+at a time (``recipe.workers.trainer.logprob_head``), so at most one (chunk, V) float block is alive.
 
 Wrapping the LM (instead of calling its backbone and head separately) matters for FSDP2: the
 root's pre-forward hook is what all-gathers the embedding / final norm / head parameters.
@@ -28,7 +28,7 @@ from torch.distributed.tensor import DTensor
 
 from recipe.utils.rendezvous import StoreAddress
 from recipe.workers.config import ActorConfig
-from recipe.workers.logprob_head import chunked_logprob_entropy
+from recipe.workers.trainer.logprob_head import chunked_logprob_entropy
 
 logger = logging.getLogger(__name__)
 

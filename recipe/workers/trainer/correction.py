@@ -18,7 +18,7 @@ import torch
 from recipe.algo.config import RolloutCorrectionConfig
 from recipe.algo.correction import MismatchSums, rollout_correction
 from recipe.observability.tracking import MetricsAccumulator
-from recipe.workers.batch import TrainBatch
+from recipe.workers.trainer.batch import TrainBatch
 
 
 def correct_batch(

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from recipe.workers.batch import TrainBatch
+from recipe.workers.trainer.batch import TrainBatch
 
 MicroPlan = list[list[int]]
 """Row indices of each micro-batch, in execution order; ``[]`` is a dummy micro-batch."""

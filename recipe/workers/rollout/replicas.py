@@ -1,4 +1,4 @@
-"""``RolloutGroup``: the driver's handle on ``rollout.replicas`` rollout worker actors.
+"""``RolloutReplicas``: the driver's handle on ``rollout.replicas`` rollout worker actors.
 
     driver --generate(groups)--> replica 0 (engine) ... replica k-1 (engine)
            <--list[list[Trajectory]] in request order--
@@ -52,7 +52,7 @@ def group_request(
     training: bool = True,
     record: PromptRecord | None = None,
 ) -> GenerationRequest:
-    """The request of one prompt group (``RolloutGroup.submit``): ``version`` (served now)
+    """The request of one prompt group (``RolloutReplicas.submit``): ``version`` (served now)
     seeds its sampling; ``sampling`` is (temperature, top_p, top_k). Training groups follow
     ``rollout.length_profile``; validation (``training=False``) always ends at EOS. Multi-turn
     episodes start from ``record`` (required with ``rollout.multi_turn.enable``)."""
@@ -120,7 +120,7 @@ def request_seed(base_seed: int, prompt_uid: str, version: int) -> int:
     return int.from_bytes(digest.digest(), "little") & 0x7FFFFFFF
 
 
-class RolloutGroup:
+class RolloutReplicas:
     """``num_replicas`` engines as Ray actors, driven from one process."""
 
     def __init__(

@@ -1,0 +1,89 @@
+"""Typed calls on the two ends of a weight push, for the driver's ``ParameterSynchronizer``.
+
+    SenderClient    a trainer rank (``TrainerWorker``): its ``WeightSender`` (endpoints.py),
+                    its weights' metadata and file export
+    ReceiverClient  a rollout replica (``RolloutWorker``): the ``WeightReceiver`` of each of its
+                    engine workers, the load of a verified push, its version
+
+The endpoints themselves are driven by method name (``weight_sender_call``,
+``weight_receiver_call``): a receiver lives in vLLM's worker processes, which vLLM's
+``collective_rpc`` reaches by name only. Those names appear here and nowhere else in the
+driver; every method returns the call's ObjectRef (the synchronizer waits on a phase's calls
+together, with its deadline).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from recipe.utils.weights_file import WeightsFile
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+
+Wire = dict[str, Any]
+"""Plain dicts are what crosses to an endpoint and back (``collective_rpc`` carries no more)."""
+
+
+class SenderClient:
+    """Trainer rank ``handle``'s end of a push."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def metadata(self) -> ObjectRef[list[tuple[str, tuple[int, ...], str]]]:
+        return self.handle.weight_metadata.remote()
+
+    def info(self) -> ObjectRef[Wire]:
+        return self.handle.weight_sender_call.remote("info")
+
+    def prepare(self, plan: Wire) -> ObjectRef[Wire]:
+        return self.handle.weight_sender_call.remote("prepare", plan)
+
+    def init(self, info: Wire) -> ObjectRef[None]:
+        return self.handle.weight_sender_call.remote("init", info)
+
+    def send(self, transfer_id: int, version: int) -> ObjectRef[Wire]:
+        return self.handle.weight_sender_call.remote("send", transfer_id, version)
+
+    def commit(self, version: int) -> ObjectRef[None]:
+        return self.handle.weight_sender_call.remote("commit", version)
+
+    def get_version(self) -> ObjectRef[int]:
+        return self.handle.weight_sender_call.remote("get_version")
+
+    def close(self) -> ObjectRef[None]:
+        return self.handle.weight_sender_call.remote("close")
+
+    def export_weights(self, path: str) -> ObjectRef[WeightsFile | None]:
+        return self.handle.export_weights.remote(path)
+
+
+class ReceiverClient:
+    """Rollout replica ``handle``'s end of a push (one result per engine worker where a
+    method says ``list``)."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def info(self) -> ObjectRef[list[Wire]]:
+        return self.handle.weight_receiver_call.remote("info")
+
+    def connect(self, plan: Wire, ranks: list[list[int]], info: Wire) -> ObjectRef[list[int]]:
+        """``ranks``: [local rank, global receiver rank] of each of its engine workers."""
+        return self.handle.weight_receiver_call.remote("connect", plan, ranks, info)
+
+    def receive(self, transfer_id: int) -> ObjectRef[list[Wire]]:
+        return self.handle.weight_receiver_call.remote("receive", transfer_id)
+
+    def close(self) -> ObjectRef[list[None]]:
+        return self.handle.weight_receiver_call.remote("close")
+
+    def commit_weights(self, version: int, transfer_id: int) -> ObjectRef[Wire]:
+        return self.handle.commit_weights.remote(version, transfer_id)
+
+    def get_version(self) -> ObjectRef[int]:
+        return self.handle.get_version.remote()
+
+    def update_weights_from_file(self, path: str, version: int, sha256: str) -> ObjectRef[None]:
+        return self.handle.update_weights_from_file.remote(path, version, sha256=sha256)
