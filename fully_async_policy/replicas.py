@@ -5,13 +5,14 @@ crashed) or when it is alive but fails ``check_health`` (its vLLM engine core pr
 every call then raises ``EngineDeadError``); the batch recipes judge it the same way
 (``recipe.workers.rollout.replicas.failed_health_check``). A replica that does not answer a
 health check in time is busy or hung, not dead: that is a matter for the weight-sync deadline
-(``checkpoint_engine.on_failure``), not for a restart. States of one replica::
+(``checkpoint_engine.on_failure``), not for a restart. States of one replica (``states``; the
+steps between them are checked, states.py)::
 
     SERVING --dies--> RESTARTING --engine up, served version 0, not paused--> SERVING
-                           |  (rollout.max_restarts used up: the run fails naming it)
                            |--engine up, otherwise--> WAITING_WEIGHTS
                            '--its node is gone, no room elsewhere--> RETIRED
     WAITING_WEIGHTS --install_weights(v) (the trainer's copy of push v; none for v=0)--> SERVING
+    rollout.max_restarts used up, or a restart that failed: FAILED (the run fails naming it)
 
 Invariant: only a SERVING replica takes groups (``in_service``; the supervisor places the
 rollouter's groups, validation's too, through ``RolloutReplicas.place_with``), and a replica
@@ -32,6 +33,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from fully_async_policy.states import ReplicaState, ReplicaStates
 from recipe.faults import RolloutWorkerError, is_actor_death
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.utils.weights_file import WeightsFile
@@ -114,9 +116,8 @@ class ReplicaSupervisor:
         (``checkpoint_engine.timeout_s``)."""
         self.group = group
         self._served_version = served_version
-        self.in_service = [True] * len(group.workers)
-        """Replicas that take new groups: a restarted one joins once it serves the current
-        weights."""
+        self.states = ReplicaStates(len(group.workers))
+        """Each replica's state (module docstring)."""
         self.max_restarts = max_restarts
         self.timeout_s = timeout_s
         self.num_restarts = 0
@@ -130,14 +131,21 @@ class ReplicaSupervisor:
         self.weights_wanted = asyncio.Event()
         """Set while a restarted replica waits for the served weights."""
         self._on_fatal = on_fatal
-        self._restarting: dict[int, asyncio.Task] = {}
-        self._needs_weights: set[int] = set()
+        self._restarting: dict[int, asyncio.Task] = {}  # the bring-up of each RESTARTING one
         self._died_of: dict[int, str | None] = {}  # root error of each replica's last death
-        self.retired: set[int] = set()
-        """Replicas whose node left the cluster with no room for them elsewhere."""
         self._changed = asyncio.Event()  # any replica joined service, or holding changed
         self._next = 0  # round robin over the replicas in service
         group.place_with(self.next_replica)
+
+    @property
+    def in_service(self) -> list[bool]:
+        """Per replica: it takes new groups (SERVING)."""
+        return [self.states[i] is ReplicaState.SERVING for i in range(len(self.states))]
+
+    @property
+    def retired(self) -> set[int]:
+        """Replicas whose node left the cluster with no room for them elsewhere."""
+        return set(self.states.where(ReplicaState.RETIRED))
 
     # ---- placing groups ---------------------------------------------------------------------
 
@@ -209,11 +217,10 @@ class ReplicaSupervisor:
         return None
 
     def _restart(self, index: int, death: ReplicaDeath) -> None:
-        self.in_service[index] = False
         if death.repeats(self._died_of.get(index)):
             # Same root error, nothing finished since the last restart: a restart only
             # replays it (a bad engine setting, a model the engine cannot run).
-            self._fail(
+            self._fail_replica(
                 RolloutWorkerError(
                     index,
                     f"{death.reason}; its restart died of the same error before finishing a "
@@ -223,7 +230,7 @@ class ReplicaSupervisor:
             return
         self._died_of[index] = death.error
         if self.num_restarts >= self.max_restarts:
-            self._fail(
+            self._fail_replica(
                 RolloutWorkerError(
                     index,
                     f"{death.reason}; rollout.max_restarts={self.max_restarts} restarts are "
@@ -239,6 +246,7 @@ class ReplicaSupervisor:
             self.num_restarts,
             self.max_restarts,
         )
+        self.states.move(index, ReplicaState.RESTARTING)
         self._restarting[index] = asyncio.create_task(self._bring_up(index))
 
     async def _bring_up(self, index: int) -> None:
@@ -256,11 +264,11 @@ class ReplicaSupervisor:
             if self._served_version() == 0 and not self.paused:
                 await self._serve(index)
             else:
-                self._needs_weights.add(index)
+                self.states.move(index, ReplicaState.WAITING_WEIGHTS)
                 self.weights_wanted.set()
                 logger.info("rollout replica %d is up; it waits for the served weights", index)
         except Exception as exc:
-            self._fail(RolloutWorkerError(index, f"its restart failed: {exc}"))
+            self._fail_replica(RolloutWorkerError(index, f"its restart failed: {exc}"))
         finally:
             del self._restarting[index]
 
@@ -282,17 +290,18 @@ class ReplicaSupervisor:
         if self.paused:
             pause = self.group.workers[index].pause.remote()
             await self._within(pause, "its pause", ("checkpoint_engine.timeout_s", self.timeout_s))
-        self.in_service[index] = True
+        self.states.move(index, ReplicaState.SERVING)
         self._changed.set()
         logger.info("rollout replica %d serves version %d again", index, self._served_version())
 
     def _retire(self, index: int, reason: PlacementError) -> None:
         """Go on without replica ``index`` (its node is gone); the last one fails the run."""
-        left = [i for i in range(len(self.in_service)) if i != index and i not in self.retired]
+        retired = self.retired
+        left = [i for i in range(len(self.states)) if i != index and i not in retired]
         if not left:
-            self._fail(RolloutWorkerError(index, f"{reason}; no rollout replica is left"))
+            self._fail_replica(RolloutWorkerError(index, f"{reason}; no rollout replica is left"))
             return
-        self.retired.add(index)
+        self.states.move(index, ReplicaState.RETIRED)
         logger.warning(
             "%s; the run goes on with %d of %d rollout replicas",
             reason,
@@ -302,11 +311,13 @@ class ReplicaSupervisor:
 
     def up(self) -> list[tuple[int, Any]]:
         """(index, worker) of every replica that is neither restarting nor retired."""
-        return [
-            (i, w)
-            for i, w in enumerate(self.group.workers)
-            if i not in self._restarting and i not in self.retired
-        ]
+        gone = (ReplicaState.RESTARTING, ReplicaState.RETIRED)
+        return [(i, w) for i, w in enumerate(self.group.workers) if self.states[i] not in gone]
+
+    def _fail_replica(self, error: RolloutWorkerError) -> None:
+        """Replica ``error.replica`` is FAILED and the run fails with ``error``."""
+        self.states.move(error.replica, ReplicaState.FAILED)
+        self._fail(error)
 
     def _fail(self, error: BaseException) -> None:
         logger.error("%s", error)
@@ -334,7 +345,7 @@ class ReplicaSupervisor:
             await asyncio.gather(*self._restarting.values(), return_exceptions=True)
         if self.error is not None:
             raise self.error
-        return sorted(self._needs_weights)
+        return self.states.where(ReplicaState.WAITING_WEIGHTS)
 
     async def install_weights(self, index: int, weights: WeightsFile | None, version: int) -> None:
         """Load the served weights (``version``, a verified safetensors file; None: version
@@ -346,10 +357,9 @@ class ReplicaSupervisor:
                 weights.path, version, sha256=weights.sha256
             )
             await self._within(load, "its weights load", self._start_s)
-        self._needs_weights.discard(index)
-        if not self._needs_weights:
-            self.weights_wanted.clear()
         await self._serve(index)
+        if not self.states.where(ReplicaState.WAITING_WEIGHTS):
+            self.weights_wanted.clear()
 
     # ---- pausing around syncs -----------------------------------------------------------------
 

@@ -21,7 +21,8 @@ and the prompt cursor. One event loop drives everything, so no state needs a loc
                engines stop serving them, their turns wait in the workers and continue on
                the new weights (per-token versions); environment steps run on
 
-State machine: RUNNING --begin_sync--> PAUSED --end_sync--> RUNNING; any --stop()--> STOPPED.
+State machine (``state``, its steps checked: states.py): RUNNING --begin_sync--> PAUSED
+--end_sync--> RUNNING; any --stop()--> STOPPED.
 Invariant: while PAUSED no engine request runs, so the trainer may change the engines'
 weights (episodes in flight wait inside the workers; single-turn groups came back as
 partials).
@@ -58,6 +59,7 @@ from fully_async_policy.snapshot import (
     encode_ticket,
     merge_releases,
 )
+from fully_async_policy.states import ROLLOUT_STEPS, RolloutState, check_step
 from fully_async_policy.validation import VersionValidation
 from recipe.agent.loading import episodes_save_state
 from recipe.algo.dynamic_sampling import FilteredOutError, has_signal
@@ -158,8 +160,9 @@ class FullyAsyncRollouter:
         self._num_resumes: dict[int, int] = {}
         self._deferred: list[Ticket] = []  # re-admissions that arrived while paused
         self._releases: deque[PromptGroup] = deque()
-        self._admitting = True
-        self._stopped = False
+        self.state = RolloutState.RUNNING
+        """RUNNING --begin_sync--> PAUSED --end_sync--> RUNNING, any --stop--> STOPPED
+        (fully_async_policy/states.py)."""
         self._error: BaseException | None = None
         self._wake = asyncio.Event()
         self._released = asyncio.Event()
@@ -220,7 +223,7 @@ class FullyAsyncRollouter:
         self._loop_done.clear()
         release_task = asyncio.create_task(self._release_loop())
         try:
-            while not self._stopped:
+            while self.state is not RolloutState.STOPPED:
                 if self._error is not None:
                     raise self._error
                 self._admit_available()
@@ -237,7 +240,7 @@ class FullyAsyncRollouter:
             self._loop_done.set()
 
     def _admit_available(self) -> None:
-        while self._admitting and self.admission.can_admit():
+        while self.state is RolloutState.RUNNING and self.admission.can_admit():
             record = self.cursor.next()
             self._start(self.admission.admit(record.uid), resume=None)
 
@@ -354,7 +357,7 @@ class FullyAsyncRollouter:
     async def begin_sync(self) -> SyncPause:
         """Stop generating so the weights can change (see the module docstring)."""
         start = time.perf_counter()
-        self._admitting = False
+        self._enter(RolloutState.PAUSED)
         self.replicas.hold(True)
         await self.validation.finish()
         num_drained = 0
@@ -392,9 +395,13 @@ class FullyAsyncRollouter:
         for ticket in self._deferred:
             self._start(ticket, resume=None)
         self._deferred = []
-        self._admitting = True
+        self._enter(RolloutState.RUNNING)
         self.validation.start(version)
         self._wake.set()
+
+    def _enter(self, state: RolloutState) -> None:
+        check_step("the rollouter", self.state, state, ROLLOUT_STEPS)
+        self.state = state
 
     def _resume_partial(self, ticket: Ticket, trajs: list[Trajectory]) -> None:
         max_staleness = self.cfg.async_training.max_staleness
@@ -419,7 +426,7 @@ class FullyAsyncRollouter:
         ``end_sync`` while a sync holds admission."""
         self._num_resumes.pop(ticket, None)
         new = self.admission.readmit(ticket, uid)
-        if self._admitting:
+        if self.state is RolloutState.RUNNING:
             self._start(new, resume=None)
         else:
             self._deferred.append(new)
@@ -486,6 +493,8 @@ class FullyAsyncRollouter:
             await self.replicas.pause_all()
             await self.replicas.cut_episodes_all()
             await self._quiet.wait()
+        if self.state is not RolloutState.PAUSED:
+            raise RuntimeError(f"snapshot() while {self.state.name}: take it inside a sync")
         if self._in_flight and not self.cfg.rollout.multi_turn.enable:
             raise RuntimeError(f"snapshot() with {len(self._in_flight)} groups generating")
         self._puts_open.clear()
@@ -568,7 +577,7 @@ class FullyAsyncRollouter:
 
     async def stop(self) -> RolloutLedger:
         """Stop admitting and cut what is generating; the engines stay up for validation."""
-        self._stopped, self._admitting = True, False
+        self._enter(RolloutState.STOPPED)
         self.replicas.hold(True)
         self._wake.set()
         await self.validation.finish()
