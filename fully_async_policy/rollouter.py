@@ -41,7 +41,6 @@ import asyncio
 import json
 import logging
 import time
-from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,30 +48,19 @@ from fully_async_policy.admission import AdmissionController, Ticket
 from fully_async_policy.messages import PromptGroup, RolloutLedger, RolloutProgress, SyncPause
 from fully_async_policy.replicas import EngineReplicas, ReplicaSupervisor
 from fully_async_policy.run_plan import RunPlan
-from fully_async_policy.snapshot import (
-    ROLLOUTER_STATE_FILE,
-    decode_group,
-    decode_partials,
-    decode_ticket,
-    encode_group,
-    encode_partials,
-    encode_ticket,
-    merge_releases,
-)
+from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE, StreamBook
 from fully_async_policy.states import ROLLOUT_STEPS, RolloutState, check_step
-from fully_async_policy.validation import VersionValidation
+from fully_async_policy.validation import VersionValidation, score_val_set
 from recipe.agent.loading import episodes_save_state
 from recipe.algo.dynamic_sampling import FilteredOutError, has_signal
 from recipe.checkpoint.rng import capture_rng, restore_rng
 from recipe.checkpoint.store import RUN_STATE_DIR
 from recipe.config import RecipeConfig
 from recipe.data.cursor import PromptCursor
-from recipe.faults import RunFailure
 from recipe.observability.trace import ROLLOUTER_PID, ROLLOUTER_TIDS, Tracer, now_us, traced
 from recipe.protocol import Trajectory
 from recipe.reward import RewardError
 from recipe.run.inputs import RunInputs
-from recipe.run.metrics import val_metrics, val_sampling
 from recipe.run.placement import Placement
 from recipe.utils.weights_file import WeightsFile
 
@@ -156,10 +144,8 @@ class FullyAsyncRollouter:
         """The replica each in-flight ticket generates on (once picked)."""
         self._episodes_save_state = multi_turn.enable and episodes_save_state(multi_turn)
         """A checkpoint cuts episodes in flight with their state instead of restarting them."""
-        self._partials: list[tuple[Ticket, list[Trajectory]]] = []
-        self._num_resumes: dict[int, int] = {}
-        self._deferred: list[Ticket] = []  # re-admissions that arrived while paused
-        self._releases: deque[PromptGroup] = deque()
+        self.book = StreamBook(self.cursor, self.admission)
+        """Partials, resumes, deferred re-admissions, releases: what a checkpoint carries."""
         self.state = RolloutState.RUNNING
         """RUNNING --begin_sync--> PAUSED --end_sync--> RUNNING, any --stop--> STOPPED
         (fully_async_policy/states.py)."""
@@ -273,15 +259,15 @@ class FullyAsyncRollouter:
                 track=False,
             )
             if any(t.finish_reason == "aborted" for t in trajs):
-                self._partials.append((ticket, trajs))  # cut by a pause: resumed at end_sync
+                self.book.partials.append((ticket, trajs))  # cut by a pause: resumed at end_sync
                 return
             await self.reward_fn.ascore_group(self.records[ticket.uid], trajs)
             if self._filtered_out(ticket, trajs):
                 return
             group = PromptGroup(
-                ticket.ticket, ticket.window, trajs, self._num_resumes.pop(ticket.ticket, 0)
+                ticket.ticket, ticket.window, trajs, self.book.num_resumes.pop(ticket.ticket, 0)
             )
-            self._releases.extend(self.admission.complete(ticket.ticket, group))
+            self.book.releases.extend(self.admission.complete(ticket.ticket, group))
             self._released.set()
         except (RewardError, FilteredOutError) as exc:  # the user's function or data
             self._fail(exc)
@@ -305,8 +291,8 @@ class FullyAsyncRollouter:
         config = self.cfg.algorithm.filter_groups
         if not config.enable or has_signal(trajs, config.metric):
             return False
-        self._num_resumes.pop(ticket.ticket, None)
-        self._releases.extend(self.admission.filter(ticket.ticket))
+        self.book.num_resumes.pop(ticket.ticket, None)
+        self.book.releases.extend(self.admission.filter(ticket.ticket))
         self._released.set()
         self._wake.set()  # the slot it gave back may admit another prompt
         demand, cap = self.admission.window_demand, config.max_num_gen_batches
@@ -324,13 +310,13 @@ class FullyAsyncRollouter:
         """Put released groups into the queue one at a time (keeps the release order)."""
         try:
             while True:
-                while self._releases:
+                while self.book.releases:
                     await self._puts_open.wait()
                     start_us = now_us()
-                    if not await self.queue.put.remote(self._releases[0]):
+                    if not await self.queue.put.remote(self.book.releases[0]):
                         return  # queue closed: what is left stays unreleased in the ledger
                     self._trace_put(start_us)
-                    self._releases.popleft()
+                    self.book.releases.popleft()
                 self._released.clear()
                 await self._released.wait()
         except Exception as exc:  # surfaces from run()
@@ -347,7 +333,7 @@ class FullyAsyncRollouter:
             )
 
     async def _flush_releases(self, release_task: asyncio.Task) -> None:
-        while self._releases and not release_task.done():
+        while self.book.releases and not release_task.done():
             await asyncio.sleep(0.01)
         release_task.cancel()
 
@@ -371,7 +357,7 @@ class FullyAsyncRollouter:
             num_drained = len(self._in_flight)
             await self._quiet.wait()
             await self.replicas.pause_all()
-        num_partial = len(self._partials)
+        num_partial = len(self.book.partials)
         if self.cfg.rollout.multi_turn.enable and self.cfg.async_training.partial_rollout:
             num_partial += len(self._in_flight)  # episodes waiting in the workers
         return SyncPause(num_partial, num_drained, time.perf_counter() - start)
@@ -389,12 +375,12 @@ class FullyAsyncRollouter:
         self.admission.open_window(version, num_trained)
         await self.replicas.resume_all()
         self.replicas.hold(False)
-        partials, self._partials = self._partials, []
+        partials, self.book.partials = self.book.partials, []
         for ticket, trajs in partials:
             self._resume_partial(ticket, trajs)
-        for ticket in self._deferred:
+        for ticket in self.book.deferred:
             self._start(ticket, resume=None)
-        self._deferred = []
+        self.book.deferred = []
         self._enter(RolloutState.RUNNING)
         self.validation.start(version)
         self._wake.set()
@@ -408,10 +394,10 @@ class FullyAsyncRollouter:
         started = [t.min_version for t in trajs if t.model_versions]
         if max_staleness is not None and started and self.version - min(started) > max_staleness:
             # Already too old to be trained: generate it again on the new weights.
-            self._num_resumes.pop(ticket.ticket, None)
+            self.book.num_resumes.pop(ticket.ticket, None)
             self._start(self.admission.readmit(ticket.ticket, ticket.uid), resume=None)
             return
-        self._num_resumes[ticket.ticket] = self._num_resumes.get(ticket.ticket, 0) + 1
+        self.book.num_resumes[ticket.ticket] = self.book.num_resumes.get(ticket.ticket, 0) + 1
         self._start(ticket, resume=trajs)
 
     async def readmit(self, groups: list[tuple[int, str]]) -> None:
@@ -424,12 +410,12 @@ class FullyAsyncRollouter:
         """The prompt of ``ticket`` (released too old, or lost with its replica) again: a new
         ticket in the current window, generated from scratch on the served weights, or at
         ``end_sync`` while a sync holds admission."""
-        self._num_resumes.pop(ticket, None)
+        self.book.num_resumes.pop(ticket, None)
         new = self.admission.readmit(ticket, uid)
         if self.state is RolloutState.RUNNING:
             self._start(new, resume=None)
         else:
-            self._deferred.append(new)
+            self.book.deferred.append(new)
 
     # ---- validation (fully_async_policy/validation.py) -------------------------------------
 
@@ -442,32 +428,10 @@ class FullyAsyncRollouter:
         """The val set generated and scored on this actor's event loop, as training groups
         are: the replica supervisor is touched by this loop only, and a user's async reward
         function runs on the one loop it always runs on (``RewardFunction``)."""
-        if not self.val_records:
-            return {}
-        start = time.perf_counter()
-        sampling = val_sampling(self.version, self.cfg.rollout.val_temperature)
-        refs = [
-            self.engines.submit(r.uid, self.prompt_ids[r.uid], record=r, track=False, **sampling)
-            for r in self.val_records
-        ]
-        timeout_s = self.cfg.rollout.generation_timeout_s
-        try:
-            groups = await asyncio.wait_for(
-                asyncio.gather(*(_awaited(ref) for ref in refs)), timeout_s
-            )
-        except TimeoutError:
-            raise RunFailure(
-                f"validation got no answer within rollout.generation_timeout_s={timeout_s:g} s "
-                "(a hung engine process; the engine logs are RUN_DIR/engines/replica_R.log)"
-            ) from None
-        except Exception as exc:
-            error = self.engines.as_worker_error(exc)
-            if error is None:
-                raise
-            raise error from exc
-        for record, trajs in zip(self.val_records, groups, strict=True):
-            await self.reward_fn.ascore_group(record, trajs)
-        return val_metrics(groups, start, self.cfg.rollout.response_length)
+        records, rollout = self.val_records, self.cfg.rollout
+        return await score_val_set(
+            self.engines, records, self.prompt_ids, self.reward_fn, rollout, version=self.version
+        )
 
     # ---- checkpoints ------------------------------------------------------------------------
 
@@ -499,23 +463,11 @@ class FullyAsyncRollouter:
             raise RuntimeError(f"snapshot() with {len(self._in_flight)} groups generating")
         self._puts_open.clear()
         try:
-            before = list(self._releases)  # the head may be put (and popped) meanwhile
+            seen = list(self.book.releases)  # the head may be put (and popped) meanwhile
             queued = await self.queue.snapshot.remote()
             live = {t.ticket: t for t in self.admission.unreleased()}
             restart = [live[k] for k in sorted(self._in_flight)]
-            pending = {g.ticket: g for g in [*before, *self._releases]}
-            return {
-                "cursor": self.cursor.state_dict(),
-                "admission": self.admission.state_dict(encode_group),
-                "partials": encode_partials(self._partials),
-                "num_resumes": {str(k): v for k, v in self._num_resumes.items()},
-                "deferred": [encode_ticket(t) for t in self._deferred],
-                "restart": [encode_ticket(t) for t in restart],
-                "releases": [
-                    encode_group(g) for g in merge_releases(queued, list(pending.values()))
-                ],
-                "rng": capture_rng(),
-            }
+            return self.book.state_dict(queued, seen, restart) | {"rng": capture_rng()}
         finally:
             self._puts_open.set()
 
@@ -524,16 +476,8 @@ class FullyAsyncRollouter:
         calls ``end_sync(version, trained)`` as after the push the checkpoint followed."""
         path = Path(checkpoint) / RUN_STATE_DIR / ROLLOUTER_STATE_FILE
         state = json.loads(path.read_text(encoding="utf-8"))
-        self.cursor.load_state_dict(state["cursor"])
-        self.admission.load_state_dict(state["admission"], decode_group)
-        self._partials = decode_partials(state["partials"])
-        self._num_resumes = {int(k): v for k, v in state["num_resumes"].items()}
-        self._deferred = [decode_ticket(t) for t in state["deferred"]]
-        self._releases = deque(decode_group(g) for g in state["releases"])
+        restart = self.book.load_state_dict(state)
         restore_rng(state["rng"])
-        restart = [decode_ticket(t) for t in state.get("restart", [])]
-        for ticket in restart:  # started at end_sync with the other deferred admissions
-            self._deferred.append(self.admission.readmit(ticket.ticket, ticket.uid))
         if restart:
             logger.info(
                 "%d prompt groups were generating episodes at the checkpoint; episodes are "
@@ -544,8 +488,8 @@ class FullyAsyncRollouter:
         logger.info(
             "rollouter restored: %d admitted, %d partial groups, %d finished groups to train",
             self.admission.num_admitted,
-            len(self._partials),
-            len(self._releases),
+            len(self.book.partials),
+            len(self.book.releases),
         )
 
     # ---- progress and the end ---------------------------------------------------------------
@@ -590,8 +534,8 @@ class FullyAsyncRollouter:
         return RolloutLedger(
             admitted_uids=list(self.admission.admitted_uids),
             num_readmitted=self.admission.num_readmitted,
-            unreleased_uids=unreleased + [g.prompt_uid for g in self._releases],
-            num_released=self.admission.num_released - len(self._releases),
+            unreleased_uids=unreleased + [g.prompt_uid for g in self.book.releases],
+            num_released=self.admission.num_released - len(self.book.releases),
             num_restarts=self.replicas.num_restarts,
             num_retired=len(self.replicas.retired),
             filtered_uids=list(self.admission.filtered_uids),
@@ -607,9 +551,9 @@ class FullyAsyncRollouter:
     def _hold_back(self, ticket: Ticket, resume: list[Trajectory] | None) -> None:
         """A group that waited for a serving replica when a sync began: it starts after."""
         if resume is None:
-            self._deferred.append(ticket)
+            self.book.deferred.append(ticket)
         else:
-            self._partials.append((ticket, resume))
+            self.book.partials.append((ticket, resume))
 
     async def recover_replicas(self) -> list[int]:
         """Restart the replicas found dead and wait for every restart; returns the replicas
@@ -643,8 +587,3 @@ class FullyAsyncRollouter:
     async def shutdown(self) -> None:
         """``close`` in a thread (its Ray calls block), off this actor's loop."""
         await asyncio.to_thread(self.close)
-
-
-async def _awaited(ref: Any) -> Any:
-    """A Ray ObjectRef as a coroutine (what ``asyncio.gather`` takes)."""
-    return await ref

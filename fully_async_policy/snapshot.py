@@ -25,11 +25,15 @@ admitted prompt is trained once and the staleness bound (admission.py) holds acr
 
 from __future__ import annotations
 
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
-from fully_async_policy.admission import Ticket
+from fully_async_policy.admission import AdmissionController, Ticket
 from fully_async_policy.messages import PromptGroup
 from recipe.checkpoint.codec import decode_trajectory, encode_trajectory
+from recipe.data.cursor import PromptCursor
+from recipe.protocol import Trajectory
 
 ROLLOUTER_STATE_FILE = "rollouter_state.json"
 """The rollouter's state, under the checkpoint's ``run_state/``."""
@@ -71,3 +75,52 @@ def encode_partials(partials: list[tuple[Ticket, list[Any]]]) -> list[list[Any]]
 
 def decode_partials(data: list[list[Any]]) -> list[tuple[Ticket, list[Any]]]:
     return [(decode_ticket(t), [decode_trajectory(x) for x in trajs]) for t, trajs in data]
+
+
+@dataclass
+class StreamBook:
+    """The rollouter's bookkeeping between syncs: everything of the module docstring's list
+    but the RNG (``state_dict`` also takes what only a sync can read: the queue's contents and
+    the groups still generating)."""
+
+    cursor: PromptCursor
+    admission: AdmissionController[PromptGroup]
+    partials: list[tuple[Ticket, list[Trajectory]]] = field(default_factory=list)
+    """Groups cut by a pause, resumed at ``end_sync``."""
+    num_resumes: dict[int, int] = field(default_factory=dict)
+    """Pauses each partial group went through, by ticket."""
+    deferred: list[Ticket] = field(default_factory=list)
+    """Re-admissions that came while admission was held; started at ``end_sync``."""
+    releases: deque[PromptGroup] = field(default_factory=deque)
+    """Finished groups in release order, not yet put into the queue."""
+
+    def state_dict(
+        self, queued: list[PromptGroup], seen: list[PromptGroup], restart: list[Ticket]
+    ) -> dict[str, Any]:
+        """The checkpoint's state: ``queued``, the queue's contents, read after ``seen`` (the
+        releases before that read; a put may land between the two); ``restart``: the tickets
+        of groups still generating (episodes that cannot be saved)."""
+        pending = {g.ticket: g for g in [*seen, *self.releases]}
+        return {
+            "cursor": self.cursor.state_dict(),
+            "admission": self.admission.state_dict(encode_group),
+            "partials": encode_partials(self.partials),
+            "num_resumes": {str(k): v for k, v in self.num_resumes.items()},
+            "deferred": [encode_ticket(t) for t in self.deferred],
+            "restart": [encode_ticket(t) for t in restart],
+            "releases": [encode_group(g) for g in merge_releases(queued, list(pending.values()))],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> list[Ticket]:
+        """Load ``state_dict``'s output; the ``restart`` prompts are admitted again (deferred:
+        they start at ``end_sync``). Returns those restarted tickets."""
+        self.cursor.load_state_dict(state["cursor"])
+        self.admission.load_state_dict(state["admission"], decode_group)
+        self.partials = decode_partials(state["partials"])
+        self.num_resumes = {int(k): v for k, v in state["num_resumes"].items()}
+        self.deferred = [decode_ticket(t) for t in state["deferred"]]
+        self.releases = deque(decode_group(g) for g in state["releases"])
+        restart = [decode_ticket(t) for t in state.get("restart", [])]
+        for ticket in restart:
+            self.deferred.append(self.admission.readmit(ticket.ticket, ticket.uid))
+        return restart

@@ -16,10 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
-from fully_async_policy.replicas import ReplicaSupervisor
-from recipe.faults import RolloutWorkerError
+from fully_async_policy.replicas import EngineReplicas, ReplicaSupervisor
+from recipe.faults import RolloutWorkerError, RunFailure
+from recipe.protocol import PromptRecord
+from recipe.reward import RewardFunction
+from recipe.run.metrics import val_metrics, val_sampling
+from recipe.workers.config import RolloutConfig
 
 logger = logging.getLogger(__name__)
 
@@ -75,3 +81,47 @@ class VersionValidation:
             logger.warning("validation of version %d skipped: %s", version, exc)
             await self.replicas.check_all()
         self._results[version] = self._unreported[version] = results
+
+
+async def score_val_set(
+    engines: EngineReplicas,
+    records: Sequence[PromptRecord],
+    prompt_ids: Mapping[str, list[int]],
+    reward_fn: RewardFunction,
+    rollout: RolloutConfig,
+    *,
+    version: int,
+) -> dict[str, float]:
+    """``val/*`` of ``records`` answered on the serving replicas (``version``; greedy by
+    default) and scored, on the caller's event loop: the replica supervisor is touched by the
+    rollouter's loop only, and a user's async reward function runs on the one loop it always
+    runs on (``RewardFunction``). A hung engine stops it within
+    ``rollout.generation_timeout_s``; a dead replica raises ``RolloutWorkerError``."""
+    if not records:
+        return {}
+    start = time.perf_counter()
+    sampling = val_sampling(version, rollout.val_temperature)
+    refs = [
+        engines.submit(r.uid, prompt_ids[r.uid], record=r, track=False, **sampling) for r in records
+    ]
+    timeout_s = rollout.generation_timeout_s
+    try:
+        groups = await asyncio.wait_for(asyncio.gather(*(_awaited(ref) for ref in refs)), timeout_s)
+    except TimeoutError:
+        raise RunFailure(
+            f"validation got no answer within rollout.generation_timeout_s={timeout_s:g} s "
+            "(a hung engine process; the engine logs are RUN_DIR/engines/replica_R.log)"
+        ) from None
+    except Exception as exc:
+        error = engines.as_worker_error(exc)
+        if error is None:
+            raise
+        raise error from exc
+    for record, trajs in zip(records, groups, strict=True):
+        await reward_fn.ascore_group(record, trajs)
+    return val_metrics(groups, start, rollout.response_length)
+
+
+async def _awaited(ref: Any) -> Any:
+    """A Ray ObjectRef as a coroutine (what ``asyncio.gather`` takes)."""
+    return await ref
