@@ -84,7 +84,6 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
     @fails_cleanly
     def fit(self) -> dict[str, Any]:
         run = self.run
-        assert run is not None
         start = run.begin()
         last_val = run.initial_validation(self._validate)
         bar = step_bar(self.total_steps, self.cfg.mode, quiet=self.cfg.logger.quiet)
@@ -161,7 +160,6 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         return self._submit_batch() if self.global_step < self.total_steps else None
 
     def _checkpoint(self, pending: PendingBatch | None) -> None:
-        assert self.run is not None
         state = self._loop_state(pending)
         self.run.save(self.ranks, step=self.global_step, version=self.version, state=state)
 

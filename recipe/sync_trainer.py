@@ -59,7 +59,6 @@ class SyncTrainer(SeparateRayPPOTrainer):
     @fails_cleanly
     def fit(self) -> dict[str, Any]:
         run = self.run
-        assert run is not None
         start = run.begin()
         last_val = run.initial_validation(self._validate)
         bar = step_bar(self.total_steps, self.cfg.mode, quiet=self.cfg.logger.quiet)
@@ -103,7 +102,6 @@ class SyncTrainer(SeparateRayPPOTrainer):
 
     def _checkpoint(self) -> None:
         state = {"cursor": self.cursor.state_dict()}
-        assert self.run is not None
         self.run.save(self.ranks, step=self.global_step, version=self.version, state=state)
 
     def _more(self, num_prompts: int) -> tuple[list[PromptRecord], list[list[Trajectory]]]:
