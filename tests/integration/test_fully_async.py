@@ -49,8 +49,8 @@ SMALL = {
 }
 
 
-# Nightly: staleness 0 is a special case of the bound the partial-rollout test checks in CI,
-# which also checks that every push is staged before the pause.
+# Nightly: staleness 0 is a special case of the bound tests/unit/test_rollouter_loop.py checks
+# in CI; the slow-trainer run below checks that every push is staged before the pause.
 @pytest.mark.nightly
 def test_on_policy_oracle_trains_every_sample_on_the_version_that_generated_it(
     tiny_model_path, tmp_path
@@ -112,6 +112,12 @@ SLOW_ENGINE = {
 }
 
 
+# Nightly: the loop's contract (cut groups continue on the new weights within the staleness
+# bound, no prompt lost) is checked in seconds by tests/unit/test_rollouter_loop.py; a real
+# engine's abort and continuation by test_rollout_vllm.py's pause test; episodes spanning
+# syncs on real engines by the multi-turn run below; staging before the pause by the
+# slow-trainer run below and test_weight_sync.py.
+@pytest.mark.nightly
 def test_partial_rollout_spans_versions_within_the_staleness_bound_and_loses_no_prompt(
     rollout_model_path, tmp_path
 ):
@@ -474,6 +480,8 @@ def test_slow_trainer_blocks_the_rollouter_and_old_log_probs_come_from_the_pushe
     assert summary["queue/max_size"] <= summary["queue/capacity"] == budget
     assert summary["prompts/trained"] == 24 and summary["prompts/readmitted"] == 0
     assert_ledger_balances(ledger)
+    # Every push was staged while the engines generated; the pause came only for the load.
+    assert _pushes_staged_before_the_pause(load_checked(run_dir)) == summary["param_version"]
 
 
 STEP_KEYS = {
