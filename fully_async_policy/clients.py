@@ -4,16 +4,20 @@ A Ray handle dispatches any attribute name and its results are untyped; a client
 call the trainer makes, with its arguments and the type its ObjectRef resolves to, so a
 renamed method or a wrong argument is a type error (``make lint``) rather than a failure in
 another process at run time. Every method starts the call and returns its ObjectRef: the
-caller waits with its own deadline (``ray.get(ref, timeout=...)``, ``ray.wait``).
+caller waits with its own deadline through the client's ``waits``.
 
     RolloutClient  FullyAsyncRollouter (rollouter.py): the streaming loop, syncs, restarts,
                    snapshots, progress
     QueueClient    MessageQueue (message_queue.py) of PromptGroups: the trainer's end
+    Waits          how the caller waits on what a call returns: ``RayWaits`` (``ray.get``,
+                   ``ray.wait``) for actors; a unit test brings in-process actors and their
+                   own waits (tests/helpers/local_actors.py)
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from fully_async_policy.message_queue import QueueStats
 from fully_async_policy.messages import (
@@ -28,12 +32,43 @@ from recipe.utils.weights_file import WeightsFile
 if TYPE_CHECKING:
     from ray import ObjectRef
 
+T = TypeVar("T")
+
+
+class Waits(Protocol):
+    """Waiting on the results of calls on actors. A wait past ``timeout`` raises
+    ``TimeoutError`` (Ray's ``GetTimeoutError`` is one)."""
+
+    def get(self, ref: ObjectRef[T], *, timeout: float | None = None) -> T:
+        """The result of one call (its error raised here)."""
+        ...
+
+    def first_ready(self, refs: Sequence[Any], *, timeout: float | None) -> list[Any]:
+        """Those of ``refs`` done within ``timeout`` (none when it passed), at least one."""
+        ...
+
+
+class RayWaits:
+    """``Waits`` on Ray ObjectRefs."""
+
+    def get(self, ref: ObjectRef[T], *, timeout: float | None = None) -> T:
+        import ray
+
+        return ray.get(ref, timeout=timeout)
+
+    def first_ready(self, refs: Sequence[Any], *, timeout: float | None) -> list[Any]:
+        import ray
+
+        ready, _ = ray.wait(list(refs), num_returns=1, timeout=timeout)
+        return ready
+
 
 class RolloutClient:
     """The trainer's calls on the ``FullyAsyncRollouter`` actor ``handle``."""
 
-    def __init__(self, handle: Any) -> None:
+    def __init__(self, handle: Any, waits: Waits | None = None) -> None:
         self.handle = handle
+        self.waits: Waits = waits or RayWaits()
 
     # ---- the loop -----------------------------------------------------------------------
     def start(self) -> ObjectRef[None]:
@@ -102,8 +137,9 @@ class RolloutClient:
 class QueueClient:
     """The trainer's calls on the ``MessageQueue`` actor ``handle``."""
 
-    def __init__(self, handle: Any) -> None:
+    def __init__(self, handle: Any, waits: Waits | None = None) -> None:
         self.handle = handle
+        self.waits: Waits = waits or RayWaits()
 
     def get_batch(self, num_groups: int) -> ObjectRef[list[PromptGroup] | EndOfStream]:
         return self.handle.get_batch.remote(num_groups)

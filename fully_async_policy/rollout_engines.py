@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from fully_async_policy.clients import RolloutClient
 
 Within = Callable[[Any, str], Any]
-"""``within(ref, phase)``: ``ray.get(ref)`` within ``checkpoint_engine.timeout_s``, else a
+"""``within(ref, phase)``: the call's result within ``checkpoint_engine.timeout_s``, else a
 ``RunFailure`` naming the phase (``FullyAsyncTrainer._within``)."""
 
 
@@ -68,9 +68,7 @@ class RolloutEngines:
         self._last: PauseRecord | None = None
 
     def workers(self) -> list[Any]:
-        import ray
-
-        return ray.get(self._rollouter.engine_workers())
+        return self._rollouter.waits.get(self._rollouter.engine_workers())
 
     def pause(self) -> None:
         start = time.perf_counter()

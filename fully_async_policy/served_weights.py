@@ -51,24 +51,22 @@ class ServedWeights:
     def serve_resumed(self, version: int) -> None:
         """A resumed run: every engine loads the trainer's weights as ``version`` (they
         start from ``model.path`` at version 0); they are then also the kept copy."""
-        import ray
-
+        get = self.rollouter.waits.get
         tag = f"resume-v{version}"
         with exported_weights(self.ranks, self.run_dir, tag) as weights:
-            ray.get(self.rollouter.load_weights(weights, version))
+            get(self.rollouter.load_weights(weights, version))
         self.keep(version)
 
     def heal(self, version: int) -> bool:
         """Have the rollouter restart dead replicas and load the served weights (``version``)
         into every restarted one. True when a replica runs on a new worker since the call
         (a push then reaches it over a rebuilt transport)."""
-        import ray
-
-        before = ray.get(self.rollouter.engine_workers())
-        waiting = ray.get(self.rollouter.recover_replicas())
+        get = self.rollouter.waits.get
+        before = get(self.rollouter.engine_workers())
+        waiting = get(self.rollouter.recover_replicas())
         for replica in waiting:
             if version == 0:  # nothing pushed yet: the model on disk is what is served
-                ray.get(self.rollouter.install_weights(replica, None, 0))
+                get(self.rollouter.install_weights(replica, None, 0))
                 continue
             if self.kept_version != version:
                 raise RuntimeError(
@@ -78,5 +76,5 @@ class ServedWeights:
             tag = f"restart-v{version}"
             kept = exported_weights(self.ranks, self.run_dir, tag, slot=PUSHED_SLOT)
             with kept as weights:
-                ray.get(self.rollouter.install_weights(replica, weights, version))
-        return ray.get(self.rollouter.engine_workers()) != before
+                get(self.rollouter.install_weights(replica, weights, version))
+        return get(self.rollouter.engine_workers()) != before

@@ -29,9 +29,9 @@ import functools
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fully_async_policy.clients import QueueClient, RolloutClient
+from fully_async_policy.clients import QueueClient, RolloutClient, Waits
 from fully_async_policy.messages import EndOfStream, PromptGroup, RolloutProgress
 from fully_async_policy.metrics import group_metrics
 from fully_async_policy.rollout_engines import RolloutEngines
@@ -44,8 +44,12 @@ from recipe.faults import RunFailure, fails_cleanly, resume_hint
 from recipe.observability.progress import step_bar, update_bar
 from recipe.observability.trace import traced
 from recipe.observability.tracking import MetricsAccumulator
+from recipe.run.inputs import RunInputs
 from recipe.run.training_run import TraceSource
 from recipe.separate_trainer import SeparateRayPPOTrainer
+
+if TYPE_CHECKING:
+    from recipe.workers.trainer.ranks import TrainerRanks
 
 logger = logging.getLogger(__name__)
 
@@ -53,21 +57,34 @@ logger = logging.getLogger(__name__)
 class FullyAsyncTrainer(SeparateRayPPOTrainer):
     """Pulls R groups per local step, trains, and pushes weights every T local steps."""
 
-    def __init__(self, cfg: RecipeConfig, run_dir: Path) -> None:
-        super().__init__(cfg, run_dir)
+    def __init__(
+        self,
+        cfg: RecipeConfig,
+        run_dir: Path,
+        *,
+        inputs: RunInputs | None = None,
+        ranks: TrainerRanks | None = None,
+    ) -> None:
+        """``inputs`` and ``ranks``: what a unit test brings instead of loading the run's
+        inputs and starting trainer ranks (tests/unit/test_fully_async_trainer.py)."""
+        super().__init__(cfg, run_dir, inputs=inputs)
         run = self.run
         self.plan = plan_run(cfg, len(self.train_records))
         if run.resume_from is not None:
             self._check_resume_plan()
         optimizer_steps_per_step = cfg.async_training.require_batches * cfg.actor.ppo_epochs
-        # The ranks load the model while the rollouter starts the engines (attach waits).
-        self._start_ranks(
-            total_optimizer_steps=self.plan.total_steps * optimizer_steps_per_step, wait=False
-        )
+        if ranks is not None:
+            self._ranks = ranks
+        else:  # they load the model while the rollouter starts the engines (attach waits)
+            self._start_ranks(
+                total_optimizer_steps=self.plan.total_steps * optimizer_steps_per_step, wait=False
+            )
         self.rollouter: RolloutClient
         """The FullyAsyncRollouter actor, which owns the engines (set by ``attach``)."""
         self.queue: QueueClient
         """The MessageQueue actor of PromptGroups (set by ``attach``)."""
+        self.waits: Waits
+        """How this trainer waits on both actors' calls (the rollouter client's)."""
         self._run_ref: Any = None
         self._trace_ref: Any = None
         """The rollouter's trace drain in flight (``_pull_trace``)."""
@@ -94,15 +111,13 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
     def attach(self, rollouter: RolloutClient, queue: QueueClient) -> None:
         """Wire the rollouter actor and the message queue. A resumed run then makes the
         engines serve the checkpoint's weights and restores the rollouter."""
-        import ray
-
         self.ranks.wait_ready()
-        self.rollouter, self.queue = rollouter, queue
+        self.rollouter, self.queue, self.waits = rollouter, queue, rollouter.waits
         self.served = ServedWeights(self.ranks, rollouter, self.run_dir)
         self.engines = RolloutEngines(rollouter, self.served, lambda: self.version, self._within)
         if self.run.resume_from is not None:
             self.served.serve_resumed(self.version)
-            ray.get(self.rollouter.restore(str(self.run.resume_from)))
+            self.waits.get(self.rollouter.restore(str(self.run.resume_from)))
 
     def _serving_engines(self) -> RolloutEngines:
         """The rollouter's engines, paused and resumed by its supervisor (it owns them and
@@ -121,8 +136,6 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
     def _take_groups(self) -> list[PromptGroup]:
         """R groups from the queue; groups older than ``max_staleness`` go back for
         re-admission and are replaced."""
-        import ray
-
         max_staleness = self.cfg.async_training.max_staleness
         groups: list[PromptGroup] = []
         while len(groups) < self.plan.prompts_per_step:
@@ -134,14 +147,12 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             }
             if stale:
                 back = [(g.ticket, g.prompt_uid) for g in got if g.ticket in stale]
-                ray.get(self.rollouter.readmit(back))
+                self.waits.get(self.rollouter.readmit(back))
             groups += [g for g in got if g.ticket not in stale]
         return groups
 
     @traced("wait_batch")
     def _get_batch(self, num_groups: int) -> list[PromptGroup]:
-        import ray
-
         start = time.perf_counter()
         deadline = start + self.cfg.rollout.generation_timeout_s
         ref = self.queue.get_batch(num_groups)
@@ -150,7 +161,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
                 self._replica_request = self.rollouter.wait_replica_request()
             waiting = [ref, self._run_ref, self._replica_request]
             left_s = max(deadline - time.perf_counter(), 0.0)
-            ready, _ = ray.wait(waiting, num_returns=1, timeout=left_s)
+            ready = self.waits.first_ready(waiting, timeout=left_s)
             if not ready:
                 raise self._no_batch(num_groups)
             if ref in ready or self._run_ref in ready:
@@ -159,11 +170,11 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             self.served.heal(self.version)
         self._wait_s += time.perf_counter() - start
         if ref not in ready:
-            ray.get(self._run_ref)  # raises the rollouter's error
+            self.waits.get(self._run_ref)  # raises the rollouter's error
             raise RuntimeError("the rollouter stopped while the trainer waited for groups")
-        got = ray.get(ref)
+        got = self.waits.get(ref)
         if isinstance(got, EndOfStream):
-            ray.get(self._run_ref)
+            self.waits.get(self._run_ref)
             raise RuntimeError(f"the message queue closed with {got.num_left} groups left")
         return got
 
@@ -180,10 +191,8 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
     def _busy_replicas(self) -> str:
         """The replicas with groups generating, as the rollouter says within 10 s ("?" when
         it does not answer), for a deadline's message."""
-        import ray
-
         try:
-            busy = ray.get(self.rollouter.busy_replicas(), timeout=10)
+            busy = self.waits.get(self.rollouter.busy_replicas(), timeout=10)
         except Exception:  # the rollouter itself does not answer
             busy = []
         return ", ".join(map(str, busy)) or "?"
@@ -236,10 +245,8 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
 
     def _progress_metrics(self, interval_s: float, wait_s: float) -> dict[str, float]:
         """Idle ratios over the step, queue state, and validation results that came in."""
-        import ray
-
-        progress = ray.get(self.rollouter.poll())
-        stats = ray.get(self.queue.stats())
+        progress = self.waits.get(self.rollouter.poll())
+        stats = self.waits.get(self.queue.stats())
         elapsed = progress.elapsed_s - self._progress.elapsed_s
         out = {
             "trainer/idle_ratio": wait_s / max(interval_s, 1e-9),
@@ -266,13 +273,11 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
     @fails_cleanly
     def fit(self) -> dict[str, Any]:
         """Train ``plan.total_steps`` steps; returns the summary (also in summary.json)."""
-        import ray
-
         run = self.run
         start = run.begin()
-        run.initial_validation(lambda: ray.get(self.rollouter.validate()))
+        run.initial_validation(lambda: self.waits.get(self.rollouter.validate()))
         if run.resume_from is not None:  # the sync the checkpoint was taken in ends here
-            ray.get(self.rollouter.end_sync(self.version, len(self.trained_uids)))
+            self.waits.get(self.rollouter.end_sync(self.version, len(self.trained_uids)))
         self._run_ref = self.rollouter.run()
         bar = step_bar(self.plan.total_steps, self.cfg.mode, quiet=self.cfg.logger.quiet)
         last_end = time.perf_counter()
@@ -355,14 +360,12 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
 
     def _finish(self, start: float) -> dict[str, Any]:
         """Stop the rollouter, validate the final version, account for every prompt."""
-        import ray
-
-        ledger = ray.get(self.rollouter.stop())
-        ray.get(self._run_ref)
-        final = ray.get(self.rollouter.validate())
-        leftover = ray.get(self.queue.drain())
-        ray.get(self.queue.close())
-        queue_stats = ray.get(self.queue.stats())
+        ledger = self.waits.get(self.rollouter.stop())
+        self.waits.get(self._run_ref)
+        final = self.waits.get(self.rollouter.validate())
+        leftover = self.waits.get(self.queue.drain())
+        self.waits.get(self.queue.close())
+        queue_stats = self.waits.get(self.queue.stats())
         wall_s = time.perf_counter() - start
         self.ledger = {
             "admitted": ledger.admitted_uids,
@@ -393,15 +396,13 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
     # ---- dead rollout replicas (fully_async_policy/replicas.py) ---------------------------
 
     def _within(self, ref: Any, phase: str) -> Any:
-        """``ray.get(ref)`` of a sync phase on the rollouter, within
+        """The result of ``ref``, a sync phase on the rollouter, within
         ``checkpoint_engine.timeout_s``; past it the run stops (``RunFailure``) naming the
         phase, instead of waiting on a hung process for good."""
-        import ray
-
         timeout_s = self.cfg.checkpoint_engine.timeout_s
         try:
-            return ray.get(ref, timeout=timeout_s)
-        except ray.exceptions.GetTimeoutError:
+            return self.waits.get(ref, timeout=timeout_s)
+        except TimeoutError:  # Ray's GetTimeoutError is one
             raise RunFailure(
                 f"the rollouter gave no answer to {phase} (a weight sync) within "
                 f"checkpoint_engine.timeout_s={timeout_s:g} s: a hung rollouter or engine "
@@ -419,17 +420,15 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         """Events of the drain asked for at the previous step, if it is done, and the next
         drain asked for: the rollouter and its engines answer while they generate, so the
         trainer never waits on them between steps. ``wait`` (at the end): everything left."""
-        import ray
-
         events: list[dict[str, Any]] = []
         if self._trace_ref is not None:
-            ready, _ = ray.wait([self._trace_ref], timeout=30 if wait else 0)
+            ready = self.waits.first_ready([self._trace_ref], timeout=30 if wait else 0)
             if not ready:
                 return events
             ref, self._trace_ref = self._trace_ref, None
-            events = ray.get(ref)  # a failed drain raises once: the next call asks anew
+            events = self.waits.get(ref)  # a failed drain raises once: the next call asks anew
         self._trace_ref = self.rollouter.drain_trace()
         if wait:
             ref, self._trace_ref = self._trace_ref, None
-            events += ray.get(ref, timeout=30)
+            events += self.waits.get(ref, timeout=30)
         return events

@@ -55,12 +55,15 @@ logger = logging.getLogger(__name__)
 class SeparateRayPPOTrainer:
     """Shared base of the recipes. See the module docstring for what lives here."""
 
-    def __init__(self, cfg: RecipeConfig, run_dir: Path) -> None:
+    def __init__(
+        self, cfg: RecipeConfig, run_dir: Path, *, inputs: RunInputs | None = None
+    ) -> None:
+        """``inputs``: checked already (a unit test's own); else loaded from ``cfg``."""
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Input checks come first: each raises a ValueError naming the key, file or row.
-        inputs = RunInputs.load(cfg)
+        inputs = inputs or RunInputs.load(cfg)
         self.train_records, self.val_records = inputs.train_records, inputs.val_records
         self.reward_fn, self.prompt_ids = inputs.reward_fn, inputs.prompt_ids
         assert inputs.model is not None

@@ -1,0 +1,229 @@
+"""``FullyAsyncTrainer.fit`` built in-process: the real trainer loop, rollouter, message queue,
+admission, supervisor, served-weights copy and checkpoints, over scripted engines
+(tests/helpers/fake_engines.py) and scripted trainer ranks and pushes
+(tests/helpers/fake_ranks.py). The rollouter and its queue run on an event loop in a thread,
+called through the trainer's typed clients as the driver calls the actors
+(tests/helpers/local_actors.py).
+
+The same loop runs against Ray, vLLM engines and FSDP ranks in
+tests/integration/test_fully_async.py, test_faults.py and test_resume.py; these tests drive
+it through syncs, stale groups, a restarted replica, a hung replica and a resume in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from fully_async_policy.clients import QueueClient, RolloutClient
+from fully_async_policy.message_queue import MessageQueue
+from fully_async_policy.messages import PromptGroup
+from fully_async_policy.rollouter import FullyAsyncRollouter
+from fully_async_policy.served_weights import PUSHED_SLOT
+from fully_async_policy.trainer import FullyAsyncTrainer
+from recipe.checkpoint.ledger import read_ledger
+from recipe.config import RecipeConfig, load_config
+from recipe.faults import RunFailure
+from recipe.protocol import PromptRecord
+from recipe.reward import RewardFunction
+from recipe.run.inputs import RunInputs
+from tests.helpers import rewards
+from tests.helpers.fake_engines import LocalHandle, ScriptedEngines, ScriptedWorker
+from tests.helpers.fake_ranks import ScriptedPush, ScriptedRanks
+from tests.helpers.local_actors import FutureWaits, LoopThread, ThreadHandle
+
+pytestmark = pytest.mark.timeout(60)
+
+PRESET = {
+    "mode": "fully_async",
+    "actor": {"ppo_mini_batch_size": 4},
+    # Deadlines of seconds: a loop that stalls fails its test instead of hanging it.
+    "rollout": {"n": 4, "response_length": 12, "num_replicas": 2, "generation_timeout_s": 15},
+    "checkpoint_engine": {"timeout_s": 15},
+    "async_training": {
+        "staleness_threshold": 0.5,
+        "trigger_parameter_sync_step": 2,
+        "require_batches": 1,
+        "partial_rollout": True,
+    },
+    "trainer": {"total_training_steps": 8, "test_freq": 0, "val_before_train": False},
+    "reward": {"custom_fn": f"{rewards.PATH}:half_flat"},
+    "logger": {"quiet": True},
+}
+NUM_PROMPTS = 64
+
+
+def _config(**overrides: Any) -> RecipeConfig:
+    cfg = OmegaConf.create(PRESET)
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value, force_add=True)
+    return load_config(cfg)
+
+
+def _inputs(cfg: RecipeConfig) -> RunInputs:
+    records = [
+        PromptRecord(f"p{i:03d}", f"prompt {i}", str(2 * i + 1), "test") for i in range(NUM_PROMPTS)
+    ]
+    return RunInputs(
+        train_records=records,
+        val_records=[],
+        reward_fn=RewardFunction(cfg.reward, cfg.rollout.response_length),
+        prompt_ids={r.uid: [i + 1, 5, 7] for i, r in enumerate(records)},
+        model=SimpleNamespace(pad_token_id=0),  # type: ignore[arg-type]
+    )
+
+
+class Run:
+    """A fully async run in this process: ``FullyAsyncRecipe``'s wiring (fully_async_policy/
+    main.py) with the scripted parts."""
+
+    def __init__(
+        self, cfg: RecipeConfig, run_dir: Path, ranks: ScriptedRanks | None = None, **worker: Any
+    ) -> None:
+        self.loop = LoopThread()
+        inputs = _inputs(cfg)
+        self.ranks = ranks or ScriptedRanks()
+        self.trainer = FullyAsyncTrainer(cfg, run_dir, inputs=inputs, ranks=self.ranks)
+        plan = self.trainer.plan
+        queue: MessageQueue[PromptGroup] = MessageQueue(plan.budget)
+
+        async def start() -> tuple[FullyAsyncRollouter, ScriptedEngines]:
+            rollouter = FullyAsyncRollouter(
+                cfg, run_dir, LocalHandle(queue), plan, None, inputs=inputs
+            )
+            engines = ScriptedEngines(cfg.rollout, lambda: ScriptedWorker(**worker))
+            await rollouter.start(engines)
+            return rollouter, engines
+
+        self.rollouter, self.engines = self.loop.call(start)
+        waits = FutureWaits()
+        client = RolloutClient(ThreadHandle(self.rollouter, self.loop), waits)
+        self.trainer.attach(client, QueueClient(ThreadHandle(queue, self.loop), waits))
+        self.push = ScriptedPush(self.trainer.engines, self.ranks, self.loop)
+        self.trainer.param_sync = self.push  # type: ignore[assignment]
+
+    def fit(self) -> dict[str, Any]:
+        try:
+            return self.trainer.fit()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.trainer.close(release_placement=False)
+        self.loop.call(self.rollouter.shutdown)
+        self.loop.close()
+
+
+def _balanced(ledger: dict[str, list[str]]) -> None:
+    assert len(set(ledger["trained"])) == len(ledger["trained"])
+    accounted = Counter(ledger["trained"]) + Counter(ledger["in_flight"])
+    assert Counter(ledger["admitted"]) == accounted + Counter(ledger["filtered"])
+
+
+def _rows(run_dir: Path) -> list[dict[str, float]]:
+    lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_fit_trains_every_step_pushes_every_t_steps_and_accounts_for_every_prompt(tmp_path):
+    cfg = _config()
+    run = Run(cfg, tmp_path, tick_s=0.004)
+    plan = run.trainer.plan
+    summary = run.fit()
+    assert run.trainer.global_step == plan.total_steps == 8
+    assert run.trainer.version == plan.total_steps // plan.steps_per_sync == 4
+    assert len(run.ranks.batches) == plan.total_steps
+    assert all(b.rewards_b.numel() == plan.prompts_per_step * 4 for b in run.ranks.batches)
+    _balanced(run.trainer.ledger)
+    assert len(run.trainer.ledger["trained"]) == plan.total_steps * plan.prompts_per_step
+    rows = _rows(tmp_path)
+    assert [int(r["step"]) for r in rows] == list(range(1, 9))
+    pushed_at = [int(r["step"]) for r in rows if "sync/pause_window_s" in r]
+    assert pushed_at == [2, 4, 6, 8]
+    assert all(r["staleness/max"] <= plan.staleness_bound for r in rows)
+    assert max(r["sync/partial_groups"] for r in rows if "sync/partial_groups" in r) > 0
+    assert summary["prompts/in_flight"] == len(run.trainer.ledger["in_flight"])
+    assert run.push.pushed == {1: 2, 2: 4, 3: 6, 4: 8}  # version v holds 2v updates
+    assert all(slot is None for slot, _ in run.ranks.forwards)  # bypass mode
+
+
+def test_decoupled_old_log_probs_read_the_pushed_version_kept_on_the_first_step_of_a_window(
+    tmp_path,
+):
+    cfg = _config(**{"algorithm.rollout_correction.bypass_mode": False})
+    run = Run(cfg, tmp_path, tick_s=0.002)
+    run.fit()
+    # Local step 1 forwards the trainer's own weights (still the pushed ones), step 2 the
+    # copy kept at step 1: every forward reads the pushed version's policy (2 updates each).
+    assert [slot for slot, _ in run.ranks.forwards] == [None, PUSHED_SLOT] * 4
+    assert [policy for _, policy in run.ranks.forwards] == [0, 0, 2, 2, 4, 4, 6, 6]
+
+
+def test_groups_older_than_max_staleness_go_back_and_are_generated_again(tmp_path):
+    cfg = _config(**{"async_training.staleness_threshold": 1.0, "async_training.max_staleness": 0})
+    run = Run(cfg, tmp_path, tick_s=0.004)
+    summary = run.fit()
+    assert summary["prompts/readmitted"] > 0
+    rows = _rows(tmp_path)
+    assert all(r["staleness/max"] == 0 for r in rows)
+    _balanced(run.trainer.ledger)
+    assert len(run.trainer.ledger["trained"]) == 8 * run.trainer.plan.prompts_per_step
+
+
+def test_a_replica_killed_after_a_push_is_restarted_on_the_served_version_not_the_trainers(
+    tmp_path,
+):
+    cfg = _config(**{"rollout.max_restarts": 1})
+    holder: dict[str, Run] = {}
+
+    def kill_at_third_update(n: int) -> None:
+        if n == 3:  # version 1 is served; the trainer's weights are already ahead (2 updates)
+            run = holder["run"]
+            run.loop.loop.call_soon_threadsafe(run.engines.workers[1].kill)
+
+    ranks = ScriptedRanks(on_update=kill_at_third_update)
+    run = holder["run"] = Run(cfg, tmp_path, ranks, tick_s=0.004)
+    summary = run.fit()
+    assert summary["faults/rollout_restarts"] == 1
+    assert run.engines.restarted == [1]
+    exports = [e for e in ranks.exports if e.slot == PUSHED_SLOT]
+    assert exports, "the restarted replica was not given the kept copy"
+    served = {e.updates for e in exports}
+    assert served <= set(run.push.pushed.values()), "a restarted replica got unpushed weights"
+    restarted = run.engines.workers[1].obj
+    assert restarted.loaded and restarted.version == run.trainer.version
+    _balanced(run.trainer.ledger)
+
+
+def test_a_hung_replica_stops_the_run_at_the_batch_deadline_naming_it(tmp_path):
+    cfg = _config(**{"rollout.generation_timeout_s": 1.0})
+    run = Run(cfg, tmp_path, tick_s=60.0)  # one token a minute: nothing finishes
+    with pytest.raises(RunFailure, match=r"rollout.generation_timeout_s=1 s .*replica\(s\) 0, 1"):
+        run.fit()
+
+
+def test_a_run_resumed_from_its_checkpoint_trains_every_prompt_exactly_once(tmp_path):
+    cfg = _config(**{"trainer.save_freq": 2, "trainer.total_training_steps": 8})
+
+    def crash_at_sixth_update(n: int) -> None:
+        if n == 6:
+            raise RuntimeError("trainer rank lost")
+
+    first = Run(cfg, tmp_path, ScriptedRanks(on_update=crash_at_sixth_update), tick_s=0.004)
+    with pytest.raises(RuntimeError, match="trainer rank lost"):
+        first.fit()
+
+    resumed = _config(**{"trainer.save_freq": 2, "trainer.resume_mode": "auto"})
+    second = Run(resumed, tmp_path, tick_s=0.004)
+    assert second.ranks.updates == 4  # the step-4 checkpoint's policy
+    assert second.trainer.global_step == 4 and second.trainer.version == 2
+    second.fit()
+    trained = [uid for row in read_ledger(tmp_path) for uid in row["trained"]]
+    assert len(trained) == len(set(trained)) == 8 * second.trainer.plan.prompts_per_step
+    _balanced(second.trainer.ledger)
