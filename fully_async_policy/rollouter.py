@@ -1,11 +1,9 @@
 """``FullyAsyncRollouter``: streams prompt groups through the engines into the message queue.
 
 Runs as an async Ray actor beside the trainer; it owns the rollout engines (``RolloutReplicas``)
-and the prompt cursor. One event loop drives everything, so no state needs a lock::
-
-    run():    admit while the window's allowance lasts --> submit(group) to an engine
-    group:    engine result --> score --> AdmissionController.complete --> release deque
-    release:  release deque --put (blocks when full)--> MessageQueue   (one put at a time: FIFO)
+and the prompt cursor. One event loop drives everything, so no state needs a lock. The
+streaming loop (admit, generate, score, release into the queue) is ``GroupStream``
+(stream.py); this class holds the state machine around it and the trainer's calls::
 
     trainer: begin_sync()                    end_sync(v, trained)
                stop admitting                  open window v (allowance = B - carried)
@@ -50,16 +48,15 @@ from fully_async_policy.replicas import EngineReplicas, ReplicaSupervisor
 from fully_async_policy.run_plan import RunPlan
 from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE, StreamBook
 from fully_async_policy.states import ROLLOUT_STEPS, RolloutState, check_step
+from fully_async_policy.stream import GroupStream
 from fully_async_policy.validation import VersionValidation, score_val_set
 from recipe.agent.loading import episodes_save_state
-from recipe.algo.dynamic_sampling import FilteredOutError, has_signal
 from recipe.checkpoint.rng import capture_rng, restore_rng
 from recipe.checkpoint.store import RUN_STATE_DIR
 from recipe.config import RecipeConfig
 from recipe.data.cursor import PromptCursor
-from recipe.observability.trace import ROLLOUTER_PID, ROLLOUTER_TIDS, Tracer, now_us, traced
+from recipe.observability.trace import ROLLOUTER_PID, ROLLOUTER_TIDS, Tracer, traced
 from recipe.protocol import Trajectory
-from recipe.reward import RewardError
 from recipe.run.inputs import RunInputs
 from recipe.run.placement import Placement
 from recipe.utils.weights_file import WeightsFile
@@ -68,30 +65,6 @@ if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
 logger = logging.getLogger(__name__)
-
-_PUT_WAIT_TRACE_US = 5_000.0
-"""A queue put longer than this (5 ms: more than an actor call) waited for room."""
-
-
-class _IdleClock:
-    """Seconds during which no training group was generating."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self._idle_s = 0.0
-        self._idle_since: float | None = self.start
-
-    def set_busy(self, busy: bool) -> None:
-        now = time.perf_counter()
-        if busy and self._idle_since is not None:
-            self._idle_s += now - self._idle_since
-            self._idle_since = None
-        elif not busy and self._idle_since is None:
-            self._idle_since = now
-
-    def idle_s(self) -> float:
-        open_s = time.perf_counter() - self._idle_since if self._idle_since is not None else 0.0
-        return self._idle_s + open_s
 
 
 class FullyAsyncRollouter:
@@ -131,7 +104,6 @@ class FullyAsyncRollouter:
         self.queue = queue
         train_records = self.inputs.train_records
         self.cursor = PromptCursor(train_records, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
-        self.records = {r.uid: r for r in train_records}
         self.admission: AdmissionController[PromptGroup] = AdmissionController(
             budget=plan.budget, window_demand=plan.window_demand, max_fresh=plan.total_prompts
         )
@@ -139,9 +111,6 @@ class FullyAsyncRollouter:
         """The engines' supervisor (built by ``start``, with the engines)."""
         self.validation: VersionValidation
         """Validation per weights version (built by ``start``)."""
-        self._in_flight: dict[int, asyncio.Task] = {}
-        self._replica_of: dict[int, int] = {}
-        """The replica each in-flight ticket generates on (once picked)."""
         self._episodes_save_state = multi_turn.enable and episodes_save_state(multi_turn)
         """A checkpoint cuts episodes in flight with their state instead of restarting them."""
         self.book = StreamBook(self.cursor, self.admission)
@@ -149,16 +118,16 @@ class FullyAsyncRollouter:
         self.state = RolloutState.RUNNING
         """RUNNING --begin_sync--> PAUSED --end_sync--> RUNNING, any --stop--> STOPPED
         (fully_async_policy/states.py)."""
-        self._error: BaseException | None = None
-        self._wake = asyncio.Event()
-        self._released = asyncio.Event()
-        self._puts_open = asyncio.Event()  # cleared while snapshot() reads the queue
-        self._puts_open.set()
-        self._quiet = asyncio.Event()
-        self._quiet.set()
-        self._loop_done = asyncio.Event()
-        self._loop_done.set()
-        self._clock = _IdleClock()
+        self.stream = GroupStream(
+            cfg,
+            self.inputs,
+            self.book,
+            queue,
+            self.tracer,
+            state=lambda: self.state,
+            version=lambda: self.version,
+        )
+        """Admits, generates and releases the groups (stream.py)."""
         for track, tid in ROLLOUTER_TIDS.items():
             self.tracer.name_thread(tid, track)
 
@@ -174,9 +143,10 @@ class FullyAsyncRollouter:
             engines,
             served_version=lambda: self.version,
             max_restarts=self.cfg.rollout.max_restarts,
-            on_fatal=self._fail,
+            on_fatal=self.stream.fail,
             timeout_s=self.cfg.checkpoint_engine.timeout_s,
         )
+        self.stream.serve_on(engines, self.replicas)
         self.validation = VersionValidation(
             self._validate_here, self.replicas, self.cfg.trainer.test_freq
         )
@@ -204,138 +174,8 @@ class FullyAsyncRollouter:
 
     async def run(self) -> None:
         """Admit, generate and release until ``stop()``; a failure closes the queue (the
-        trainer then sees the end of the stream) and is raised from here."""
-        self._clock = _IdleClock()
-        self._loop_done.clear()
-        release_task = asyncio.create_task(self._release_loop())
-        try:
-            while self.state is not RolloutState.STOPPED:
-                if self._error is not None:
-                    raise self._error
-                self._admit_available()
-                self._wake.clear()
-                await self._wake.wait()
-            if self._error is not None:
-                raise self._error
-        except BaseException:
-            await self.queue.close.remote()
-            raise
-        finally:
-            await self._quiet.wait()  # stop() cut what was generating
-            await self._flush_releases(release_task)
-            self._loop_done.set()
-
-    def _admit_available(self) -> None:
-        while self.state is RolloutState.RUNNING and self.admission.can_admit():
-            record = self.cursor.next()
-            self._start(self.admission.admit(record.uid), resume=None)
-
-    def _start(self, ticket: Ticket, resume: list[Trajectory] | None) -> None:
-        self._in_flight[ticket.ticket] = asyncio.create_task(self._generate(ticket, resume))
-        self._quiet.clear()
-        self._clock.set_busy(True)
-
-    async def _generate(self, ticket: Ticket, resume: list[Trajectory] | None) -> None:
-        rollout = self.cfg.rollout
-        replica = worker = None
-        try:
-            replica = await self.replicas.pick()
-            if replica is None:  # no replica served it before a sync or the stop
-                self._hold_back(ticket, resume)
-                return
-            worker = self.engines.workers[replica]
-            self._replica_of[ticket.ticket] = replica
-            trajs = await self.engines.submit(
-                ticket.uid,
-                self.prompt_ids[ticket.uid],
-                version=self.version,
-                n=rollout.n,
-                temperature=rollout.temperature,
-                top_p=rollout.top_p,
-                top_k=rollout.top_k,
-                resume=resume,
-                replica=replica,
-                record=self.records[ticket.uid],
-                track=False,
-            )
-            if any(t.finish_reason == "aborted" for t in trajs):
-                self.book.partials.append((ticket, trajs))  # cut by a pause: resumed at end_sync
-                return
-            await self.reward_fn.ascore_group(self.records[ticket.uid], trajs)
-            if self._filtered_out(ticket, trajs):
-                return
-            group = PromptGroup(
-                ticket.ticket, ticket.window, trajs, self.book.num_resumes.pop(ticket.ticket, 0)
-            )
-            self.book.releases.extend(self.admission.complete(ticket.ticket, group))
-            self._released.set()
-        except (RewardError, FilteredOutError) as exc:  # the user's function or data
-            self._fail(exc)
-        except Exception as exc:  # surfaces from run(), which closes the queue
-            if replica is not None and await self.replicas.on_failure(replica, worker, exc):
-                self._admit_again(ticket.ticket, ticket.uid)  # lost with its dying replica
-                return
-            logger.exception("generating prompt %s failed", ticket.uid)
-            self._fail(exc)
-        finally:
-            del self._in_flight[ticket.ticket]
-            self._replica_of.pop(ticket.ticket, None)
-            if not self._in_flight:
-                self._quiet.set()
-                self._clock.set_busy(False)
-
-    def _filtered_out(self, ticket: Ticket, trajs: list[Trajectory]) -> bool:
-        """Dynamic sampling: a group without reward variance is filtered, its admission slot
-        given back (admission.py); ``FilteredOutError`` when a window filtered more than
-        ``max_num_gen_batches - 1`` windows' worth of groups."""
-        config = self.cfg.algorithm.filter_groups
-        if not config.enable or has_signal(trajs, config.metric):
-            return False
-        self.book.num_resumes.pop(ticket.ticket, None)
-        self.book.releases.extend(self.admission.filter(ticket.ticket))
-        self._released.set()
-        self._wake.set()  # the slot it gave back may admit another prompt
-        demand, cap = self.admission.window_demand, config.max_num_gen_batches
-        if cap and self.admission.num_filtered_in_window > (cap - 1) * demand:
-            raise FilteredOutError(
-                f"{self.admission.num_filtered_in_window} prompt groups were filtered in "
-                f"version window {self.admission.window} (zero variance of "
-                f"{config.metric!r}), more than {cap - 1} windows' worth of {demand}: raise "
-                f"algorithm.filter_groups.max_num_gen_batches={cap}, or check that the reward "
-                "can tell the responses apart"
-            )
-        return True
-
-    async def _release_loop(self) -> None:
-        """Put released groups into the queue one at a time (keeps the release order)."""
-        try:
-            while True:
-                while self.book.releases:
-                    await self._puts_open.wait()
-                    start_us = now_us()
-                    if not await self.queue.put.remote(self.book.releases[0]):
-                        return  # queue closed: what is left stays unreleased in the ledger
-                    self._trace_put(start_us)
-                    self.book.releases.popleft()
-                self._released.clear()
-                await self._released.wait()
-        except Exception as exc:  # surfaces from run()
-            logger.exception("putting a group into the message queue failed")
-            self._error = self._error or exc
-            self._wake.set()
-
-    def _trace_put(self, start_us: float) -> None:
-        """A put that waited (queue full: backpressure) is a slice on the "queue" track."""
-        end_us = now_us()
-        if end_us - start_us > _PUT_WAIT_TRACE_US:
-            self.tracer.complete(
-                "put blocked", start_us, end_us, tid=ROLLOUTER_TIDS["queue"], cat="queue"
-            )
-
-    async def _flush_releases(self, release_task: asyncio.Task) -> None:
-        while self.book.releases and not release_task.done():
-            await asyncio.sleep(0.01)
-        release_task.cancel()
+        trainer then sees the end of the stream) and is raised from here (stream.py)."""
+        await self.stream.run()
 
     # ---- syncs ------------------------------------------------------------------------------
 
@@ -350,16 +190,16 @@ class FullyAsyncRollouter:
         if self.cfg.async_training.partial_rollout:
             await self.replicas.pause_all()
             if not self.cfg.rollout.multi_turn.enable:
-                await self._quiet.wait()
+                await self.stream.quiet()
             # Episodes (recipe.agent) stay in flight: their engine requests ended with the
             # pause, their turns continue on the new weights, environment steps go on.
         else:
-            num_drained = len(self._in_flight)
-            await self._quiet.wait()
+            num_drained = len(self.stream.in_flight)
+            await self.stream.quiet()
             await self.replicas.pause_all()
         num_partial = len(self.book.partials)
         if self.cfg.rollout.multi_turn.enable and self.cfg.async_training.partial_rollout:
-            num_partial += len(self._in_flight)  # episodes waiting in the workers
+            num_partial += len(self.stream.in_flight)  # episodes waiting in the workers
         return SyncPause(num_partial, num_drained, time.perf_counter() - start)
 
     async def resume_engines(self) -> None:
@@ -379,11 +219,11 @@ class FullyAsyncRollouter:
         for ticket, trajs in partials:
             self._resume_partial(ticket, trajs)
         for ticket in self.book.deferred:
-            self._start(ticket, resume=None)
+            self.stream.start(ticket, resume=None)
         self.book.deferred = []
         self._enter(RolloutState.RUNNING)
         self.validation.start(version)
-        self._wake.set()
+        self.stream.wake()
 
     def _enter(self, state: RolloutState) -> None:
         check_step("the rollouter", self.state, state, ROLLOUT_STEPS)
@@ -395,27 +235,16 @@ class FullyAsyncRollouter:
         if max_staleness is not None and started and self.version - min(started) > max_staleness:
             # Already too old to be trained: generate it again on the new weights.
             self.book.num_resumes.pop(ticket.ticket, None)
-            self._start(self.admission.readmit(ticket.ticket, ticket.uid), resume=None)
+            self.stream.start(self.admission.readmit(ticket.ticket, ticket.uid), resume=None)
             return
         self.book.num_resumes[ticket.ticket] = self.book.num_resumes.get(ticket.ticket, 0) + 1
-        self._start(ticket, resume=trajs)
+        self.stream.start(ticket, resume=trajs)
 
     async def readmit(self, groups: list[tuple[int, str]]) -> None:
         """Admit again the prompts of released groups (ticket, uid) the trainer found too
         old (``async_training.max_staleness``)."""
         for ticket, uid in groups:
-            self._admit_again(ticket, uid)
-
-    def _admit_again(self, ticket: int, uid: str) -> None:
-        """The prompt of ``ticket`` (released too old, or lost with its replica) again: a new
-        ticket in the current window, generated from scratch on the served weights, or at
-        ``end_sync`` while a sync holds admission."""
-        self.book.num_resumes.pop(ticket, None)
-        new = self.admission.readmit(ticket, uid)
-        if self.state is RolloutState.RUNNING:
-            self._start(new, resume=None)
-        else:
-            self.book.deferred.append(new)
+            self.stream.admit_again(ticket, uid)
 
     # ---- validation (fully_async_policy/validation.py) -------------------------------------
 
@@ -456,20 +285,18 @@ class FullyAsyncRollouter:
             # again so that every episode comes to wait for them, then cut it there.
             await self.replicas.pause_all()
             await self.replicas.cut_episodes_all()
-            await self._quiet.wait()
+            await self.stream.quiet()
         if self.state is not RolloutState.PAUSED:
             raise RuntimeError(f"snapshot() while {self.state.name}: take it inside a sync")
-        if self._in_flight and not self.cfg.rollout.multi_turn.enable:
-            raise RuntimeError(f"snapshot() with {len(self._in_flight)} groups generating")
-        self._puts_open.clear()
-        try:
+        in_flight = self.stream.in_flight
+        if in_flight and not self.cfg.rollout.multi_turn.enable:
+            raise RuntimeError(f"snapshot() with {len(in_flight)} groups generating")
+        async with self.stream.puts_held():
             seen = list(self.book.releases)  # the head may be put (and popped) meanwhile
             queued = await self.queue.snapshot.remote()
             live = {t.ticket: t for t in self.admission.unreleased()}
-            restart = [live[k] for k in sorted(self._in_flight)]
+            restart = [live[k] for k in sorted(in_flight)]
             return self.book.state_dict(queued, seen, restart) | {"rng": capture_rng()}
-        finally:
-            self._puts_open.set()
 
     def restore(self, checkpoint: str) -> None:
         """Load ``snapshot()``'s state from ``checkpoint`` before ``run()``; the trainer then
@@ -503,16 +330,17 @@ class FullyAsyncRollouter:
 
     def busy_replicas(self) -> list[int]:
         """The replicas with a group generating now, for a deadline's message."""
-        return sorted(set(self._replica_of.values()))
+        return sorted(set(self.stream.replica_of.values()))
 
     def poll(self) -> RolloutProgress:
         """Cumulative counters, and validation results not reported before."""
+        clock = self.stream.clock
         return RolloutProgress(
-            elapsed_s=time.perf_counter() - self._clock.start,
-            idle_s=self._clock.idle_s(),
+            elapsed_s=time.perf_counter() - clock.start,
+            idle_s=clock.idle_s(),
             num_admitted=self.admission.num_admitted,
             num_readmitted=self.admission.num_readmitted,
-            num_in_flight=len(self._in_flight),
+            num_in_flight=len(self.stream.in_flight),
             val_results=self.validation.take_unreported(),
             num_restarts=self.replicas.num_restarts,
             num_retired=len(self.replicas.retired),
@@ -523,12 +351,12 @@ class FullyAsyncRollouter:
         """Stop admitting and cut what is generating; the engines stay up for validation."""
         self._enter(RolloutState.STOPPED)
         self.replicas.hold(True)
-        self._wake.set()
+        self.stream.wake()
         await self.validation.finish()
         await self.replicas.pause_all()
         if self.cfg.rollout.multi_turn.enable:  # episodes wait in paused workers: end them
             await self.replicas.cut_episodes_all()
-        await self._loop_done.wait()
+        await self.stream.finished()
         await self.replicas.resume_all()
         unreleased = [t.uid for t in self.admission.unreleased()]
         return RolloutLedger(
@@ -542,18 +370,6 @@ class FullyAsyncRollouter:
         )
 
     # ---- dead replicas (fully_async_policy/replicas.py) -------------------------------------
-
-    def _fail(self, error: BaseException) -> None:
-        """End the run with ``error`` (raised from ``run()``)."""
-        self._error = self._error or error
-        self._wake.set()
-
-    def _hold_back(self, ticket: Ticket, resume: list[Trajectory] | None) -> None:
-        """A group that waited for a serving replica when a sync began: it starts after."""
-        if resume is None:
-            self.book.deferred.append(ticket)
-        else:
-            self.book.partials.append((ticket, resume))
 
     async def recover_replicas(self) -> list[int]:
         """Restart the replicas found dead and wait for every restart; returns the replicas

@@ -1,0 +1,290 @@
+"""``GroupStream``: the fully async rollouter's streaming loop, on the actor's one event loop.
+
+    run():    admit while the window's allowance lasts --> submit(group) to an engine
+    group:    engine result --> score --> AdmissionController.complete --> release deque
+    release:  release deque --put (blocks when full)--> MessageQueue   (one put at a time: FIFO)
+
+The rollouter (rollouter.py) owns the state machine and the syncs: the stream admits only
+while the rollouter is RUNNING and ends once it is STOPPED. A group cut by a pause goes to
+the book's partials, one that waited for a replica through a sync to its deferred tickets;
+the rollouter starts both again at ``end_sync`` (``start``). A dead replica's groups are
+admitted again (``admit_again``); any other failure closes the queue and is raised from
+``run()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
+
+from fully_async_policy.admission import AdmissionController, Ticket
+from fully_async_policy.messages import PromptGroup
+from fully_async_policy.replicas import EngineReplicas, ReplicaSupervisor
+from fully_async_policy.snapshot import StreamBook
+from fully_async_policy.states import RolloutState
+from recipe.algo.dynamic_sampling import FilteredOutError, has_signal
+from recipe.config import RecipeConfig
+from recipe.observability.trace import ROLLOUTER_TIDS, Tracer, now_us
+from recipe.protocol import Trajectory
+from recipe.reward import RewardError
+from recipe.run.inputs import RunInputs
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+logger = logging.getLogger(__name__)
+
+_PUT_WAIT_TRACE_US = 5_000.0
+"""A queue put longer than this (5 ms: more than an actor call) waited for room."""
+
+
+class IdleClock:
+    """Seconds during which no training group was generating."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self._idle_s = 0.0
+        self._idle_since: float | None = self.start
+
+    def set_busy(self, busy: bool) -> None:
+        now = time.perf_counter()
+        if busy and self._idle_since is not None:
+            self._idle_s += now - self._idle_since
+            self._idle_since = None
+        elif not busy and self._idle_since is None:
+            self._idle_since = now
+
+    def idle_s(self) -> float:
+        open_s = time.perf_counter() - self._idle_since if self._idle_since is not None else 0.0
+        return self._idle_s + open_s
+
+
+class GroupStream:
+    """Admits, generates, scores and releases prompt groups (module docstring)."""
+
+    def __init__(
+        self,
+        cfg: RecipeConfig,
+        inputs: RunInputs,
+        book: StreamBook,
+        queue: ActorHandle,
+        tracer: Tracer,
+        *,
+        state: Callable[[], RolloutState],
+        version: Callable[[], int],
+    ) -> None:
+        """``state()`` and ``version()``: the rollouter's state and served version."""
+        self.cfg, self.book, self.queue, self.tracer = cfg, book, queue, tracer
+        self.admission: AdmissionController[PromptGroup] = book.admission
+        self.reward_fn, self.prompt_ids = inputs.reward_fn, inputs.prompt_ids
+        self.records = {r.uid: r for r in inputs.train_records}
+        self._state, self._version = state, version
+        self.in_flight: dict[int, asyncio.Task] = {}
+        """Tickets generating now and their tasks."""
+        self.replica_of: dict[int, int] = {}
+        """The replica each in-flight ticket generates on (once picked)."""
+        self.clock = IdleClock()
+        self._engines: EngineReplicas | None = None
+        self._replicas: ReplicaSupervisor | None = None
+        self._error: BaseException | None = None
+        self._wake = asyncio.Event()
+        self._released = asyncio.Event()
+        self._puts_open = asyncio.Event()  # cleared while a snapshot reads the queue
+        self._puts_open.set()
+        self._quiet = asyncio.Event()
+        self._quiet.set()
+        self._loop_done = asyncio.Event()
+        self._loop_done.set()
+
+    def serve_on(self, engines: EngineReplicas, replicas: ReplicaSupervisor) -> None:
+        """The engines groups go to, and their supervisor (the rollouter's ``start``)."""
+        self._engines, self._replicas = engines, replicas
+
+    # ---- what the rollouter calls -------------------------------------------------------
+
+    async def run(self) -> None:
+        """Admit, generate and release until the rollouter is STOPPED (module docstring)."""
+        self.clock = IdleClock()
+        self._loop_done.clear()
+        release_task = asyncio.create_task(self._release_loop())
+        try:
+            while self._state() is not RolloutState.STOPPED:
+                if self._error is not None:
+                    raise self._error
+                self._admit_available()
+                self._wake.clear()
+                await self._wake.wait()
+            if self._error is not None:
+                raise self._error
+        except BaseException:
+            await self.queue.close.remote()
+            raise
+        finally:
+            await self._quiet.wait()  # stop() cut what was generating
+            await self._flush_releases(release_task)
+            self._loop_done.set()
+
+    def wake(self) -> None:
+        """Look again: admission may have room, or the state changed."""
+        self._wake.set()
+
+    def fail(self, error: BaseException) -> None:
+        """End the run with ``error`` (raised from ``run()``; the first one wins)."""
+        self._error = self._error or error
+        self._wake.set()
+
+    def start(self, ticket: Ticket, resume: list[Trajectory] | None) -> None:
+        """Generate the group of ``ticket`` (``resume``: a partial's responses so far)."""
+        self.in_flight[ticket.ticket] = asyncio.create_task(self._generate(ticket, resume))
+        self._quiet.clear()
+        self.clock.set_busy(True)
+
+    def admit_again(self, ticket: int, uid: str) -> None:
+        """The prompt of ``ticket`` (released too old, or lost with its replica) again: a new
+        ticket in the current window, generated from scratch on the served weights, or at
+        ``end_sync`` while a sync holds admission."""
+        self.book.num_resumes.pop(ticket, None)
+        new = self.admission.readmit(ticket, uid)
+        if self._state() is RolloutState.RUNNING:
+            self.start(new, resume=None)
+        else:
+            self.book.deferred.append(new)
+
+    async def quiet(self) -> None:
+        """Returns once no group generates."""
+        await self._quiet.wait()
+
+    async def finished(self) -> None:
+        """Returns once ``run()`` ended."""
+        await self._loop_done.wait()
+
+    @contextlib.asynccontextmanager
+    async def puts_held(self) -> AsyncIterator[None]:
+        """No put into the queue starts inside (a snapshot reads the queue)."""
+        self._puts_open.clear()
+        try:
+            yield
+        finally:
+            self._puts_open.set()
+
+    # ---- one group --------------------------------------------------------------------
+
+    def _admit_available(self) -> None:
+        while self._state() is RolloutState.RUNNING and self.admission.can_admit():
+            record = self.book.cursor.next()
+            self.start(self.admission.admit(record.uid), resume=None)
+
+    async def _generate(self, ticket: Ticket, resume: list[Trajectory] | None) -> None:
+        assert self._engines is not None and self._replicas is not None, "serve_on() first"
+        rollout = self.cfg.rollout
+        replica = worker = None
+        try:
+            replica = await self._replicas.pick()
+            if replica is None:  # no replica served it before a sync or the stop
+                self._hold_back(ticket, resume)
+                return
+            worker = self._engines.workers[replica]
+            self.replica_of[ticket.ticket] = replica
+            trajs = await self._engines.submit(
+                ticket.uid,
+                self.prompt_ids[ticket.uid],
+                version=self._version(),
+                n=rollout.n,
+                temperature=rollout.temperature,
+                top_p=rollout.top_p,
+                top_k=rollout.top_k,
+                resume=resume,
+                replica=replica,
+                record=self.records[ticket.uid],
+                track=False,
+            )
+            if any(t.finish_reason == "aborted" for t in trajs):
+                self.book.partials.append((ticket, trajs))  # cut by a pause: resumed at end_sync
+                return
+            await self.reward_fn.ascore_group(self.records[ticket.uid], trajs)
+            if self._filtered_out(ticket, trajs):
+                return
+            group = PromptGroup(
+                ticket.ticket, ticket.window, trajs, self.book.num_resumes.pop(ticket.ticket, 0)
+            )
+            self.book.releases.extend(self.admission.complete(ticket.ticket, group))
+            self._released.set()
+        except (RewardError, FilteredOutError) as exc:  # the user's function or data
+            self.fail(exc)
+        except Exception as exc:  # surfaces from run(), which closes the queue
+            if replica is not None and await self._replicas.on_failure(replica, worker, exc):
+                self.admit_again(ticket.ticket, ticket.uid)  # lost with its dying replica
+                return
+            logger.exception("generating prompt %s failed", ticket.uid)
+            self.fail(exc)
+        finally:
+            del self.in_flight[ticket.ticket]
+            self.replica_of.pop(ticket.ticket, None)
+            if not self.in_flight:
+                self._quiet.set()
+                self.clock.set_busy(False)
+
+    def _hold_back(self, ticket: Ticket, resume: list[Trajectory] | None) -> None:
+        """A group that waited for a serving replica when a sync began: it starts after."""
+        if resume is None:
+            self.book.deferred.append(ticket)
+        else:
+            self.book.partials.append((ticket, resume))
+
+    def _filtered_out(self, ticket: Ticket, trajs: list[Trajectory]) -> bool:
+        """Dynamic sampling: a group without reward variance is filtered, its admission slot
+        given back (admission.py); ``FilteredOutError`` when a window filtered more than
+        ``max_num_gen_batches - 1`` windows' worth of groups."""
+        config = self.cfg.algorithm.filter_groups
+        if not config.enable or has_signal(trajs, config.metric):
+            return False
+        self.book.num_resumes.pop(ticket.ticket, None)
+        self.book.releases.extend(self.admission.filter(ticket.ticket))
+        self._released.set()
+        self._wake.set()  # the slot it gave back may admit another prompt
+        demand, cap = self.admission.window_demand, config.max_num_gen_batches
+        if cap and self.admission.num_filtered_in_window > (cap - 1) * demand:
+            raise FilteredOutError(
+                f"{self.admission.num_filtered_in_window} prompt groups were filtered in "
+                f"version window {self.admission.window} (zero variance of "
+                f"{config.metric!r}), more than {cap - 1} windows' worth of {demand}: raise "
+                f"algorithm.filter_groups.max_num_gen_batches={cap}, or check that the reward "
+                "can tell the responses apart"
+            )
+        return True
+
+    # ---- releases -----------------------------------------------------------------------
+
+    async def _release_loop(self) -> None:
+        """Put released groups into the queue one at a time (keeps the release order)."""
+        try:
+            while True:
+                while self.book.releases:
+                    await self._puts_open.wait()
+                    start_us = now_us()
+                    if not await self.queue.put.remote(self.book.releases[0]):
+                        return  # queue closed: what is left stays unreleased in the ledger
+                    self._trace_put(start_us)
+                    self.book.releases.popleft()
+                self._released.clear()
+                await self._released.wait()
+        except Exception as exc:  # surfaces from run()
+            logger.exception("putting a group into the message queue failed")
+            self.fail(exc)
+
+    def _trace_put(self, start_us: float) -> None:
+        """A put that waited (queue full: backpressure) is a slice on the "queue" track."""
+        end_us = now_us()
+        if end_us - start_us > _PUT_WAIT_TRACE_US:
+            self.tracer.complete(
+                "put blocked", start_us, end_us, tid=ROLLOUTER_TIDS["queue"], cat="queue"
+            )
+
+    async def _flush_releases(self, release_task: asyncio.Task) -> None:
+        while self.book.releases and not release_task.done():
+            await asyncio.sleep(0.01)
+        release_task.cancel()
