@@ -115,8 +115,8 @@ SLOW_ENGINE = {
 # Nightly: the loop's contract (cut groups continue on the new weights within the staleness
 # bound, no prompt lost) is checked in seconds by tests/unit/test_rollouter_loop.py; a real
 # engine's abort and continuation by test_rollout_vllm.py's pause test; episodes spanning
-# syncs on real engines by the multi-turn run below; staging before the pause by the
-# slow-trainer run below and test_weight_sync.py.
+# syncs on real engines by the multi-turn run below; staging before the pause by
+# test_weight_sync.py's staged-push test.
 @pytest.mark.nightly
 def test_partial_rollout_spans_versions_within_the_staleness_bound_and_loses_no_prompt(
     rollout_model_path, tmp_path
@@ -414,6 +414,12 @@ def _hf_logprobs(model_dir: Path, state: dict[str, torch.Tensor] | None, batch) 
     return out_bt * batch.response_mask_bt
 
 
+# Nightly: its contracts are checked in seconds on every CI run: the trainer's loop (which
+# slot each old log-prob forward reads, backpressure within the admission budget) by
+# tests/unit/test_fully_async_trainer.py; the CPU copy's forward against a plain HF forward
+# by tests/unit/test_trainer_worker.py; staging before the pause on real engines by
+# test_weight_sync.py's staged-push test.
+@pytest.mark.nightly
 def test_slow_trainer_blocks_the_rollouter_and_old_log_probs_come_from_the_pushed_version(
     tiny_model_path, tmp_path
 ):

@@ -13,6 +13,7 @@ it through syncs, stale groups, a restarted replica, a hung replica and a resume
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -163,6 +164,22 @@ def test_decoupled_old_log_probs_read_the_pushed_version_kept_on_the_first_step_
     # copy kept at step 1: every forward reads the pushed version's policy (2 updates each).
     assert [slot for slot, _ in run.ranks.forwards] == [None, PUSHED_SLOT] * 4
     assert [policy for _, policy in run.ranks.forwards] == [0, 0, 2, 2, 4, 4, 6, 6]
+
+
+def test_a_slow_trainer_holds_the_rollouter_to_its_admission_budget(tmp_path):
+    cfg = _config(**{"trainer.total_training_steps": 6})
+    ranks = ScriptedRanks(on_update=lambda n: time.sleep(0.3))  # slower than generation
+    run = Run(cfg, tmp_path, ranks, tick_s=0.002)
+    plan = run.trainer.plan
+    summary = run.fit()
+    for row in _rows(tmp_path):  # polled after the step's sync: its window is open
+        window = int(row["trainer/param_version"])
+        assert row["prompts/admitted"] <= window * plan.window_demand + plan.budget
+        assert row["queue/size"] <= plan.budget
+    assert summary["rollouter/idle_ratio"] > 0.5
+    assert summary["queue/max_size"] <= summary["queue/capacity"] == plan.budget
+    assert summary["prompts/readmitted"] == 0
+    _balanced(run.trainer.ledger)
 
 
 def test_groups_older_than_max_staleness_go_back_and_are_generated_again(tmp_path):
