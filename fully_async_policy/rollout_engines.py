@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 Within = Callable[[Any, str], Any]
 """``within(ref, phase)``: the call's result within ``checkpoint_engine.timeout_s``, else a
-``RunFailure`` naming the phase (``FullyAsyncTrainer._within``)."""
+``RunFailure`` naming the phase (``RolloutFeed.within``, feed.py)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """``FullyAsyncTrainer``: the trainer side of the fully async recipe (driver process).
 
     for step in 1..total_steps:                     local = (step - 1) % T + 1
-        groups = queue.get_batch(R)                 blocks only when the rollouter is behind
+        groups = feed.take(R)                       queue.get_batch: blocks only when the
+                                                    rollouter is behind (feed.py)
         old_lp = pushed-version forward             bypass_mode=false (see below)
         adv    = grpo(rewards); trainer.update_actor(batch)
         if local == T:  rollouter.begin_sync()      generation paused (partials kept)
@@ -14,9 +15,10 @@ saves the weights to a CPU slot (they still are the pushed ones), later local st
 copy in for the forward and back out; the trainer worker then applies truncated importance
 sampling between old and rollout log-probs.
 
-``async_training.max_staleness`` is enforced here, where staleness is final: a group whose
-oldest token is more versions behind than that goes back to the rollouter, which admits its
-prompt again (counted in ``prompts/readmitted``), and the trainer takes another group.
+``async_training.max_staleness`` is enforced on this side, where staleness is final
+(``RolloutFeed.take``): a group whose oldest token is more versions behind than that goes
+back to the rollouter, which admits its prompt again (counted in ``prompts/readmitted``),
+and the trainer takes another group.
 
 The loop runs in the driver: its compute lives in the TrainerWorker actors, so a trainer
 actor would only add a hop, while the driver keeps the one Tracker of the run and sees a
@@ -32,7 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fully_async_policy.clients import QueueClient, RolloutClient, Waits
-from fully_async_policy.messages import EndOfStream, PromptGroup, RolloutProgress
+from fully_async_policy.feed import RolloutFeed
+from fully_async_policy.messages import RolloutProgress
 from fully_async_policy.metrics import group_metrics
 from fully_async_policy.rollout_engines import RolloutEngines
 from fully_async_policy.run_plan import plan_run
@@ -40,7 +43,7 @@ from fully_async_policy.served_weights import PUSHED_SLOT, ServedWeights
 from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE
 from recipe.checkpoint.store import write_json
 from recipe.config import RecipeConfig
-from recipe.faults import RunFailure, fails_cleanly, resume_hint
+from recipe.faults import fails_cleanly
 from recipe.observability.progress import step_bar, update_bar
 from recipe.observability.trace import traced
 from recipe.observability.tracking import MetricsAccumulator
@@ -85,14 +88,10 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         """The MessageQueue actor of PromptGroups (set by ``attach``)."""
         self.waits: Waits
         """How this trainer waits on both actors' calls (the rollouter client's)."""
-        self._run_ref: Any = None
-        self._trace_ref: Any = None
-        """The rollouter's trace drain in flight (``_pull_trace``)."""
         self.trained_uids: list[str] = []
         """Prompt uid of every trained group, in training order."""
         self.ledger: dict[str, list[str]] = {}
         """After ``fit``: prompt uids ``admitted``, ``trained`` and ``in_flight`` at the end."""
-        self._wait_s = 0.0
         self._progress = RolloutProgress(0.0, 0.0, 0, 0, 0)
         self._last_val: dict[str, float] = {}
         self._rollouter_state: dict[str, Any] | None = None
@@ -101,8 +100,8 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         """The served version's weights kept in the trainer ranks (built in ``attach``)."""
         self.engines: RolloutEngines
         """The rollouter's engines as a push sees them (built in ``attach``)."""
-        self._replica_request: Any = None
-        """Pending ``rollouter.wait_replica_request`` (a restarted replica wants weights)."""
+        self.feed: RolloutFeed | None = None
+        """Groups and answers from the rollouter within deadlines (built in ``attach``)."""
         self._num_rollout_restarts = self._num_rollout_retired = 0
         if run.resume_from is not None:
             self.ranks.wait_ready()
@@ -114,7 +113,10 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         self.ranks.wait_ready()
         self.rollouter, self.queue, self.waits = rollouter, queue, rollouter.waits
         self.served = ServedWeights(self.ranks, rollouter, self.run_dir)
-        self.engines = RolloutEngines(rollouter, self.served, lambda: self.version, self._within)
+        self.feed = feed = RolloutFeed(
+            self.cfg, rollouter, queue, self.served, tracer=self.tracer, run_dir=self.run_dir
+        )
+        self.engines = RolloutEngines(rollouter, self.served, lambda: self.version, feed.within)
         if self.run.resume_from is not None:
             self.served.serve_resumed(self.version)
             self.waits.get(self.rollouter.restore(str(self.run.resume_from)))
@@ -133,74 +135,10 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
 
     # ---- one local step -------------------------------------------------------------------
 
-    def _take_groups(self) -> list[PromptGroup]:
-        """R groups from the queue; groups older than ``max_staleness`` go back for
-        re-admission and are replaced."""
-        max_staleness = self.cfg.async_training.max_staleness
-        groups: list[PromptGroup] = []
-        while len(groups) < self.plan.prompts_per_step:
-            got = self._get_batch(self.plan.prompts_per_step - len(groups))
-            stale = {
-                g.ticket
-                for g in got
-                if max_staleness is not None and self.version - g.min_version > max_staleness
-            }
-            if stale:
-                back = [(g.ticket, g.prompt_uid) for g in got if g.ticket in stale]
-                self.waits.get(self.rollouter.readmit(back))
-            groups += [g for g in got if g.ticket not in stale]
-        return groups
-
-    @traced("wait_batch")
-    def _get_batch(self, num_groups: int) -> list[PromptGroup]:
-        start = time.perf_counter()
-        deadline = start + self.cfg.rollout.generation_timeout_s
-        ref = self.queue.get_batch(num_groups)
-        while True:  # while waiting, bring restarted rollout replicas back into service
-            if self._replica_request is None:
-                self._replica_request = self.rollouter.wait_replica_request()
-            waiting = [ref, self._run_ref, self._replica_request]
-            left_s = max(deadline - time.perf_counter(), 0.0)
-            ready = self.waits.first_ready(waiting, timeout=left_s)
-            if not ready:
-                raise self._no_batch(num_groups)
-            if ref in ready or self._run_ref in ready:
-                break
-            self._replica_request = None
-            self.served.heal(self.version)
-        self._wait_s += time.perf_counter() - start
-        if ref not in ready:
-            self.waits.get(self._run_ref)  # raises the rollouter's error
-            raise RuntimeError("the rollouter stopped while the trainer waited for groups")
-        got = self.waits.get(ref)
-        if isinstance(got, EndOfStream):
-            self.waits.get(self._run_ref)
-            raise RuntimeError(f"the message queue closed with {got.num_left} groups left")
-        return got
-
-    def _no_batch(self, num_groups: int) -> RunFailure:
-        """The failure of a batch wait past ``rollout.generation_timeout_s``: the rollouter
-        runs, but no group finished (hung engine processes), naming the busy replicas."""
-        timeout_s = self.cfg.rollout.generation_timeout_s
-        return RunFailure(
-            f"no batch of {num_groups} prompt groups within rollout.generation_timeout_s="
-            f"{timeout_s:g} s (rollout replica(s) {self._busy_replicas()} still generating: "
-            "a hung engine process; its log is RUN_DIR/engines/replica_R.log)"
-        )
-
-    def _busy_replicas(self) -> str:
-        """The replicas with groups generating, as the rollouter says within 10 s ("?" when
-        it does not answer), for a deadline's message."""
-        try:
-            busy = self.waits.get(self.rollouter.busy_replicas(), timeout=10)
-        except Exception:  # the rollouter itself does not answer
-            busy = []
-        return ", ".join(map(str, busy)) or "?"
-
     @traced("train_step")
     def _train_step(self, local_step: int) -> dict[str, float]:
         metrics = MetricsAccumulator()
-        groups = self._take_groups()
+        groups = self._feed.take(self.plan.prompts_per_step, self.version)
         batch = self._make_batch([g.trajectories for g in groups])
         decoupled = not self.cfg.algorithm.rollout_correction.bypass_mode
         if decoupled and local_step == 1 and self.plan.steps_per_sync > 1:
@@ -228,9 +166,9 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         paused = self._serving_engines().take_pause()
         start, pause = paused.start, paused.pause
         if self.run.should_save(self.version, last=last):
-            self._rollouter_state = self._within(self.rollouter.snapshot(), "snapshot")
+            self._rollouter_state = self._feed.within(self.rollouter.snapshot(), "snapshot")
         end = self.rollouter.end_sync(self.version, len(self.trained_uids))
-        self._within(end, "end_sync")
+        self._feed.within(end, "end_sync")
         pause_window_s = time.perf_counter() - start
         if self.cfg.rollout.max_restarts > 0:
             # After the engines resumed: the trainer's weights stay the served ones until the
@@ -278,14 +216,15 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         run.initial_validation(lambda: self.waits.get(self.rollouter.validate()))
         if run.resume_from is not None:  # the sync the checkpoint was taken in ends here
             self.waits.get(self.rollouter.end_sync(self.version, len(self.trained_uids)))
-        self._run_ref = self.rollouter.run()
+        feed = self._feed
+        feed.start()
         bar = step_bar(self.plan.total_steps, self.cfg.mode, quiet=self.cfg.logger.quiet)
         last_end = time.perf_counter()
         first = self.global_step + 1  # checkpoints follow a sync: a window starts here
         for step in range(first, self.plan.total_steps + 1):
             local_step = (step - first) % self.plan.steps_per_sync + 1
             num_trained_before = len(self.trained_uids)
-            wait_before = self._wait_s
+            wait_before = feed.wait_s
             metrics = self._train_step(local_step)
             self.global_step = step
             out_of_time = run.out_of_time(start)
@@ -293,7 +232,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             if local_step == self.plan.steps_per_sync or last:
                 metrics |= self._sync(last=last)
             now = time.perf_counter()
-            metrics |= self._progress_metrics(now - last_end, self._wait_s - wait_before)
+            metrics |= self._progress_metrics(now - last_end, feed.wait_s - wait_before)
             metrics["timing/step_s"] = now - last_end
             metrics["throughput/samples_per_s"] = metrics["throughput/samples"] / (now - last_end)
             last_end = now
@@ -361,7 +300,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
     def _finish(self, start: float) -> dict[str, Any]:
         """Stop the rollouter, validate the final version, account for every prompt."""
         ledger = self.waits.get(self.rollouter.stop())
-        self.waits.get(self._run_ref)
+        self.waits.get(self._feed.run_ref)
         final = self.waits.get(self.rollouter.validate())
         leftover = self.waits.get(self.queue.drain())
         self.waits.get(self.queue.close())
@@ -381,7 +320,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             "prompts/in_flight": len(self.ledger["in_flight"]),
             "prompts/filtered": len(ledger.filtered_uids),
             "staleness/bound": self.plan.staleness_bound,
-            "trainer/idle_ratio": self._wait_s / wall_s,
+            "trainer/idle_ratio": self._feed.wait_s / wall_s,
             "rollouter/idle_ratio": self._progress.idle_s / max(self._progress.elapsed_s, 1e-9),
             "queue/capacity": queue_stats.capacity,
             "queue/max_size": queue_stats.max_size,
@@ -393,42 +332,14 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             step=self.global_step, version=self.version, final_val=final, wall_s=wall_s, extra=extra
         )
 
-    # ---- dead rollout replicas (fully_async_policy/replicas.py) ---------------------------
-
-    def _within(self, ref: Any, phase: str) -> Any:
-        """The result of ``ref``, a sync phase on the rollouter, within
-        ``checkpoint_engine.timeout_s``; past it the run stops (``RunFailure``) naming the
-        phase, instead of waiting on a hung process for good."""
-        timeout_s = self.cfg.checkpoint_engine.timeout_s
-        try:
-            return self.waits.get(ref, timeout=timeout_s)
-        except TimeoutError:  # Ray's GetTimeoutError is one
-            raise RunFailure(
-                f"the rollouter gave no answer to {phase} (a weight sync) within "
-                f"checkpoint_engine.timeout_s={timeout_s:g} s: a hung rollouter or engine "
-                f"process (rollout replica(s) {self._busy_replicas()} generating; engine "
-                f"logs: RUN_DIR/engines/); {resume_hint(self.run_dir)}"
-            ) from None
+    @property
+    def _feed(self) -> RolloutFeed:
+        if self.feed is None:
+            raise RuntimeError("FullyAsyncTrainer.attach() has not run")
+        return self.feed
 
     def _trace_sources(self, *, final: bool = False) -> list[TraceSource]:
-        """The rollouter's buffered trace events, its engines' among them (``_pull_trace``)."""
-        if not hasattr(self, "rollouter"):  # attach() never ran
+        """The rollouter's buffered trace events, its engines' among them (feed.py)."""
+        if self.feed is None:  # attach() never ran
             return []
-        return [functools.partial(self._pull_trace, wait=final)]
-
-    def _pull_trace(self, *, wait: bool) -> list[dict[str, Any]]:
-        """Events of the drain asked for at the previous step, if it is done, and the next
-        drain asked for: the rollouter and its engines answer while they generate, so the
-        trainer never waits on them between steps. ``wait`` (at the end): everything left."""
-        events: list[dict[str, Any]] = []
-        if self._trace_ref is not None:
-            ready = self.waits.first_ready([self._trace_ref], timeout=30 if wait else 0)
-            if not ready:
-                return events
-            ref, self._trace_ref = self._trace_ref, None
-            events = self.waits.get(ref)  # a failed drain raises once: the next call asks anew
-        self._trace_ref = self.rollouter.drain_trace()
-        if wait:
-            ref, self._trace_ref = self._trace_ref, None
-            events += self.waits.get(ref, timeout=30)
-        return events
+        return [functools.partial(self.feed.pull_trace, wait=final)]
