@@ -1,0 +1,281 @@
+"""``PushTransport``: the peers of a weight push and the calls between them.
+
+    trainer ranks (WeightSender, rank 0 sends)          replicas' workers (WeightReceiver)
+    connect(workers, v)   metadata, placement (backend, bucket layout), prepare, connect
+    agree(phase, v)       rank 0's version == every replica's (commit: rank 0 records it)
+    stage(v)              transfer + verify: every replica holds v in staging, its engine's
+                          own weights untouched
+    load(v, id)           every (paused) replica loads staged transfer ``id`` as v
+    push_file(v)          ``backend=file``: one safetensors file, checked and loaded
+    close()               both ends released (best effort, never waiting on a hung peer)
+
+Each call is a phase with the deadline ``checkpoint_engine.timeout_s`` whose failure names
+the phase and the peer (phases.py). The order of the phases, the engines' pause and the
+failure policy are ``ParameterSynchronizer``'s (synchronizer.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from recipe.checkpoint_engine.base import (
+    ChecksumMismatchError,
+    TransferPlan,
+    TransferReport,
+    WeightSyncError,
+)
+from recipe.checkpoint_engine.clients import ReceiverClient, SenderClient
+from recipe.checkpoint_engine.config import CheckpointEngineConfig
+from recipe.checkpoint_engine.host import EndpointSite, shm_dir
+from recipe.checkpoint_engine.layout import BucketLayout
+from recipe.checkpoint_engine.phases import SENDER, replica_peer, wait_phase
+from recipe.checkpoint_engine.placement import (
+    describe_backend_choice,
+    order_receivers,
+    resolve_backend,
+    resolve_bucket_bytes,
+)
+from recipe.observability.trace import SENDER_TID, Tracer
+
+logger = logging.getLogger(__name__)
+
+# A peer's own deadline error says what it waited for; the driver waits a little longer so
+# that error, not the driver's generic one, is what the caller sees.
+_DRIVER_GRACE_S = 2.0
+
+
+class SendingRanks(Protocol):
+    """What a push needs of the trainer's group (recipe/workers/trainer/ranks.py)."""
+
+    workers: list[Any]
+    """Trainer rank actors (``SenderClient`` calls them); rank 0 sends."""
+
+    def check_alive(self) -> None:
+        """Raise ``TrainerWorkerError`` naming a dead rank."""
+        ...
+
+
+class PushTransport:
+    """Calls between trainer rank 0 and the replicas' workers (module docstring)."""
+
+    def __init__(
+        self,
+        ranks: SendingRanks,
+        cfg: CheckpointEngineConfig,
+        *,
+        bucket_size_bytes: int | None = None,
+        file_root: Path | None = None,
+    ) -> None:
+        """``bucket_size_bytes`` overrides ``cfg.bucket_size_mb``; ``file_root``: where
+        ``backend=file`` writes (None: this host's shared memory)."""
+        self.cfg, self._ranks = cfg, ranks
+        self.workers: list[Any] = []
+        """The replicas' worker handles the transport was built for."""
+        self.connected = False
+        self.backend: str | None = None
+        """The resolved transport (None before the first ``connect``)."""
+        self.layout: BucketLayout | None = None
+        self.receiver_ranks: list[list[int]] = []
+        """Global receiver ranks of each replica's engine workers (worker-group order)."""
+        self.hung_peers: set[str] = set()
+        """Peers that missed the last failed push's deadline: ``close`` does not wait on them."""
+        self.tracer = Tracer(0, None, enabled=False)
+        self._bucket_override = bucket_size_bytes
+        self._metadata: list[Any] | None = None
+        self._next_transfer = 1
+        self._file_dir: Path | None = None
+        self._file_root = file_root
+
+    def phase(self, phase: str, calls: dict[str, Any]) -> dict[str, Any]:
+        with self.tracer.span(phase, cat="sync"):
+            return wait_phase(phase, calls, self.cfg.timeout_s + _DRIVER_GRACE_S)
+
+    def on_sender(self, call: Callable[[SenderClient], Any]) -> dict[str, Any]:
+        """``call`` on trainer rank 0 (the sender), keyed by its peer name."""
+        return {SENDER: call(SenderClient(self._ranks.workers[0]))}
+
+    def on_ranks(self, call: Callable[[SenderClient], Any]) -> dict[str, Any]:
+        """``call`` on every trainer rank (rank 0 under the sender's peer name)."""
+        return {
+            f"trainer rank {r}": call(SenderClient(w)) for r, w in enumerate(self._ranks.workers)
+        }
+
+    def on_replicas(self, call: Callable[[int, ReceiverClient], Any]) -> dict[str, Any]:
+        """``call(i, replica)`` on every replica the transport was built for."""
+        return {replica_peer(i): call(i, ReceiverClient(w)) for i, w in enumerate(self.workers)}
+
+    def connect(self, workers: list[Any], version: int) -> None:
+        """Resolve backend and bucket size, compute the layout (once), build the transport
+        to ``workers``, the replicas' current workers (the trainer side records
+        ``version``)."""
+        self.workers = workers
+        if self._metadata is None:
+            metadata = self.on_sender(SenderClient.metadata)
+            self._metadata = self.phase("metadata", metadata)[SENDER]
+        infos = self.phase(
+            "placement",
+            self.on_sender(SenderClient.info) | self.on_replicas(lambda _, r: r.info()),
+        )
+        sender = EndpointSite.from_wire(infos[SENDER])
+        groups = [
+            [EndpointSite.from_wire(w) for w in infos[replica_peer(i)]]
+            for i in range(len(self.workers))
+        ]
+        receivers = [worker for group in groups for worker in group]
+        backend = resolve_backend(self.cfg.backend, sender, receivers)
+        if backend != self.backend:
+            logger.info("%s", describe_backend_choice(backend, sender, receivers))
+        self.backend = backend
+        self.phase("placement", self.on_sender(lambda s: s.commit(version)))
+        if self.backend == "file":
+            if self._file_dir is None:
+                root = self._file_root or Path(shm_dir())
+                root.mkdir(mode=0o700, parents=True, exist_ok=True)
+                self._file_dir = Path(tempfile.mkdtemp(prefix="push-", dir=root))  # 0700
+            self.connected = True
+            return
+        layout = self.layout = self.layout or self._build_layout(sender.free_bytes)
+        ranks = order_receivers(groups)
+        plan = TransferPlan(
+            self.backend, layout, len(receivers), self.cfg.timeout_s, self.cfg.verify
+        ).to_wire()
+        info = self.phase("prepare", self.on_sender(lambda s: s.prepare(plan)))[SENDER]
+        calls = self.on_sender(lambda s: s.init(info))
+        calls |= self.on_replicas(lambda i, r: r.connect(plan, ranks[i], info))
+        ranks_by_peer = self.phase("connect", calls)
+        self.receiver_ranks = [ranks_by_peer[replica_peer(i)] for i in range(len(groups))]
+        self.connected = True
+        logger.info(
+            "weight sync over %s: %d receivers, %d buckets of %d B, %.1f MB per replica",
+            self.backend,
+            len(receivers),
+            layout.num_buckets,
+            layout.bucket_bytes,
+            layout.model_bytes / 1e6,
+        )
+
+    def _build_layout(self, free_bytes: int) -> BucketLayout:
+        assert self._metadata is not None
+        model_bytes = BucketLayout.build(self._metadata, 1 << 30).model_bytes
+        bucket_bytes = self._bucket_override or resolve_bucket_bytes(
+            self.cfg.bucket_size_mb, self.cfg.bucket_memory_fraction, free_bytes, model_bytes
+        )
+        return BucketLayout.build(self._metadata, bucket_bytes)
+
+    def agree(self, phase: str, expected: int, *, commit: bool) -> None:
+        """Trainer rank 0 and every replica hold ``expected``; with ``commit`` the trainer
+        first records it (only once every engine loaded it)."""
+        if commit:
+            self.phase(phase, self.on_sender(lambda s: s.commit(expected)))
+        versions = self.phase(
+            phase,
+            self.on_sender(SenderClient.get_version)
+            | self.on_replicas(lambda _, r: r.get_version()),
+        )
+        wrong = {peer: v for peer, v in versions.items() if v != expected}
+        if wrong:
+            detail = f"versions {wrong} differ from {expected}, the synchronizer's"
+            raise WeightSyncError(phase, ", ".join(wrong), detail)
+
+    def stage(self, target: int) -> tuple[int, dict[str, float]]:
+        """Transfer + verify: every replica holds the new weights in staging (the engines'
+        own weights are untouched). Returns the transfer id and its ``sync/*`` figures."""
+        transfer_id, self._next_transfer = self._next_transfer, self._next_transfer + 1
+        calls = self.on_ranks(lambda s: s.send(transfer_id, target))
+        calls |= self.on_replicas(lambda _, r: r.receive(transfer_id))
+        start = time.perf_counter()
+        start_us = time.time() * 1e6
+        try:
+            wire = self.phase("transfer", calls)
+            transfer_s = time.perf_counter() - start
+            sent = TransferReport.from_wire(wire[SENDER])
+            received = [
+                [TransferReport.from_wire(w) for w in wire[replica_peer(i)]]
+                for i in range(len(self.workers))
+            ]
+            # The sender (trainer rank 0) gathers shards before sending; it reports how long.
+            gather_us = start_us + sent.gather_s * 1e6
+            self.tracer.complete("gather", start_us, gather_us, tid=SENDER_TID, cat="sync")
+            verify_s = self._verify(sent, received)
+        except WeightSyncError:
+            self.connected = False  # a broken group / half-written region: rebuild next time
+            raise
+        assert self.layout is not None
+        return transfer_id, {
+            "sync/gather_s": sent.gather_s,
+            "sync/transfer_s": transfer_s,
+            "sync/verify_s": verify_s,
+            "sync/bytes": float(self.layout.model_bytes),
+        }
+
+    def load(self, target: int, transfer_id: int, metrics: dict[str, float]) -> dict[str, float]:
+        """Every (paused) replica loads the staged transfer ``transfer_id`` as ``target``."""
+        start = time.perf_counter()
+        self.phase("load", self.on_replicas(lambda _, r: r.commit_weights(target, transfer_id)))
+        return metrics | {"sync/load_s": time.perf_counter() - start}
+
+    def _verify(self, sent: TransferReport, received: list[list[TransferReport]]) -> float:
+        """Driver-side comparison of every receiver's checksums with the sender's (replica
+        i's engine workers in ``received[i]``); returns the verification cost (sender's
+        checksum time + the slowest receiver's)."""
+        receiver_s = 0.0
+        for i, workers in enumerate(received):
+            for worker in workers:
+                receiver_s = max(receiver_s, worker.verify_s)
+                if not self.cfg.verify or worker.checksums == sent.checksums:
+                    continue
+                pairs = zip(worker.checksums, sent.checksums, strict=False)
+                bad = next((k for k, (a, b) in enumerate(pairs) if a != b), "count")
+                detail = f"bucket {bad} differs from the sender's checksum"
+                raise ChecksumMismatchError("verify", replica_peer(i), detail)
+        return sent.verify_s + receiver_s
+
+    def push_file(self, target: int) -> dict[str, float]:
+        """``backend=file``: one safetensors file (written aside, then renamed) in
+        ``file_root``, which every engine's node reads; each replica checks the file's sha256
+        against the writer's before loading it (``sync/verify_s`` is in ``sync/load_s``)."""
+        assert self._file_dir is not None
+        path = str(self._file_dir / f"policy-v{target}.safetensors")
+        start = time.perf_counter()
+        exported = self.phase("transfer", self.on_ranks(lambda s: s.export_weights(path)))
+        transfer_s = time.perf_counter() - start
+        start = time.perf_counter()
+        try:
+            written = exported[SENDER]
+            loads = self.on_replicas(
+                lambda _, r: r.update_weights_from_file(path, target, written.sha256)
+            )
+            self.phase("load", loads)
+        finally:
+            Path(path).unlink(missing_ok=True)
+        return {
+            "sync/gather_s": 0.0,
+            "sync/transfer_s": transfer_s,
+            "sync/verify_s": 0.0,
+            "sync/load_s": time.perf_counter() - start,
+            "sync/bytes": float(exported[SENDER].num_bytes),
+        }
+
+    def close(self) -> None:
+        """Finalize both ends (best effort, bounded by the deadline); re-init on next sync."""
+        self.connected = False
+        if self.backend in (None, "file"):
+            return
+        calls = self.on_sender(SenderClient.close) | self.on_replicas(lambda _, r: r.close())
+        calls = {peer: ref for peer, ref in calls.items() if peer not in self.hung_peers}
+        try:
+            self.phase("shutdown", calls)
+        except WeightSyncError as exc:
+            logger.warning("closing the weight transport: %s", exc)
+
+    def remove_files(self) -> None:
+        """The ``backend=file`` directory, once no push needs it."""
+        if self._file_dir is not None:
+            shutil.rmtree(self._file_dir, ignore_errors=True)
+            self._file_dir = None
