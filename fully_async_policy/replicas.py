@@ -39,7 +39,7 @@ from recipe.protocol import PromptRecord, Trajectory
 from recipe.utils.weights_file import WeightsFile
 from recipe.workers.cluster import PlacementError
 from recipe.workers.config import RolloutConfig
-from recipe.workers.rollout.replicas import (
+from recipe.workers.rollout.deaths import (
     HEALTH_TIMEOUT_S,
     ReplicaDeath,
     actor_death,

@@ -28,8 +28,14 @@ from recipe.protocol import PromptRecord, Trajectory
 from recipe.utils.weights_file import WeightsFile
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout.base import RolloutWorker
-from recipe.workers.rollout.replicas import actor_death, group_request
-from recipe.workers.rollout.requests import GenerationRequest, SampleJob, finish_job, plan_group
+from recipe.workers.rollout.deaths import actor_death
+from recipe.workers.rollout.requests import (
+    GenerationRequest,
+    SampleJob,
+    finish_job,
+    group_request,
+    plan_group,
+)
 
 
 def actor_died(pid: int = 4242) -> Exception:

@@ -32,7 +32,8 @@ from recipe.observability.tracking import Tracker
 from recipe.utils.output_dir import OutputDirError, check_writable_dir
 from recipe.utils.weights_file import WeightsFile
 from recipe.workers.cluster import PlacementError
-from recipe.workers.rollout.replicas import RolloutReplicas, failed_health_check
+from recipe.workers.rollout.deaths import failed_health_check
+from recipe.workers.rollout.replicas import RolloutReplicas
 from tests.helpers.fake_engines import actor_died
 
 # ---- fake replicas ---------------------------------------------------------------------------

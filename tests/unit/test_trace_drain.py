@@ -1,15 +1,20 @@
-"""The fully async trainer's pull of the rollouter's trace events (``_pull_trace``), with a
-fake rollouter and fake Ray refs: a drain that failed is raised once, and the next pull asks
-for a new one instead of raising on the same ref for the rest of the run."""
+"""The fully async trainer's pull of the rollouter's trace events (``RolloutFeed.pull_trace``),
+with a fake rollouter and its own waits: a drain that failed is raised once, and the next pull
+asks for a new one instead of raising on the same ref for the rest of the run."""
 
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
+from typing import Any
 
 import pytest
+from omegaconf import OmegaConf
 
-from fully_async_policy.clients import RolloutClient
-from fully_async_policy.trainer import FullyAsyncTrainer
+from fully_async_policy.clients import QueueClient, RolloutClient
+from fully_async_policy.feed import RolloutFeed
+from recipe.config import load_config
+from recipe.observability.trace import Tracer
 
 
 class _Refs:
@@ -23,25 +28,33 @@ class _Refs:
         return next(self.counter)
 
 
-def test_a_failed_drain_is_raised_once_and_the_next_pull_asks_again(monkeypatch):
-    import ray
+class _Waits:
+    """Every ref is ready; getting a ``bad`` one raises."""
 
-    rollouter = _Refs(bad={1})
+    def __init__(self, bad: set[int]) -> None:
+        self.bad = bad
 
-    def fake_get(ref, timeout=None):
-        if ref in rollouter.bad:
+    def get(self, ref: int, *, timeout: float | None = None) -> Any:
+        if ref in self.bad:
             raise RuntimeError(f"drain {ref} failed")
         return [{"name": f"event of drain {ref}"}]
 
-    monkeypatch.setattr(ray, "wait", lambda refs, timeout=None: (refs, []))
-    monkeypatch.setattr(ray, "get", fake_get)
-    trainer = object.__new__(FullyAsyncTrainer)  # only the two fields _pull_trace uses
-    trainer.rollouter, trainer._trace_ref = RolloutClient(rollouter), None
-    assert trainer._pull_trace(wait=False) == []  # asks for drain 0
-    assert trainer._pull_trace(wait=False) == [{"name": "event of drain 0"}]  # asks for 1
+    def first_ready(self, refs: list[int], *, timeout: float | None) -> list[int]:
+        return list(refs)
+
+
+def test_a_failed_drain_is_raised_once_and_the_next_pull_asks_again():
+    bad = {1}
+    rollouter = RolloutClient(_Refs(bad), _Waits(bad))
+    cfg = load_config(OmegaConf.create({"mode": "fully_async"}))
+    feed = RolloutFeed(
+        cfg, rollouter, QueueClient(None), None, tracer=Tracer(0, None), run_dir=Path(".")
+    )  # type: ignore[arg-type]
+    assert feed.pull_trace(wait=False) == []  # asks for drain 0
+    assert feed.pull_trace(wait=False) == [{"name": "event of drain 0"}]  # asks for 1
     with pytest.raises(RuntimeError, match="drain 1 failed"):
-        trainer._pull_trace(wait=False)
-    assert trainer._pull_trace(wait=False) == []  # asks for drain 2, not 1 again
-    assert trainer._pull_trace(wait=True) == [
+        feed.pull_trace(wait=False)
+    assert feed.pull_trace(wait=False) == []  # asks for drain 2, not 1 again
+    assert feed.pull_trace(wait=True) == [
         {"name": "event of drain 2"}, {"name": "event of drain 3"}
     ]  # fmt: skip

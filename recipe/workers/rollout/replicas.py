@@ -9,115 +9,30 @@ actor, so all groups of a call are in flight at once and each finishes on its ow
 seeds are derived from (``rollout.seed``, prompt uid, weights version), so a run is repeatable
 for a given data order and two recipes sample the same prompt the same way on equal weights.
 
-When is a replica dead (one classifier for every recipe): its actor died (``RayActorError``),
-or it is alive and fails ``check_health`` (its engine process died). A replica that does not
-answer a health check within ``HEALTH_TIMEOUT_S`` is busy or hung, not judged dead.
+When is a replica dead (one classifier for every recipe, deaths.py): its actor died
+(``RayActorError``), or it is alive and fails ``check_health`` (its engine process died). A
+replica that does not answer a health check within ``HEALTH_TIMEOUT_S`` is busy or hung, not
+judged dead. A group's request and its seed: requests.py (``group_request``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recipe.faults import RolloutWorkerError, RunFailure, describe_death, is_actor_death
+from recipe.faults import RolloutWorkerError, RunFailure, is_actor_death
 from recipe.model import HFModelConfig, ModelConfig
 from recipe.protocol import PromptRecord, Trajectory
-from recipe.utils.ray_errors import error_line
 from recipe.utils.weights_file import WeightsFile
 from recipe.workers.cluster import replica_gpus
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout import make_rollout_worker_cls
-from recipe.workers.rollout.engine_log import describe_engine_failure
-from recipe.workers.rollout.requests import GenerationRequest, longtail_lengths
+from recipe.workers.rollout.deaths import HEALTH_TIMEOUT_S, actor_death, failed_health_check
+from recipe.workers.rollout.requests import group_request
 
 logger = logging.getLogger(__name__)
-
-HEALTH_TIMEOUT_S = 10.0
-"""A replica that does not answer a health check in this time is busy, not judged dead."""
-
-
-def group_request(
-    cfg: RolloutConfig,
-    prompt_uid: str,
-    prompt_ids: Sequence[int],
-    *,
-    version: int,
-    n: int,
-    sampling: tuple[float, float, int],
-    resume: list[Trajectory] | None = None,
-    training: bool = True,
-    record: PromptRecord | None = None,
-) -> GenerationRequest:
-    """The request of one prompt group (``RolloutReplicas.submit``): ``version`` (served now)
-    seeds its sampling; ``sampling`` is (temperature, top_p, top_k). Training groups follow
-    ``rollout.length_profile``; validation (``training=False``) always ends at EOS. Multi-turn
-    episodes start from ``record`` (required with ``rollout.multi_turn.enable``)."""
-    if cfg.multi_turn.enable and record is None:
-        raise ValueError(f"prompt {prompt_uid!r}: multi-turn episodes need its PromptRecord")
-    temperature, top_p, top_k = sampling
-    longtail = training and cfg.length_profile == "longtail"
-    return GenerationRequest(
-        prompt_uid=prompt_uid,
-        prompt_ids=list(prompt_ids),
-        n=n,
-        max_tokens=cfg.response_length,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        seed=request_seed(cfg.seed, prompt_uid, version),
-        resume=resume,
-        # Budgets depend on the prompt only, so a resumed partial keeps its own.
-        sample_max_tokens=longtail_lengths(
-            request_seed(cfg.seed, prompt_uid, 0), n, cfg.response_length
-        )
-        if longtail
-        else None,
-        ignore_eos=longtail,
-        record=record if cfg.multi_turn.enable else None,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaDeath:
-    """How a rollout replica died."""
-
-    reason: str
-    """One line for logs and errors."""
-    error: str | None = None
-    """Its engine's root error (``"Type: message"``), when the engine's log has one."""
-    num_finished: int | None = None
-    """Responses the dead worker completed; None when unknown (its actor is gone)."""
-
-    def repeats(self, previous_error: str | None) -> bool:
-        """The restart of a replica that died of ``previous_error`` died of it again
-        before completing a single response."""
-        return self.error is not None and self.error == previous_error and self.num_finished == 0
-
-
-def actor_death(exc: BaseException) -> ReplicaDeath | None:
-    """The replica's death when ``exc``, raised by a call on it, says its actor is gone."""
-    return ReplicaDeath(describe_death(exc)) if is_actor_death(exc) else None
-
-
-def failed_health_check(health: BaseException, failure: dict[str, Any] | None) -> ReplicaDeath:
-    """The death of a replica whose ``check_health`` raised ``health`` (not a timeout):
-    its actor is gone, or its engine is; ``failure`` is what the live actor's
-    ``engine_failure()`` returned (None when it did not answer)."""
-    death = actor_death(health)
-    if death is not None:
-        return death
-    failure = failure or {}
-    reason = describe_engine_failure(failure, error_line(health))
-    return ReplicaDeath(reason, failure.get("error"), failure.get("num_finished"))
-
-
-def request_seed(base_seed: int, prompt_uid: str, version: int) -> int:
-    digest = hashlib.blake2b(f"{base_seed}:{prompt_uid}:{version}".encode(), digest_size=4)
-    return int.from_bytes(digest.digest(), "little") & 0x7FFFFFFF
 
 
 class RolloutReplicas:

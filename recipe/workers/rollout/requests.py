@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from recipe.protocol import PromptRecord, Trajectory
+from recipe.workers.config import RolloutConfig
 
 
 @dataclass(slots=True)
@@ -196,3 +198,49 @@ def finish_job(
         finish_reason=finish_reason,
         response_text=tokenizer.decode(response_ids, skip_special_tokens=True),
     )
+
+
+def group_request(
+    cfg: RolloutConfig,
+    prompt_uid: str,
+    prompt_ids: Sequence[int],
+    *,
+    version: int,
+    n: int,
+    sampling: tuple[float, float, int],
+    resume: list[Trajectory] | None = None,
+    training: bool = True,
+    record: PromptRecord | None = None,
+) -> GenerationRequest:
+    """The request of one prompt group (``RolloutReplicas.submit``): ``version`` (served now)
+    seeds its sampling; ``sampling`` is (temperature, top_p, top_k). Training groups follow
+    ``rollout.length_profile``; validation (``training=False``) always ends at EOS. Multi-turn
+    episodes start from ``record`` (required with ``rollout.multi_turn.enable``)."""
+    if cfg.multi_turn.enable and record is None:
+        raise ValueError(f"prompt {prompt_uid!r}: multi-turn episodes need its PromptRecord")
+    temperature, top_p, top_k = sampling
+    longtail = training and cfg.length_profile == "longtail"
+    return GenerationRequest(
+        prompt_uid=prompt_uid,
+        prompt_ids=list(prompt_ids),
+        n=n,
+        max_tokens=cfg.response_length,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=request_seed(cfg.seed, prompt_uid, version),
+        resume=resume,
+        # Budgets depend on the prompt only, so a resumed partial keeps its own.
+        sample_max_tokens=longtail_lengths(
+            request_seed(cfg.seed, prompt_uid, 0), n, cfg.response_length
+        )
+        if longtail
+        else None,
+        ignore_eos=longtail,
+        record=record if cfg.multi_turn.enable else None,
+    )
+
+
+def request_seed(base_seed: int, prompt_uid: str, version: int) -> int:
+    digest = hashlib.blake2b(f"{base_seed}:{prompt_uid}:{version}".encode(), digest_size=4)
+    return int.from_bytes(digest.digest(), "little") & 0x7FFFFFFF

@@ -1,0 +1,54 @@
+"""How a rollout replica died: one classifier for every recipe.
+
+A replica is dead when its actor died (``RayActorError``: ``actor_death``), or when it is
+alive and fails ``check_health`` because its engine process died (``failed_health_check``,
+with the engine's own root error from its log when there is one). A replica whose restart
+dies of the same error before completing a response is not restarted again
+(``ReplicaDeath.repeats``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from recipe.faults import describe_death, is_actor_death
+from recipe.utils.ray_errors import error_line
+from recipe.workers.rollout.engine_log import describe_engine_failure
+
+HEALTH_TIMEOUT_S = 10.0
+"""A replica that does not answer a health check in this time is busy, not judged dead."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaDeath:
+    """How a rollout replica died."""
+
+    reason: str
+    """One line for logs and errors."""
+    error: str | None = None
+    """Its engine's root error (``"Type: message"``), when the engine's log has one."""
+    num_finished: int | None = None
+    """Responses the dead worker completed; None when unknown (its actor is gone)."""
+
+    def repeats(self, previous_error: str | None) -> bool:
+        """The restart of a replica that died of ``previous_error`` died of it again
+        before completing a single response."""
+        return self.error is not None and self.error == previous_error and self.num_finished == 0
+
+
+def actor_death(exc: BaseException) -> ReplicaDeath | None:
+    """The replica's death when ``exc``, raised by a call on it, says its actor is gone."""
+    return ReplicaDeath(describe_death(exc)) if is_actor_death(exc) else None
+
+
+def failed_health_check(health: BaseException, failure: dict[str, Any] | None) -> ReplicaDeath:
+    """The death of a replica whose ``check_health`` raised ``health`` (not a timeout):
+    its actor is gone, or its engine is; ``failure`` is what the live actor's
+    ``engine_failure()`` returned (None when it did not answer)."""
+    death = actor_death(health)
+    if death is not None:
+        return death
+    failure = failure or {}
+    reason = describe_engine_failure(failure, error_line(health))
+    return ReplicaDeath(reason, failure.get("error"), failure.get("num_finished"))
