@@ -432,7 +432,8 @@ def test_a_constructor_that_rejects_its_arguments_fails_at_startup_naming_the_ke
 
 def test_each_turn_and_environment_call_is_a_trace_slice_on_its_episode_track(tokenizer):
     from recipe.agent.runner import EpisodeRunner
-    from recipe.observability.trace import EPISODE_TID_BASE, RequestTrace
+    from recipe.observability.request_trace import RequestTrace
+    from recipe.observability.trace import EPISODE_TID_BASE
 
     runner = EpisodeRunner(
         MultiTurnConfig(enable=True, environment="retry"), tokenizer, [tokenizer.eos_token_id]

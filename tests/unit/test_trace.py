@@ -10,7 +10,8 @@ import threading
 import pytest
 
 from recipe.observability.progress import bar_postfix, step_bar, update_bar
-from recipe.observability.trace import ENGINE_PID_BASE, RequestTrace, RunTrace, Tracer, traced
+from recipe.observability.request_trace import RequestTrace
+from recipe.observability.trace import ENGINE_PID_BASE, RunTrace, Tracer, traced
 from recipe.observability.trace_file import TraceFile, busy_s, load_trace
 from recipe.protocol import Trajectory
 from recipe.workers.rollout.requests import GenerationRequest

@@ -31,7 +31,7 @@ from typing import Any
 
 from recipe.agent.context import EpisodeCut
 from recipe.checkpoint_engine.host import export_node_id
-from recipe.observability.trace import RequestTrace
+from recipe.observability.request_trace import RequestTrace
 from recipe.protocol import Trajectory
 from recipe.utils.weights_file import verify_weights_file
 from recipe.workers.rollout.requests import GenerationRequest
