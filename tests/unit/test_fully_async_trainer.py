@@ -67,15 +67,20 @@ def _config(**overrides: Any) -> RecipeConfig:
     return load_config(cfg)
 
 
-def _inputs(cfg: RecipeConfig) -> RunInputs:
+def _inputs(cfg: RecipeConfig, *, answer: Any = lambda i: 2 * i + 1, val: int = 0) -> RunInputs:
+    """``NUM_PROMPTS`` train prompts whose reference answer is ``answer(i)`` (odd by default:
+    ``half_flat`` then varies within every group), and ``val`` val prompts."""
+    source = "openai/gsm8k"
     records = [
-        PromptRecord(f"p{i:03d}", f"prompt {i}", str(2 * i + 1), "test") for i in range(NUM_PROMPTS)
+        PromptRecord(f"p{i:03d}", f"prompt {i}", str(answer(i)), source) for i in range(NUM_PROMPTS)
     ]
+    val_records = [PromptRecord(f"v{i:02d}", f"question {i}", str(i), source) for i in range(val)]
+    everything = records + val_records
     return RunInputs(
         train_records=records,
-        val_records=[],
+        val_records=val_records,
         reward_fn=RewardFunction(cfg.reward, cfg.rollout.response_length),
-        prompt_ids={r.uid: [i + 1, 5, 7] for i, r in enumerate(records)},
+        prompt_ids={r.uid: [i + 1, 5, 7] for i, r in enumerate(everything)},
         model=SimpleNamespace(pad_token_id=0),  # type: ignore[arg-type]
     )
 
@@ -85,10 +90,15 @@ class Run:
     main.py) with the scripted parts."""
 
     def __init__(
-        self, cfg: RecipeConfig, run_dir: Path, ranks: ScriptedRanks | None = None, **worker: Any
+        self,
+        cfg: RecipeConfig,
+        run_dir: Path,
+        ranks: ScriptedRanks | None = None,
+        inputs: RunInputs | None = None,
+        **worker: Any,
     ) -> None:
         self.loop = LoopThread()
-        inputs = _inputs(cfg)
+        inputs = inputs or _inputs(cfg)
         self.ranks = ranks or ScriptedRanks()
         self.trainer = FullyAsyncTrainer(cfg, run_dir, inputs=inputs, ranks=self.ranks)
         plan = self.trainer.plan
@@ -244,3 +254,64 @@ def test_a_run_resumed_from_its_checkpoint_trains_every_prompt_exactly_once(tmp_
     trained = [uid for row in read_ledger(tmp_path) for uid in row["trained"]]
     assert len(trained) == len(set(trained)) == 8 * second.trainer.plan.prompts_per_step
     _balanced(second.trainer.ledger)
+
+
+def test_dynamic_sampling_filters_flat_groups_records_them_and_never_trains_them(tmp_path):
+    cfg = _config(**{"algorithm.filter_groups.enable": True})
+    # Even answers: half_flat gives every response of the group 1.0, no GRPO signal.
+    run = Run(cfg, tmp_path, inputs=_inputs(cfg, answer=lambda i: i), tick_s=0.002)
+    summary = run.fit()
+    for batch in run.ranks.batches:
+        for group in batch.group_index_b.unique():
+            rewards = batch.rewards_b[batch.group_index_b == group]
+            assert rewards.max() > rewards.min(), "a flat group was trained"
+    ledger = run.trainer.ledger
+    _balanced(ledger)
+    assert summary["prompts/filtered"] == len(ledger["filtered"]) > 0
+    assert not set(ledger["filtered"]) & set(ledger["trained"])
+    assert len(ledger["trained"]) == 8 * run.trainer.plan.prompts_per_step
+
+
+LOOP_BOUND_REWARD = """
+import asyncio
+
+class Judge:  # a reward service's client: a lock bound to the loop that made it
+    def __init__(self):
+        self.lock = asyncio.Lock()
+        self.loop = asyncio.get_running_loop()
+
+    async def score(self, solution_str, ground_truth):
+        assert asyncio.get_running_loop() is self.loop, "scored on another event loop"
+        async with self.lock:  # held across an await, as a connection pool is
+            await asyncio.sleep(0.001)
+            return float(ground_truth in solution_str.split())
+
+judge = None
+
+async def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    global judge
+    judge = judge or Judge()  # made on the first call's loop and kept for the run
+    return await judge.score(solution_str, ground_truth)
+"""
+
+
+def test_an_async_reward_bound_to_its_first_loop_scores_training_and_validation(tmp_path):
+    """Training groups and every validation are scored on the rollouter's one event loop,
+    where a user's client made on the first call keeps working."""
+    reward = tmp_path / "judge.py"
+    reward.write_text(LOOP_BOUND_REWARD)
+    cfg = _config(
+        **{
+            "reward.custom_fn": f"{reward}:compute_score",
+            "trainer.val_before_train": True,
+            "trainer.test_freq": 2,
+        }
+    )
+    run = Run(cfg, tmp_path, inputs=_inputs(cfg, val=6), tick_s=0.002)
+    summary = run.fit()
+    rows = _rows(tmp_path)
+    # Version 2's validation came in during the run; version 4's is the final one.
+    assert [int(r["val/param_version"]) for r in rows if "val/param_version" in r][:1] == [2]
+    assert "initial/val_accuracy" in summary and "final/val_accuracy" in summary
+    assert rows[0]["step"] == 0 and "val/accuracy" in rows[0]  # before training
+    assert max(r["reward/mean"] for r in rows[1:]) > 0  # the judge found some answers
