@@ -149,14 +149,16 @@ def test_partial_rollout_spans_versions_within_the_staleness_bound_and_loses_no_
 NUM_MULTI_TURN_STEPS = 4
 
 
+# Nightly, both environments: its contracts are checked on every CI run: a turn cut by a
+# sync continued in place on the new version, and episodes cut for a checkpoint continued
+# exactly, by tests/unit/test_agent.py and test_agent_resume.py; a pause inside an episode's
+# turn on a real engine by test_rollout_vllm.py; a real fully_async run resumed from its
+# checkpoint by test_resume.py's SIGKILL run; the loop's syncs and snapshots in-process by
+# tests/unit/test_rollouter_loop.py and test_fully_async_trainer.py.
+@pytest.mark.nightly
 @pytest.mark.parametrize(
     "environment",
-    [
-        pytest.param("SavedTurns", id="saved"),
-        # The same run for an environment without state hooks (its episodes start again on
-        # resume): two more engine starts, so it runs with the nightly tier.
-        pytest.param("FixedTurns", id="unsaved", marks=pytest.mark.nightly),
-    ],
+    [pytest.param("SavedTurns", id="saved"), pytest.param("FixedTurns", id="unsaved")],
 )
 def test_multi_turn_episodes_span_syncs_with_cut_turns_continued_on_the_new_weights(
     rollout_model_path, tmp_path, environment

@@ -26,7 +26,8 @@ PRESET = {
     "actor": {"ppo_mini_batch_size": 16},
     "logger": {"quiet": True},
 }
-NUM_STEPS = 10
+NUM_STEPS = 4
+"""Enough for the schedule: an on-policy first batch, then three one version old."""
 LEARNING_STEPS = 40
 
 
