@@ -1,6 +1,7 @@
 """Checkpoint and resume end to end: real Ray, real vLLM-CPU engines, FSDP2 trainer.
 
-- The whole fully async run (``python -m recipe``, its own process group) is SIGKILLed at a
+- The whole fully async run (``python -m recipe``, its own process group; HF engines in CI,
+  vLLM nightly) is SIGKILLed at a
   random step after its first checkpoint, a half-written newer checkpoint is planted, and a
   relaunch with ``trainer.resume_mode=auto`` on the same run directory finishes the run: it
   resumes from the newest *complete* checkpoint, the prompt ledger lists every planned prompt
@@ -123,8 +124,15 @@ def _planned_prompts() -> list[str]:
     return [r.uid for r in cursor.take(TOTAL_STEPS * PROMPTS_PER_STEP)]
 
 
+@pytest.mark.parametrize(
+    "backend",
+    # The kill, the checkpoints and the resume are the recipe's: CI runs them on the HF
+    # engines (they start in seconds); the two vLLM engine starts, and checkpoints holding
+    # groups cut mid-response, run with the nightly tier.
+    ["hf", pytest.param("vllm", marks=pytest.mark.nightly)],
+)
 def test_sigkill_at_a_random_step_then_auto_resume_trains_every_prompt_exactly_once(
-    rollout_model_path, tmp_path
+    backend, rollout_model_path, tmp_path
 ):
     run_dir = tmp_path / "run"
     cmd = [
@@ -132,6 +140,7 @@ def test_sigkill_at_a_random_step_then_auto_resume_trains_every_prompt_exactly_o
         "-m",
         "recipe",
         *FULLY_ASYNC_RUN,
+        f"rollout.backend={backend}",
         f"model.path={rollout_model_path}",
         f"hydra.run.dir={run_dir}",
     ]
@@ -168,7 +177,11 @@ def test_sigkill_at_a_random_step_then_auto_resume_trains_every_prompt_exactly_o
     checkpoint_state = read_state(resume_from)  # read now: pruned by the time the run ends
     resume_step = checkpoint_state["global_step"]
     saved = json.loads((resume_from / RUN_STATE_DIR / "rollouter_state.json").read_text())
-    assert saved["partials"], "the checkpoint holds no partial trajectory to resume"
+    # vLLM-CPU is slower than the trainer here, so every sync cuts groups; the HF engine
+    # keeps up and its checkpoints may hold none (partials' resume: in-process in CI,
+    # tests/unit/test_rollouter_loop.py's snapshot test).
+    cuts_groups = backend == "vllm"
+    assert saved["partials"] or not cuts_groups, "the checkpoint holds no partial to resume"
     for _ticket, trajs in saved["partials"]:
         for traj in trajs:
             assert len(traj["response_ids"]) == len(traj["token_versions"])
@@ -211,7 +224,7 @@ def test_sigkill_at_a_random_step_then_auto_resume_trains_every_prompt_exactly_o
         s // SYNC_EVERY for s in range(1, TOTAL_STEPS + 1)
     ]
     assert all(r["staleness/max"] <= 1 for r in records)  # bound floor((B - 1) / W) = 1
-    assert any(r["partial/ratio"] > 0 for r in records[resume_step:])
+    assert any(r["partial/ratio"] > 0 for r in records[resume_step:]) or not cuts_groups
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == TOTAL_STEPS and summary["param_version"] == TOTAL_STEPS // 2
     assert summary["prompts/trained"] == TOTAL_STEPS * PROMPTS_PER_STEP
@@ -262,8 +275,8 @@ def _weights(checkpoint: Path) -> dict:
 @pytest.mark.parametrize(
     "backend",
     # The resume logic is the recipe's, not the engine's: CI runs it on the HF engines (they
-    # start in seconds); vLLM's four engine starts (~80 s) run with the nightly tier. The
-    # fully async SIGKILL test above resumes on vLLM in CI.
+    # start in seconds); vLLM's four engine starts (~80 s) run with the nightly tier, as the
+    # fully async SIGKILL test's do.
     ["hf", pytest.param("vllm", marks=pytest.mark.nightly)],
 )
 def test_one_step_off_resumed_from_step_2_trains_steps_3_and_4_exactly_as_before(
