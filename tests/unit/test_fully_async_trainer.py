@@ -16,11 +16,9 @@ import json
 import time
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from omegaconf import OmegaConf
 
 from fully_async_policy.clients import QueueClient, RolloutClient
 from fully_async_policy.message_queue import MessageQueue
@@ -29,60 +27,15 @@ from fully_async_policy.rollouter import FullyAsyncRollouter
 from fully_async_policy.served_weights import PUSHED_SLOT
 from fully_async_policy.trainer import FullyAsyncTrainer
 from recipe.checkpoint.ledger import read_ledger
-from recipe.config import RecipeConfig, load_config
+from recipe.config import RecipeConfig
 from recipe.faults import RunFailure
-from recipe.protocol import PromptRecord
-from recipe.reward import RewardFunction
 from recipe.run.inputs import RunInputs
-from tests.helpers import rewards
 from tests.helpers.fake_engines import LocalHandle, ScriptedEngines, ScriptedWorker
 from tests.helpers.fake_ranks import ScriptedPush, ScriptedRanks
+from tests.helpers.in_process import fully_async_config, scripted_inputs
 from tests.helpers.local_actors import FutureWaits, LoopThread, ThreadHandle
 
 pytestmark = pytest.mark.timeout(60)
-
-PRESET = {
-    "mode": "fully_async",
-    "actor": {"ppo_mini_batch_size": 4},
-    # Deadlines of seconds: a loop that stalls fails its test instead of hanging it.
-    "rollout": {"n": 4, "response_length": 12, "num_replicas": 2, "generation_timeout_s": 15},
-    "checkpoint_engine": {"timeout_s": 15},
-    "async_training": {
-        "staleness_threshold": 0.5,
-        "trigger_parameter_sync_step": 2,
-        "require_batches": 1,
-        "partial_rollout": True,
-    },
-    "trainer": {"total_training_steps": 8, "test_freq": 0, "val_before_train": False},
-    "reward": {"custom_fn": f"{rewards.PATH}:half_flat"},
-    "logger": {"quiet": True},
-}
-NUM_PROMPTS = 64
-
-
-def _config(**overrides: Any) -> RecipeConfig:
-    cfg = OmegaConf.create(PRESET)
-    for key, value in overrides.items():
-        OmegaConf.update(cfg, key, value, force_add=True)
-    return load_config(cfg)
-
-
-def _inputs(cfg: RecipeConfig, *, answer: Any = lambda i: 2 * i + 1, val: int = 0) -> RunInputs:
-    """``NUM_PROMPTS`` train prompts whose reference answer is ``answer(i)`` (odd by default:
-    ``half_flat`` then varies within every group), and ``val`` val prompts."""
-    source = "openai/gsm8k"
-    records = [
-        PromptRecord(f"p{i:03d}", f"prompt {i}", str(answer(i)), source) for i in range(NUM_PROMPTS)
-    ]
-    val_records = [PromptRecord(f"v{i:02d}", f"question {i}", str(i), source) for i in range(val)]
-    everything = records + val_records
-    return RunInputs(
-        train_records=records,
-        val_records=val_records,
-        reward_fn=RewardFunction(cfg.reward, cfg.rollout.response_length),
-        prompt_ids={r.uid: [i + 1, 5, 7] for i, r in enumerate(everything)},
-        model=SimpleNamespace(pad_token_id=0),  # type: ignore[arg-type]
-    )
 
 
 class Run:
@@ -98,7 +51,7 @@ class Run:
         **worker: Any,
     ) -> None:
         self.loop = LoopThread()
-        inputs = inputs or _inputs(cfg)
+        inputs = inputs or scripted_inputs(cfg)
         self.ranks = ranks or ScriptedRanks()
         self.trainer = FullyAsyncTrainer(cfg, run_dir, inputs=inputs, ranks=self.ranks)
         plan = self.trainer.plan
@@ -143,7 +96,7 @@ def _rows(run_dir: Path) -> list[dict[str, float]]:
 
 
 def test_fit_trains_every_step_pushes_every_t_steps_and_accounts_for_every_prompt(tmp_path):
-    cfg = _config()
+    cfg = fully_async_config()
     run = Run(cfg, tmp_path, tick_s=0.004)
     plan = run.trainer.plan
     summary = run.fit()
@@ -167,7 +120,7 @@ def test_fit_trains_every_step_pushes_every_t_steps_and_accounts_for_every_promp
 def test_decoupled_old_log_probs_read_the_pushed_version_kept_on_the_first_step_of_a_window(
     tmp_path,
 ):
-    cfg = _config(**{"algorithm.rollout_correction.bypass_mode": False})
+    cfg = fully_async_config(**{"algorithm.rollout_correction.bypass_mode": False})
     run = Run(cfg, tmp_path, tick_s=0.002)
     run.fit()
     # Local step 1 forwards the trainer's own weights (still the pushed ones), step 2 the
@@ -177,7 +130,7 @@ def test_decoupled_old_log_probs_read_the_pushed_version_kept_on_the_first_step_
 
 
 def test_a_slow_trainer_holds_the_rollouter_to_its_admission_budget(tmp_path):
-    cfg = _config(**{"trainer.total_training_steps": 6})
+    cfg = fully_async_config(**{"trainer.total_training_steps": 6})
     ranks = ScriptedRanks(on_update=lambda n: time.sleep(0.3))  # slower than generation
     run = Run(cfg, tmp_path, ranks, tick_s=0.002)
     plan = run.trainer.plan
@@ -193,7 +146,9 @@ def test_a_slow_trainer_holds_the_rollouter_to_its_admission_budget(tmp_path):
 
 
 def test_groups_older_than_max_staleness_go_back_and_are_generated_again(tmp_path):
-    cfg = _config(**{"async_training.staleness_threshold": 1.0, "async_training.max_staleness": 0})
+    cfg = fully_async_config(
+        **{"async_training.staleness_threshold": 1.0, "async_training.max_staleness": 0}
+    )
     run = Run(cfg, tmp_path, tick_s=0.004)
     summary = run.fit()
     assert summary["prompts/readmitted"] > 0
@@ -206,7 +161,7 @@ def test_groups_older_than_max_staleness_go_back_and_are_generated_again(tmp_pat
 def test_a_replica_killed_after_a_push_is_restarted_on_the_served_version_not_the_trainers(
     tmp_path,
 ):
-    cfg = _config(**{"rollout.max_restarts": 1})
+    cfg = fully_async_config(**{"rollout.max_restarts": 1})
     holder: dict[str, Run] = {}
 
     def kill_at_third_update(n: int) -> None:
@@ -229,14 +184,14 @@ def test_a_replica_killed_after_a_push_is_restarted_on_the_served_version_not_th
 
 
 def test_a_hung_replica_stops_the_run_at_the_batch_deadline_naming_it(tmp_path):
-    cfg = _config(**{"rollout.generation_timeout_s": 1.0})
+    cfg = fully_async_config(**{"rollout.generation_timeout_s": 1.0})
     run = Run(cfg, tmp_path, tick_s=60.0)  # one token a minute: nothing finishes
     with pytest.raises(RunFailure, match=r"rollout.generation_timeout_s=1 s .*replica\(s\) 0, 1"):
         run.fit()
 
 
 def test_a_run_resumed_from_its_checkpoint_trains_every_prompt_exactly_once(tmp_path):
-    cfg = _config(**{"trainer.save_freq": 2, "trainer.total_training_steps": 8})
+    cfg = fully_async_config(**{"trainer.save_freq": 2, "trainer.total_training_steps": 8})
 
     def crash_at_sixth_update(n: int) -> None:
         if n == 6:
@@ -246,7 +201,7 @@ def test_a_run_resumed_from_its_checkpoint_trains_every_prompt_exactly_once(tmp_
     with pytest.raises(RuntimeError, match="trainer rank lost"):
         first.fit()
 
-    resumed = _config(**{"trainer.save_freq": 2, "trainer.resume_mode": "auto"})
+    resumed = fully_async_config(**{"trainer.save_freq": 2, "trainer.resume_mode": "auto"})
     second = Run(resumed, tmp_path, tick_s=0.004)
     assert second.ranks.updates == 4  # the step-4 checkpoint's policy
     assert second.trainer.global_step == 4 and second.trainer.version == 2
@@ -257,9 +212,9 @@ def test_a_run_resumed_from_its_checkpoint_trains_every_prompt_exactly_once(tmp_
 
 
 def test_dynamic_sampling_filters_flat_groups_records_them_and_never_trains_them(tmp_path):
-    cfg = _config(**{"algorithm.filter_groups.enable": True})
+    cfg = fully_async_config(**{"algorithm.filter_groups.enable": True})
     # Even answers: half_flat gives every response of the group 1.0, no GRPO signal.
-    run = Run(cfg, tmp_path, inputs=_inputs(cfg, answer=lambda i: i), tick_s=0.002)
+    run = Run(cfg, tmp_path, inputs=scripted_inputs(cfg, answer=lambda i: i), tick_s=0.002)
     summary = run.fit()
     for batch in run.ranks.batches:
         for group in batch.group_index_b.unique():
@@ -300,14 +255,14 @@ def test_an_async_reward_bound_to_its_first_loop_scores_training_and_validation(
     where a user's client made on the first call keeps working."""
     reward = tmp_path / "judge.py"
     reward.write_text(LOOP_BOUND_REWARD)
-    cfg = _config(
+    cfg = fully_async_config(
         **{
             "reward.custom_fn": f"{reward}:compute_score",
             "trainer.val_before_train": True,
             "trainer.test_freq": 2,
         }
     )
-    run = Run(cfg, tmp_path, inputs=_inputs(cfg, val=6), tick_s=0.002)
+    run = Run(cfg, tmp_path, inputs=scripted_inputs(cfg, val=6), tick_s=0.002)
     summary = run.fit()
     rows = _rows(tmp_path)
     # Version 2's validation came in during the run; version 4's is the final one.

@@ -17,57 +17,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from fully_async_policy.message_queue import MessageQueue
 from fully_async_policy.messages import PromptGroup
 from fully_async_policy.rollouter import FullyAsyncRollouter
 from fully_async_policy.run_plan import RunPlan, plan_run
 from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE
 from recipe.checkpoint.store import RUN_STATE_DIR
-from recipe.config import RecipeConfig, load_config
-from recipe.protocol import PromptRecord
-from recipe.reward import RewardFunction
-from recipe.run.inputs import RunInputs
+from recipe.config import RecipeConfig
 from recipe.utils.weights_file import WeightsFile, file_sha256
-from tests.helpers import rewards
 from tests.helpers.fake_engines import LocalHandle, ScriptedEngines, ScriptedWorker
-
-PRESET = {
-    "mode": "fully_async",
-    "actor": {"ppo_mini_batch_size": 4},
-    "rollout": {"n": 4, "response_length": 12, "num_replicas": 2},
-    "async_training": {
-        "staleness_threshold": 0.5,
-        "trigger_parameter_sync_step": 2,
-        "require_batches": 1,
-        "partial_rollout": True,
-    },
-    "trainer": {"total_training_steps": 8, "test_freq": 0, "val_before_train": False},
-    "reward": {"custom_fn": f"{rewards.PATH}:half_flat"},
-    "logger": {"quiet": True},
-}
-NUM_PROMPTS = 64
-
-
-def _config(**overrides: Any) -> RecipeConfig:
-    cfg = OmegaConf.create(PRESET)
-    for key, value in overrides.items():
-        OmegaConf.update(cfg, key, value, force_add=True)
-    return load_config(cfg)
-
-
-def _inputs(cfg: RecipeConfig) -> RunInputs:
-    records = [
-        PromptRecord(f"p{i:03d}", f"prompt {i}", str(2 * i + 1), "test") for i in range(NUM_PROMPTS)
-    ]
-    return RunInputs(
-        train_records=records,
-        val_records=[],
-        reward_fn=RewardFunction(cfg.reward, cfg.rollout.response_length),
-        prompt_ids={r.uid: [i + 1, 5, 7] for i, r in enumerate(records)},
-        model=None,
-    )
+from tests.helpers.in_process import NUM_PROMPTS, fully_async_config, scripted_inputs
 
 
 def _expected_tokens(prompt_first: int, sample_index: int, length: int) -> list[int]:
@@ -82,7 +41,7 @@ class Trainer:
     def __init__(self, cfg: RecipeConfig, run_dir: Path, **worker: Any) -> None:
         self.cfg, self.run_dir = cfg, run_dir
         self.plan: RunPlan = plan_run(cfg, NUM_PROMPTS)
-        self.inputs = _inputs(cfg)
+        self.inputs = scripted_inputs(cfg)
         self.queue_obj: MessageQueue[PromptGroup] = MessageQueue(self.plan.budget)
         self.queue = LocalHandle(self.queue_obj)
         self.worker = worker
@@ -165,7 +124,7 @@ def test_a_sync_cuts_groups_that_continue_on_the_new_weights_within_the_stalenes
     tmp_path,
 ):
     async def scenario() -> None:
-        trainer = Trainer(_config(), tmp_path, tick_s=0.004)
+        trainer = Trainer(fully_async_config(), tmp_path, tick_s=0.004)
         rollouter = await trainer.start()
         run = asyncio.create_task(rollouter.run())
         await trainer.steps(1, trainer.plan.total_steps)
@@ -189,7 +148,7 @@ def test_a_sync_cuts_groups_that_continue_on_the_new_weights_within_the_stalenes
 
 def test_without_partial_rollout_a_sync_waits_for_its_groups_on_the_old_weights(tmp_path):
     async def scenario() -> None:
-        cfg = _config(**{"async_training.partial_rollout": False})
+        cfg = fully_async_config(**{"async_training.partial_rollout": False})
         trainer = Trainer(cfg, tmp_path, tick_s=0.004)
         rollouter = await trainer.start()
         run = asyncio.create_task(rollouter.run())
@@ -207,7 +166,7 @@ def test_without_partial_rollout_a_sync_waits_for_its_groups_on_the_old_weights(
 
 def test_a_replica_that_dies_mid_group_is_restarted_and_its_prompts_generated_again(tmp_path):
     async def scenario() -> None:
-        cfg = _config(**{"rollout.max_restarts": 1})
+        cfg = fully_async_config(**{"rollout.max_restarts": 1})
         trainer = Trainer(cfg, tmp_path, tick_s=0.004)
         rollouter = await trainer.start()
         run = asyncio.create_task(rollouter.run())
@@ -232,7 +191,7 @@ def test_a_replica_that_dies_mid_group_is_restarted_and_its_prompts_generated_ag
 
 def test_a_snapshot_taken_in_a_sync_restores_a_rollouter_that_loses_no_prompt(tmp_path):
     async def scenario() -> None:
-        cfg = _config(**{"trainer.total_training_steps": 10})
+        cfg = fully_async_config(**{"trainer.total_training_steps": 10})
         first = Trainer(cfg, tmp_path / "a", tick_s=0.004)
         rollouter = await first.start()
         run = asyncio.create_task(rollouter.run())
