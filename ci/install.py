@@ -54,7 +54,9 @@ def parse_pip_config(out: str) -> dict[str, list[str]]:
 
 def uv_arguments(settings: dict[str, list[str]]) -> tuple[list[str], dict[str, str]]:
     """uv's flags and environment for the same resolution as pip's."""
-    args = ["--index-strategy", "unsafe-best-match"]  # pip weighs every index
+    # pip weighs every index; pip compiles bytecode at install (else the first process to
+    # import torch or transformers pays for it, seconds of CPU).
+    args = ["--index-strategy", "unsafe-best-match", "--compile-bytecode"]
     if "index-url" in settings:
         args += ["--index-url", settings["index-url"][0]]
     if settings.get("no-index", ["false"])[0].lower() in ("1", "true", "yes", "on"):

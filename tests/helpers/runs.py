@@ -40,14 +40,14 @@ def spy_on_groups(recipe: Any) -> list[tuple[int, list]]:
     trainer takes them; the list fills while ``recipe.fit()`` runs."""
     seen: list[tuple[int, list]] = []
     trainer = recipe.trainer
-    take = trainer._take_groups
+    take = trainer.feed.take
 
-    def recording():
-        groups = take()
+    def recording(num_groups: int, version: int) -> list:
+        groups = take(num_groups, version)
         seen.append((trainer.version, groups))
         return groups
 
-    trainer._take_groups = recording
+    trainer.feed.take = recording
     return seen
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from fully_async_policy.clients import QueueClient, RolloutClient
-from fully_async_policy.trainer import FullyAsyncTrainer
+from fully_async_policy.feed import RolloutFeed
 from recipe.faults import RunFailure
 
 pytestmark = pytest.mark.integration
@@ -43,16 +44,18 @@ class _Silent:
         return [0, 2]
 
 
-def _trainer_waiting_on(silent, timeout_s: float) -> FullyAsyncTrainer:
-    """A FullyAsyncTrainer with only what its batch wait reads (no model, no engines)."""
-    trainer = object.__new__(FullyAsyncTrainer)
-    trainer.cfg = SimpleNamespace(rollout=SimpleNamespace(generation_timeout_s=timeout_s))
-    trainer.tracer = SimpleNamespace(span=lambda *a, **k: contextlib.nullcontext())
-    trainer.queue, trainer.rollouter = QueueClient(silent), RolloutClient(silent)
-    trainer._replica_request = None
-    trainer._run_ref = silent.run.remote()
-    trainer._wait_s = 0.0
-    return trainer
+def _feed_waiting_on(silent, timeout_s: float) -> RolloutFeed:
+    """The fully async trainer's feed (fully_async_policy/feed.py) on the silent actor."""
+    cfg = SimpleNamespace(
+        rollout=SimpleNamespace(generation_timeout_s=timeout_s),
+        async_training=SimpleNamespace(max_staleness=None),
+    )
+    tracer = SimpleNamespace(span=lambda *a, **k: contextlib.nullcontext())
+    feed = RolloutFeed(
+        cfg, RolloutClient(silent), QueueClient(silent), None, tracer=tracer, run_dir=Path(".")
+    )  # type: ignore[arg-type]
+    feed.start()
+    return feed
 
 
 @pytest.mark.parametrize(
@@ -70,10 +73,10 @@ def test_a_batch_that_never_comes_stops_the_run_within_the_deadline_naming_the_r
     # The clock starts once the actor is up: a worker's start (seconds on a busy machine) is
     # not part of the wait under test.
     ray_for_module.get(silent.__ray_ready__.remote(), timeout=120)
-    trainer = _trainer_waiting_on(silent, timeout_s=1.0)
+    feed = _feed_waiting_on(silent, timeout_s=1.0)
     start = time.monotonic()
     with pytest.raises(RunFailure) as caught:
-        trainer._get_batch(4)
+        feed.take(4, version=0)
     took_s = time.monotonic() - start
     message = str(caught.value)
     assert "no batch of 4 prompt groups within rollout.generation_timeout_s=1 s" in message

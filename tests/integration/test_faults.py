@@ -157,7 +157,7 @@ def faulted_run(rollout_model_path, tmp_path_factory) -> FaultedRun:
     sync_failures: list[str] = []
     frozen: list[int] = []
     seen: list[tuple[int, list]] = []
-    train_step, take, push = trainer._train_step, trainer._take_groups, trainer._fit_update_weights
+    train_step, take, push = trainer._train_step, trainer.feed.take, trainer._fit_update_weights
     recover = trainer.engines.repair  # a push cut by a dead replica (rollout_engines.py)
 
     def faulty_train_step(local_step):
@@ -170,8 +170,8 @@ def faulted_run(rollout_model_path, tmp_path_factory) -> FaultedRun:
             kills.append({"step": step, "pid": pid, "in_flight": in_flight, **procs})
         return train_step(local_step)
 
-    def recording_take():
-        groups = take()
+    def recording_take(num_groups, version):
+        groups = take(num_groups, version)
         seen.append((trainer.version, groups))
         return groups
 
@@ -190,7 +190,7 @@ def faulted_run(rollout_model_path, tmp_path_factory) -> FaultedRun:
         return recover(exc)
 
     trainer._train_step = faulty_train_step
-    trainer._take_groups = recording_take
+    trainer.feed.take = recording_take
     trainer._fit_update_weights = recording_push
     trainer.engines.repair = thawing_recover
     try:

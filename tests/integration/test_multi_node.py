@@ -343,9 +343,9 @@ def test_a_rollout_node_that_leaves_mid_run_retires_its_engine_and_the_run_goes_
     )
     recipe = build_recipe(run_dir, FULLY_ASYNC, overrides)
     trainer = recipe.trainer
-    take_groups = trainer._take_groups
+    take_groups = trainer.feed.take
 
-    def leave_while_generating() -> list:
+    def leave_while_generating(num_groups: int, version: int) -> list:
         """The node leaves before step 1 takes its groups: the first window's groups are
         generating on both engines then."""
         if "rollout_b" in cluster.nodes:
@@ -355,9 +355,9 @@ def test_a_rollout_node_that_leaves_mid_run_retires_its_engine_and_the_run_goes_
                 assert time.monotonic() < deadline, "the engines never had groups in flight"
                 time.sleep(0.05)
             cluster.remove("rollout_b")
-        return take_groups()
+        return take_groups(num_groups, version)
 
-    trainer._take_groups = leave_while_generating
+    trainer.feed.take = leave_while_generating
     try:
         if max_restarts == 0:
             with pytest.raises(RunFailure) as failure:

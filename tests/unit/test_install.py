@@ -28,7 +28,7 @@ def test_pip_settings_become_the_same_uv_flags_and_environment():
     settings = install.parse_pip_config(PIP_CONFIG_LIST)
     args, env = install.uv_arguments(settings)
     assert args == [
-        "--index-strategy", "unsafe-best-match",
+        "--index-strategy", "unsafe-best-match", "--compile-bytecode",
         "--index-url", "https://other.example/simple",  # the user's file over the global
         "--extra-index-url", "file:///opt/a/simple",
         "--extra-index-url", "file:///opt/b/simple",
@@ -48,6 +48,6 @@ def test_an_environment_variable_wins_over_a_config_file():
 
 def test_no_settings_leave_uv_on_its_defaults():
     assert install.uv_arguments(install.parse_pip_config("")) == (
-        ["--index-strategy", "unsafe-best-match"],
+        ["--index-strategy", "unsafe-best-match", "--compile-bytecode"],
         {},
     )
