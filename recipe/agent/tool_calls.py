@@ -1,0 +1,90 @@
+"""A model turn's text as the OpenAI chat API returns it: ``content`` and ``tool_calls``.
+
+    hermes   Qwen2.5 / Hermes / many chat templates: each call is
+             ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` after optional text
+
+``parse_tool_calls(text, parser, call_ids)`` returns the assistant message (``content``, and
+``tool_calls`` with ids from ``call_ids``) and whether the text held a malformed call. A
+malformed call (bad JSON, no name, arguments that are not an object) is never half-parsed:
+the whole turn comes back as plain text, as the API returns text a model failed to format,
+and the caller counts it (``agent/tool_parse_errors``). The tokens the model sampled are kept
+whatever the parse: this is only what the agent is shown.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+TOOL_PARSERS = ("hermes",)
+"""``rollout.multi_turn.tool_parser`` values."""
+
+_HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_HERMES_OPEN = "<tool_call>"
+
+
+@dataclass(slots=True)
+class ParsedTurn:
+    """One model turn as the chat API shows it."""
+
+    content: str | None
+    """Text outside the calls (None when the turn is only calls)."""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    """``{"id", "type": "function", "function": {"name", "arguments"}}`` (arguments: JSON)."""
+    malformed: bool = False
+    """The text opened a call that could not be parsed: it is returned as plain text."""
+
+    def message(self) -> dict[str, Any]:
+        """The ``role: assistant`` message of a chat completion."""
+        out: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+        return out
+
+    @property
+    def finish_reason(self) -> str | None:
+        """``tool_calls`` when the turn called tools (else the engine's reason stands)."""
+        return "tool_calls" if self.tool_calls else None
+
+
+def parse_tool_calls(text: str, parser: str, call_ids: Iterator[str]) -> ParsedTurn:
+    """``text`` (one model turn, special tokens removed) as content and tool calls."""
+    if parser != "hermes":
+        raise ValueError(
+            f"rollout.multi_turn.tool_parser={parser!r}: allowed one of {list(TOOL_PARSERS)}"
+        )
+    if _HERMES_OPEN not in text:
+        return ParsedTurn(content=text)
+    calls = []
+    for body in _HERMES_CALL.findall(text):
+        call = _hermes_call(body)
+        if call is None:
+            return ParsedTurn(content=text, malformed=True)
+        name, arguments = call
+        function = {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}
+        calls.append({"id": next(call_ids), "type": "function", "function": function})
+    if not calls or text.count(_HERMES_OPEN) != len(calls):  # an unclosed call
+        return ParsedTurn(content=text, malformed=True)
+    content = _HERMES_CALL.sub("", text).strip()
+    return ParsedTurn(content=content or None, tool_calls=calls)
+
+
+def _hermes_call(body: str) -> tuple[str, dict[str, Any]] | None:
+    try:
+        call = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
+        return None
+    arguments = call.get("arguments", {})
+    if isinstance(arguments, str):  # some models write the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return call["name"], arguments

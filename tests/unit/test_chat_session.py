@@ -1,0 +1,175 @@
+"""An episode's chat requests as token sequences (recipe/agent/chat_session.py) and a model
+turn's tool calls as the chat API shows them (recipe/agent/tool_calls.py), on the tiny
+byte-level tokenizer with a chat template that renders tools and tool messages."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from recipe.agent.chat_session import ChatSession, extends
+from recipe.agent.render import ObservationRenderer
+from recipe.agent.tool_calls import parse_tool_calls
+from recipe.protocol import ENV_TOKEN_VERSION
+from recipe.tiny import EOS_TOKEN, build_tokenizer
+
+pytestmark = pytest.mark.model  # builds a transformers tokenizer
+
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n"
+    "{{ messages[0]['content'] if messages[0]['role'] == 'system' else 'You help.' }}\n"
+    "<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>" + EOS_TOKEN + "\n"
+    "{% elif messages[0]['role'] == 'system' %}<|im_start|>system\n"
+    "{{ messages[0]['content'] }}" + EOS_TOKEN + "\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}"
+    "{% elif m['role'] == 'assistant' %}<|im_start|>assistant\n{{ m['content'] or '' }}"
+    "{% for c in m['tool_calls'] or [] %}<tool_call>"
+    '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments }}}'
+    "</tool_call>{% endfor %}" + EOS_TOKEN + "\n"
+    "{% elif m['role'] == 'tool' %}<|im_start|>user\n<tool_response>{{ m['content'] }}"
+    "</tool_response>" + EOS_TOKEN + "\n"
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}" + EOS_TOKEN + "\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {"type": "object", "properties": {"a": {}, "b": {}}},
+        },
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    tok = build_tokenizer(tmp_path_factory.mktemp("tok"), model_max_length=4096)
+    tok.chat_template = TOOLS_TEMPLATE
+    return tok
+
+
+@pytest.fixture
+def session(tokenizer):
+    return ChatSession(ObservationRenderer(tokenizer, [tokenizer.eos_token_id], "user"))
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _render(tokenizer, messages, tools=None) -> list[int]:
+    text = tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=False
+    )
+    return _ids(tokenizer, text)
+
+
+def _turn(tokenizer, session, segment, text: str, version: int):
+    """The model samples ``text`` + EOS on ``segment``; returns the message the client gets."""
+    ids = [*_ids(tokenizer, text), tokenizer.eos_token_id]
+    parsed = parse_tool_calls(text, "hermes", (f"call_{i}" for i in itertools.count()))
+    message = parsed.message()
+    session.record(segment, ids, [-0.5] * len(ids), [version] * len(ids), message)
+    return ids, message
+
+
+def test_a_tool_round_trip_extends_one_segment_with_the_sampled_tokens_kept(tokenizer, session):
+    messages = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "2+3?"}]
+    segment = session.context(messages, TOOLS)
+    assert segment.context_ids == _render(tokenizer, messages, TOOLS)
+    assert '"name": "add"' in tokenizer.decode(segment.prompt_ids)  # tools rendered
+    call = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    turn_ids, message = _turn(tokenizer, session, segment, call, version=3)
+    assert message["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 2, "b": 3}'}
+    # The client echoes the assistant message with keys of its own, then the tool's answer.
+    echoed = {**message, "refusal": None, "annotations": []}
+    tool = {"role": "tool", "tool_call_id": "call_0", "content": "5"}
+    again = session.context([*messages, echoed, tool], TOOLS)
+    assert again is segment and len(session.segments) == 1
+    whole = [*messages, message, tool]
+    assert segment.context_ids == _render(
+        tokenizer, whole, TOOLS
+    )  # token-exact: nothing re-rendered
+    delta = len(segment.response_ids) - len(turn_ids)
+    assert segment.loss_mask == [1] * len(turn_ids) + [0] * delta
+    assert segment.versions == [3] * len(turn_ids) + [ENV_TOKEN_VERSION] * delta
+    assert segment.response_ids[: len(turn_ids)] == turn_ids
+
+
+def test_sampled_tokens_that_a_re_render_would_change_are_kept_as_sampled(tokenizer, session):
+    messages = [{"role": "user", "content": "Say hi."}]
+    segment = session.context(messages)
+    # Spaces the template's rendering of the parsed message would not reproduce.
+    text = "  hi  "
+    ids, message = _turn(tokenizer, session, segment, text, version=0)
+    session.context([*messages, message, {"role": "user", "content": "Again."}])
+    assert segment.response_ids[: len(ids)] == ids
+    assert len(session.segments) == 1
+
+
+def test_edited_history_starts_a_new_segment_and_is_counted(tokenizer, session):
+    messages = [{"role": "user", "content": "Plan a trip."}]
+    first = session.context(messages)
+    _, message = _turn(tokenizer, session, first, "Step one.", version=1)
+    summary = [{"role": "user", "content": "Summary: step one done. Continue."}]
+    second = session.context(summary)
+    assert second is not first and session.num_new_segments == 1
+    assert second.context_ids == _render(tokenizer, summary)
+    assert first.loss_mask.count(1) == len(first.response_ids)  # the first keeps its turn
+    # A request that drops the last messages does not extend the new segment either.
+    assert not extends([*summary, message], summary[:0])
+
+
+def test_messages_compare_by_what_the_api_defines():
+    held = [{"role": "assistant", "content": None, "tool_calls": []}]
+    assert extends(held, [{"role": "assistant", "content": ""}, {"role": "user", "content": "x"}])
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    with_call = [{"role": "assistant", "content": None, "tool_calls": [call]}]
+    other = {**call, "function": {"name": "f", "arguments": '{"a": 1}'}}
+    assert not extends(with_call, [{"role": "assistant", "content": None, "tool_calls": [other]}])
+    assert not extends([{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}])
+
+
+def test_a_turn_whose_lengths_disagree_is_refused(tokenizer, session):
+    segment = session.context([{"role": "user", "content": "hi"}])
+    with pytest.raises(ValueError, match="3 tokens came with 2 log-probs"):
+        session.record(segment, [1, 2, 3], [0.0, 0.0], [0, 0, 0], {"role": "assistant"})
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "names", "malformed"),
+    [
+        ("The sum is 5.", "The sum is 5.", [], False),
+        ('Let me add.<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>',
+         "Let me add.", ["add"], False),
+        ('<tool_call>{"name": "a", "arguments": {}}</tool_call>\n'
+         '<tool_call>{"name": "b", "arguments": "{\\"x\\": 1}"}</tool_call>',
+         None, ["a", "b"], False),
+        ('<tool_call>{"name": "add", "arguments": {"a": 2</tool_call>', None, [], True),
+        ('<tool_call>{"arguments": {}}</tool_call>', None, [], True),
+        ('<tool_call>{"name": "add", "arguments": [1]}</tool_call>', None, [], True),
+        ('<tool_call>{"name": "add", "arguments": {}}', None, [], True),
+    ],
+)  # fmt: skip
+def test_hermes_tool_calls_parse_or_come_back_as_text(text, content, names, malformed):
+    parsed = parse_tool_calls(text, "hermes", (f"call_{i}" for i in itertools.count()))
+    assert parsed.malformed is malformed
+    assert [c["function"]["name"] for c in parsed.tool_calls] == names
+    if malformed:
+        assert parsed.content == text and parsed.finish_reason is None
+        return
+    assert parsed.content == content
+    assert [c["id"] for c in parsed.tool_calls] == [f"call_{i}" for i in range(len(names))]
+    for call in parsed.tool_calls:
+        assert isinstance(json.loads(call["function"]["arguments"]), dict)
+    assert parsed.finish_reason == ("tool_calls" if names else None)
+
+
+def test_an_unknown_tool_parser_is_named():
+    with pytest.raises(ValueError, match=r"rollout\.multi_turn\.tool_parser='xml'"):
+        parse_tool_calls("x", "xml", iter(()))
