@@ -370,6 +370,11 @@ def _greedy(ray, rollout) -> list[tuple[list[int], list[float]]]:
     return [(t.response_ids, t.rollout_logprobs) for group in groups for t in group]
 
 
+# Nightly (a 2-rank vLLM-CPU engine start, ~75 s with its teardown): what CI checks of it
+# every run: pushes to several receivers in other processes bit for bit
+# (tests/unit/test_checkpoint_engine.py), to whole vLLM engines (the tests above), and the
+# receiver ranks' placement of a tensor-parallel replica (tests/unit/test_cluster.py).
+@pytest.mark.nightly
 @pytest.mark.parametrize("backend", ["shm", "gloo"])
 def test_a_tensor_parallel_engine_loads_its_shards_of_each_push_beside_whole_engines(
     groups, tp_rollout, ray_for_module, rollout_model_path, tmp_path, backend
