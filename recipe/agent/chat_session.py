@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from recipe.agent.episode import EpisodeTokens
 from recipe.agent.render import ObservationRenderer
-from recipe.protocol import ENV_TOKEN_VERSION
 
 Message = dict[str, Any]
 
@@ -37,39 +37,15 @@ class Segment:
 
     messages: list[Message]
     """The conversation these tokens hold, as the client sees it."""
-    prompt_ids: list[int]
-    response_ids: list[int] = field(default_factory=list)
-    """Everything after the prompt: sampled turns (mask 1) and deltas (mask 0)."""
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    """The engine's log-prob of each sampled token; 0.0 on deltas."""
-    versions: list[int] = field(default_factory=list)
-    """The weights version of each sampled token; ``ENV_TOKEN_VERSION`` on deltas."""
+    tokens: EpisodeTokens
+    """Prompt, sampled turns (mask 1, their log-probs and versions) and deltas (mask 0)."""
     last_turn_ids: list[int] = field(default_factory=list)
     """The last model turn's ids (a delta after it closes that turn first)."""
 
     @property
     def context_ids(self) -> list[int]:
         """What the engine continues from."""
-        return self.prompt_ids + self.response_ids
-
-    def add_context(self, ids: list[int]) -> None:
-        self.response_ids += ids
-        self.loss_mask += [0] * len(ids)
-        self.logprobs += [0.0] * len(ids)
-        self.versions += [ENV_TOKEN_VERSION] * len(ids)
-
-    def add_turn(self, ids: list[int], logprobs: list[float], versions: list[int]) -> None:
-        if not len(ids) == len(logprobs) == len(versions):
-            raise ValueError(
-                f"a model turn of {len(ids)} tokens came with {len(logprobs)} log-probs and "
-                f"{len(versions)} versions"
-            )
-        self.response_ids += ids
-        self.loss_mask += [1] * len(ids)
-        self.logprobs += logprobs
-        self.versions += versions
-        self.last_turn_ids = list(ids)
+        return self.tokens.prompt_ids + self.tokens.response_ids
 
 
 class ChatSession:
@@ -92,7 +68,7 @@ class ChatSession:
         if current is not None and extends(current.messages, messages):
             new = messages[len(current.messages) :]
             if new:
-                current.add_context(self.renderer.observation_ids(new, current.last_turn_ids))
+                current.tokens.add_env(self.renderer.observation_ids(new, current.last_turn_ids))
             current.messages = [dict(m) for m in messages]
             return current
         prompt = self.renderer.encode(
@@ -100,7 +76,7 @@ class ChatSession:
                 messages, tools=tools or None, add_generation_prompt=True, tokenize=False
             )
         )
-        segment = Segment(messages=[dict(m) for m in messages], prompt_ids=prompt)
+        segment = Segment([dict(m) for m in messages], EpisodeTokens(prompt))
         self.segments.append(segment)
         return segment
 
@@ -114,7 +90,8 @@ class ChatSession:
     ) -> None:
         """The model's turn on ``segment``: its tokens as sampled, and ``message`` (what the
         client is shown) as the conversation's next message."""
-        segment.add_turn(ids, logprobs, versions)
+        segment.tokens.add_model(ids, logprobs, versions)
+        segment.last_turn_ids = list(ids)
         segment.messages.append(dict(message))
 
 

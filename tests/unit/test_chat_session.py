@@ -82,7 +82,7 @@ def test_a_tool_round_trip_extends_one_segment_with_the_sampled_tokens_kept(toke
     messages = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "2+3?"}]
     segment = session.context(messages, TOOLS)
     assert segment.context_ids == _render(tokenizer, messages, TOOLS)
-    assert '"name": "add"' in tokenizer.decode(segment.prompt_ids)  # tools rendered
+    assert '"name": "add"' in tokenizer.decode(segment.tokens.prompt_ids)  # tools rendered
     call = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
     turn_ids, message = _turn(tokenizer, session, segment, call, version=3)
     assert message["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 2, "b": 3}'}
@@ -95,10 +95,10 @@ def test_a_tool_round_trip_extends_one_segment_with_the_sampled_tokens_kept(toke
     assert segment.context_ids == _render(
         tokenizer, whole, TOOLS
     )  # token-exact: nothing re-rendered
-    delta = len(segment.response_ids) - len(turn_ids)
-    assert segment.loss_mask == [1] * len(turn_ids) + [0] * delta
-    assert segment.versions == [3] * len(turn_ids) + [ENV_TOKEN_VERSION] * delta
-    assert segment.response_ids[: len(turn_ids)] == turn_ids
+    delta = len(segment.tokens.response_ids) - len(turn_ids)
+    assert segment.tokens.loss_mask == [1] * len(turn_ids) + [0] * delta
+    assert segment.tokens.versions == [3] * len(turn_ids) + [ENV_TOKEN_VERSION] * delta
+    assert segment.tokens.response_ids[: len(turn_ids)] == turn_ids
 
 
 def test_sampled_tokens_that_a_re_render_would_change_are_kept_as_sampled(tokenizer, session):
@@ -108,7 +108,7 @@ def test_sampled_tokens_that_a_re_render_would_change_are_kept_as_sampled(tokeni
     text = "  hi  "
     ids, message = _turn(tokenizer, session, segment, text, version=0)
     session.context([*messages, message, {"role": "user", "content": "Again."}])
-    assert segment.response_ids[: len(ids)] == ids
+    assert segment.tokens.response_ids[: len(ids)] == ids
     assert len(session.segments) == 1
 
 
@@ -120,7 +120,9 @@ def test_edited_history_starts_a_new_segment_and_is_counted(tokenizer, session):
     second = session.context(summary)
     assert second is not first and session.num_new_segments == 1
     assert second.context_ids == _render(tokenizer, summary)
-    assert first.loss_mask.count(1) == len(first.response_ids)  # the first keeps its turn
+    assert first.tokens.loss_mask.count(1) == len(
+        first.tokens.response_ids
+    )  # the first keeps its turn
     # A request that drops the last messages does not extend the new segment either.
     assert not extends([*summary, message], summary[:0])
 
@@ -137,7 +139,7 @@ def test_messages_compare_by_what_the_api_defines():
 
 def test_a_turn_whose_lengths_disagree_is_refused(tokenizer, session):
     segment = session.context([{"role": "user", "content": "hi"}])
-    with pytest.raises(ValueError, match="3 tokens came with 2 log-probs"):
+    with pytest.raises(ValueError, match="a model turn has 3 tokens, 2 log-probs"):
         session.record(segment, [1, 2, 3], [0.0, 0.0], [0, 0, 0], {"role": "assistant"})
 
 
