@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from recipe.agent.metrics import check_env_errors
-from recipe.algo.advantages import compute_advantages
+from recipe.algo.advantages import compute_advantages, share_episode_advantages
 from recipe.config import RecipeConfig
 from recipe.observability.trace import traced
 from recipe.observability.tracking import MetricsAccumulator
@@ -217,9 +217,12 @@ class SeparateRayPPOTrainer:
 
     @traced("advantages")
     def _compute_advantages(self, batch: TrainBatch) -> TrainBatch:
+        """Group advantages over episodes (one counted row each), then shared by every row of
+        an episode: the earlier segments of one are trained with its advantage."""
         adv_b = compute_advantages(
             batch.rewards_b, batch.group_index_b, self.cfg.algorithm, batch.counted_b
         )
+        adv_b = share_episode_advantages(adv_b, batch.episode_b, batch.counted_b)
         return batch.with_advantages(adv_b)
 
     @traced("update")

@@ -33,6 +33,21 @@ class MultiTurnConfig:
     default loop driving ``environment``."""
     agent_loop_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the agent loop's constructor."""
+    agent: str | None = None
+    """An agent written against the OpenAI chat API: ``FILE.py:fn`` or ``package.module:fn``,
+    ``async def fn(client, record) -> float | None`` (``client``: an ``openai.AsyncOpenAI``
+    pointed at its episode's endpoint; None: the reward function scores the final answer).
+    See ``recipe.agent.endpoint``."""
+    agent_command: str | None = None
+    """An agent in another process or language: a command run once per episode (split like a
+    shell line, not run by a shell) with ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` and the prompt
+    record (``RECIPE_RECORD``, JSON) in its environment; its last stdout line, when a number,
+    is the reward."""
+    agent_timeout_s: float = 600.0
+    """An ``agent``/``agent_command`` episode running longer ends as ``env_error``."""
+    tool_parser: str = "hermes"
+    """How a model turn's text becomes ``tool_calls`` for an agent that passed ``tools``:
+    ``hermes`` (``<tool_call>`` JSON, built in) or a tool parser vLLM registers."""
     max_assistant_turns: int = 4
     """Model turns per episode; the episode ends (``length``) when they are used up."""
     max_user_turns: int = 4
@@ -54,12 +69,24 @@ class MultiTurnConfig:
         self.environment_kwargs = dict(self.environment_kwargs)
         self.agent_loop_kwargs = dict(self.agent_loop_kwargs)
         require(
-            not self.enable or bool(self.environment) or bool(self.agent_loop),
+            not self.enable or bool(self.environment or self.agent_loop or self.endpoint_agent),
             "rollout.multi_turn.environment",
             self.environment,
             "an Environment class ('FILE.py:Class' or 'package.module:Class') when "
-            "rollout.multi_turn.enable=true and no rollout.multi_turn.agent_loop is set",
+            "rollout.multi_turn.enable=true and no agent_loop, agent or agent_command is set",
         )
+        drivers = [
+            key
+            for key in ("environment", "agent_loop", "agent", "agent_command")
+            if getattr(self, key)
+        ]
+        require(
+            not self.endpoint_agent or len(drivers) == 1,
+            f"rollout.multi_turn.{drivers[-1] if drivers else 'agent'}",
+            getattr(self, drivers[-1]) if drivers else None,
+            f"one of environment, agent_loop, agent, agent_command (set: {', '.join(drivers)})",
+        )
+        require_positive("rollout.multi_turn.agent_timeout_s", self.agent_timeout_s)
         require_positive("rollout.multi_turn.max_assistant_turns", self.max_assistant_turns)
         require(
             self.max_user_turns >= 0,
@@ -82,3 +109,8 @@ class MultiTurnConfig:
         require_fraction(
             "rollout.multi_turn.max_env_error_ratio", self.max_env_error_ratio, open_low=False
         )
+
+    @property
+    def endpoint_agent(self) -> bool:
+        """Episodes are driven by a user's agent through the OpenAI-compatible endpoint."""
+        return bool(self.agent or self.agent_command)

@@ -53,6 +53,20 @@ class TurnOutput:
     """Policy version of each (same length)."""
     finish_reason: str
     """``stop`` (EOS), ``length`` (its budget) or ``aborted`` (cut by a pause)."""
+    num_cached_tokens: int = 0
+    """Context tokens the engine's prefix cache served (0 when it cannot tell)."""
+
+
+@dataclass(slots=True, frozen=True)
+class TurnEnd:
+    """How one model turn ended (``sample_turn``)."""
+
+    finish_reason: str
+    """``stop`` (EOS) or ``length`` (its budget); never ``aborted``."""
+    cuts: int
+    """Times a weight sync cut the turn (each continued on the newer weights)."""
+    num_cached_tokens: int
+    """Context tokens the prefix cache served on the turn's first request."""
 
 
 class TurnEngine(Protocol):
@@ -130,15 +144,8 @@ class AgentContext:
             self._turn, self._turn_budget, self._turn_cuts = [], budget, 0
         turn, budget = self._turn, self._turn_budget
         start_us = now_us()
-        while True:
-            seed = None if self._seed is None else self._seed + tokens.num_response_tokens
-            out = await self._engine.generate_turn(tokens.context_ids, budget - len(turn), seed)
-            tokens.add_model(out.ids, out.logprobs, out.versions)
-            turn += out.ids
-            if out.finish_reason != "aborted" or len(turn) >= budget:
-                break
-            self._turn_cuts += 1
-            await self._engine.wait_until_running()  # the sync loads; then continue the turn
+        end = await sample_turn(self._engine, tokens, turn, budget, self._seed)
+        self._turn_cuts += end.cuts
         self._turn = None
         self.num_turns += 1
         self._last_turn = turn
@@ -292,6 +299,30 @@ class AgentContext:
         if self.tokens is None:
             raise RuntimeError("AgentContext.start(observation) must come first")
         return self.tokens
+
+
+async def sample_turn(
+    engine: TurnEngine, tokens: EpisodeTokens, turn: list[int], budget: int, seed: int | None
+) -> TurnEnd:
+    """Sample one model turn onto ``tokens`` until EOS or ``budget`` tokens in ``turn`` (the
+    turn's ids so far, extended in place). A request a weight sync aborts is continued from
+    the context and the tokens it had once the engine runs again, so the turn is one piece
+    whose later tokens carry the newer version. ``seed``: the episode's seed, offset by the
+    tokens already in the sequence (None: unseeded). ``EpisodeCut`` from the wait propagates
+    with ``turn`` holding what was sampled."""
+    cuts, cached = 0, None
+    while True:
+        request_seed = None if seed is None else seed + tokens.num_response_tokens
+        out = await engine.generate_turn(tokens.context_ids, budget - len(turn), request_seed)
+        cached = out.num_cached_tokens if cached is None else cached
+        tokens.add_model(out.ids, out.logprobs, out.versions)
+        turn += out.ids
+        if out.finish_reason != "aborted":
+            return TurnEnd(out.finish_reason, cuts, cached)
+        if len(turn) >= budget:
+            return TurnEnd("length", cuts, cached)
+        cuts += 1
+        await engine.wait_until_running()  # the sync loads; then continue the turn
 
 
 @functools.cache

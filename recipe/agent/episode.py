@@ -17,7 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from recipe.protocol import ENV_TOKEN_VERSION, FINISH_REASONS, ChatMessages, Trajectory
+from recipe.protocol import (
+    ENV_TOKEN_VERSION,
+    FINISH_REASONS,
+    ChatMessages,
+    Trajectory,
+    TrajectorySegment,
+)
 
 Observation = str | ChatMessages
 """Text appended as it is, or chat messages rendered by the chat template."""
@@ -126,6 +132,13 @@ class Episode:
     """Decoded text of the model turns, joined (what a reward function scores)."""
     agent_state: dict[str, Any] | None = None
     """With ``aborted``: what continues the episode mid-way (``Trajectory.agent_state``)."""
+    segments: list[EpisodeTokens] = field(default_factory=list)
+    """Earlier linear segments, oldest first (an agent that edited its history); ``tokens``
+    is the last. Each is trained as its own row with the episode's advantage."""
+    num_segments: int = 1
+    """Segments the episode's requests opened (those without a model turn included)."""
+    num_tool_parse_errors: int = 0
+    """Model turns whose tool-call text could not be parsed (returned as text)."""
 
     def __post_init__(self) -> None:
         if self.finish_reason not in EPISODE_FINISH_REASONS:
@@ -157,7 +170,19 @@ class Episode:
                 "env_s": float(sum(self.env_s)),
                 "env_timeouts": float(self.timed_out),
                 "env_reward": float(self.reward is not None),
+                "segments": float(self.num_segments),
+                "tool_parse_errors": float(self.num_tool_parse_errors),
                 **{f"{INFO_PREFIX}{key}": value for key, value in self.info.items()},
             },
             agent_state=self.agent_state,
+            segments=[
+                TrajectorySegment(
+                    prompt_ids=list(s.prompt_ids),
+                    response_ids=list(s.response_ids),
+                    rollout_logprobs=list(s.logprobs),
+                    token_versions=list(s.versions),
+                    loss_mask=list(s.loss_mask),
+                )
+                for s in self.segments
+            ],
         )

@@ -42,6 +42,10 @@ class ObservationRenderer:
             self._close_after_eos, self._full_close = self._assistant_close(eos_token_ids)
             self._check_exact()
 
+    def is_eos(self, token_id: int) -> bool:
+        """Whether ``token_id`` ends a model turn."""
+        return token_id in self._eos_ids
+
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 

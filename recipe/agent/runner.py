@@ -24,6 +24,7 @@ from typing import Any
 
 from recipe.agent.config import MultiTurnConfig
 from recipe.agent.context import AgentContext, EpisodeCut, SliceSink, TurnEngine
+from recipe.agent.endpoint.episodes import EndpointEpisodes
 from recipe.agent.env_loop import EnvironmentLoop
 from recipe.agent.episode import Episode, EpisodeTokens
 from recipe.agent.interface import AgentLoop
@@ -40,10 +41,17 @@ class EpisodeRunner:
 
     def __init__(self, config: MultiTurnConfig, tokenizer: Any, eos_token_ids: list[int]):
         self.config = config
-        self.make_loop = agent_loop_factory(config)
         self.renderer = ObservationRenderer(tokenizer, eos_token_ids, config.observation_role)
-        self.saves_state = episodes_save_state(config)
+        self.endpoint = EndpointEpisodes(config, self.renderer) if config.endpoint_agent else None
+        """Episodes of a user's agent through the OpenAI-compatible endpoint, when set."""
+        self.make_loop = agent_loop_factory(config) if self.endpoint is None else None
+        self.saves_state = self.endpoint is None and episodes_save_state(config)
         """Episodes cut for a checkpoint carry their state (``Trajectory.agent_state``)."""
+
+    async def close(self) -> None:
+        """Release the endpoint (if one was started)."""
+        if self.endpoint is not None:
+            await self.endpoint.close()
 
     async def run_group(
         self,
@@ -115,6 +123,13 @@ class EpisodeRunner:
     ) -> Episode:
         """One episode: a fresh one, or the continuation of ``cut`` (an aborted trajectory
         with its ``agent_state``)."""
+        if self.endpoint is not None:
+            try:
+                return await self.endpoint.run_episode(engine, record, budget, seed, on_slice)
+            except EpisodeCut:  # an agent's coroutine cannot be saved: it starts again
+                episode = Episode(EpisodeTokens(self.renderer.prompt_ids(record.prompt)), "aborted")
+                return episode
+        assert self.make_loop is not None
         ctx = AgentContext(
             engine,
             self.renderer,

@@ -1,18 +1,27 @@
 """A model turn's text as the OpenAI chat API returns it: ``content`` and ``tool_calls``.
 
-    hermes   Qwen2.5 / Hermes / many chat templates: each call is
-             ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` after optional text
+``rollout.multi_turn.tool_parser`` names the model's tool-call format (as vLLM's
+``--tool-call-parser`` does):
 
-``parse_tool_calls(text, parser, call_ids)`` returns the assistant message (``content``, and
+    hermes   ours: Qwen2.5 / Hermes / many chat templates: each call is
+             ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` after optional text
+    other    any parser vLLM registers (llama3_json, mistral, pythonic, qwen3_coder, ...),
+             run through vLLM's own class (recipe/agent/vllm_tool_parsers.py; imports vLLM)
+
+``recipe.agent.tool_parsers.make_tool_parser(name, tokenizer)`` builds the ``TurnParser``
+(ours or vLLM's); ``check_tool_parser`` is the startup check.
+
+``TurnParser.parse(text, call_ids, tools)`` returns the assistant message (``content``, and
 ``tool_calls`` with ids from ``call_ids``) and whether the text held a malformed call. A
 malformed call (bad JSON, no name, arguments that are not an object) is never half-parsed:
 the whole turn comes back as plain text, as the API returns text a model failed to format,
-and the caller counts it (``agent/tool_parse_errors``). The tokens the model sampled are kept
-whatever the parse: this is only what the agent is shown.
+and the caller counts it (``agent/tool_parse_errors``). The tokens the model sampled are
+kept whatever the parse: this is only what the agent is shown.
 """
 
 from __future__ import annotations
 
+import abc
 import json
 import re
 from collections.abc import Iterator
@@ -20,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TOOL_PARSERS = ("hermes",)
-"""``rollout.multi_turn.tool_parser`` values."""
+"""Our own ``rollout.multi_turn.tool_parser`` values (vLLM's registered names are accepted
+beside them by ``make_tool_parser``)."""
 
 _HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _HERMES_OPEN = "<tool_call>"
@@ -50,12 +60,45 @@ class ParsedTurn:
         return "tool_calls" if self.tool_calls else None
 
 
+class TurnParser(abc.ABC):
+    """One tool-call format: a model turn's text -> the assistant message."""
+
+    name: str
+    """The ``rollout.multi_turn.tool_parser`` value."""
+    skip_special_tokens: bool = True
+    """How the caller decodes a turn's ids (stop token excluded) before ``parse``: False
+    where the format's markers are special tokens (vLLM's ``adjust_request`` says so)."""
+
+    @abc.abstractmethod
+    def parse(
+        self, text: str, call_ids: Iterator[str], tools: list[dict[str, Any]] | None = None
+    ) -> ParsedTurn:
+        """``text`` (one model turn) as content and tool calls; each call takes the next id
+        of ``call_ids``; ``tools``: the request's ``tools`` (OpenAI format)."""
+
+
+class HermesParser(TurnParser):
+    """Ours: needs no tokenizer and no vLLM."""
+
+    name = "hermes"
+
+    def parse(
+        self, text: str, call_ids: Iterator[str], tools: list[dict[str, Any]] | None = None
+    ) -> ParsedTurn:
+        return _parse_hermes(text, call_ids)
+
+
 def parse_tool_calls(text: str, parser: str, call_ids: Iterator[str]) -> ParsedTurn:
-    """``text`` (one model turn, special tokens removed) as content and tool calls."""
+    """``text`` (one model turn, special tokens removed) as content and tool calls, by one of
+    our parsers (``make_tool_parser`` also reaches vLLM's)."""
     if parser != "hermes":
         raise ValueError(
             f"rollout.multi_turn.tool_parser={parser!r}: allowed one of {list(TOOL_PARSERS)}"
         )
+    return _parse_hermes(text, call_ids)
+
+
+def _parse_hermes(text: str, call_ids: Iterator[str]) -> ParsedTurn:
     if _HERMES_OPEN not in text:
         return ParsedTurn(content=text)
     calls = []

@@ -7,6 +7,10 @@ trainer broadcasts it over the response tokens. Estimators are looked up by
 
 Both estimators work on a flat batch with arbitrary group order, so the caller never has to
 sort or reshape by group; a group of one response has no baseline and gets advantage 0.
+
+An episode of several linear segments (``Trajectory.segments``) is several rows of one group;
+``share_episode_advantages`` gives each of them the episode's advantage, computed on the
+episode's one counted row.
 """
 
 from __future__ import annotations
@@ -120,3 +124,29 @@ def compute_advantages(
             f"{tuple(group_index_b.shape)} must both be (B,)"
         )
     return fn(rewards_b, group_index_b, config, counted_b)
+
+
+def share_episode_advantages(
+    adv_b: torch.Tensor, episode_b: torch.Tensor | None, primary_b: torch.Tensor | None
+) -> torch.Tensor:
+    """Every row takes the advantage of its episode's primary row (``episode_b``: (B,) episode
+    ids; ``primary_b``: (B,) bool, the row that counted in the group, at most one per
+    episode). An episode with no primary row (``env_error``) gets 0 on all its rows. None
+    ``episode_b``: ``adv_b`` unchanged (every episode is one row).
+
+    Every segment of an episode gets the episode's advantage; the group baseline and std are
+    over episodes (one reward each), so an episode with more segments does not weigh more in
+    the baseline, but its tokens in each segment are all trained with that advantage.
+    """
+    if episode_b is None or episode_b.numel() == 0:
+        return adv_b
+    assert primary_b is not None, "episode_b comes with counted_b: segment rows do not count"
+    _, inverse_b = torch.unique(episode_b, return_inverse=True)
+    num_episodes = int(inverse_b.max().item()) + 1
+    primary_b = primary_b.to(torch.bool)
+    assert int(torch.bincount(inverse_b[primary_b], minlength=num_episodes).max()) <= 1, (
+        "an episode has more than one counted row"
+    )
+    adv_e = torch.zeros(num_episodes, dtype=adv_b.dtype, device=adv_b.device)
+    adv_e[inverse_b[primary_b]] = adv_b[primary_b]
+    return adv_e[inverse_b]

@@ -3,7 +3,9 @@
 A checkpoint holds trajectories that exist nowhere else once the run dies: groups waiting in
 the message queue or the release order, partial responses paused at a sync, the one-step-off
 recipe's generated next batch. Every field round-trips exactly (JSON floats are written with
-``repr``, so log-probs come back bit for bit).
+``repr``, so log-probs come back bit for bit). An episode's earlier segments
+(``Trajectory.segments``) are nested objects: decoding rebuilds them; a checkpoint written
+before segments existed decodes with none.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from recipe.protocol import Trajectory
+from recipe.protocol import Trajectory, TrajectorySegment
 
 
 def encode_trajectory(traj: Trajectory) -> dict[str, Any]:
@@ -19,7 +21,8 @@ def encode_trajectory(traj: Trajectory) -> dict[str, Any]:
 
 
 def decode_trajectory(data: dict[str, Any]) -> Trajectory:
-    return Trajectory(**data)
+    segments = [TrajectorySegment(**s) for s in data.get("segments", [])]
+    return Trajectory(**{**data, "segments": segments})
 
 
 def encode_groups(groups: list[list[Trajectory]]) -> list[list[dict[str, Any]]]:

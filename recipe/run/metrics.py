@@ -49,7 +49,7 @@ def sample_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "response_length/mean": sum(lengths) / num,
         "response_length/clip_ratio": response_clip_ratio(trajs),
         "throughput/samples": float(num),
-        "throughput/tokens": float(sum(lengths) + sum(len(t.prompt_ids) for t in trajs)),
+        "throughput/tokens": float(sum(t.num_episode_tokens for t in trajs)),
         **agent_metrics(trajs),
     }
     return out

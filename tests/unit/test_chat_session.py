@@ -13,37 +13,10 @@ from recipe.agent.chat_session import ChatSession, extends
 from recipe.agent.render import ObservationRenderer
 from recipe.agent.tool_calls import parse_tool_calls
 from recipe.protocol import ENV_TOKEN_VERSION
-from recipe.tiny import EOS_TOKEN, build_tokenizer
+from recipe.tiny import build_tokenizer
+from tests.helpers.chat_templates import TOOLS, TOOLS_TEMPLATE
 
 pytestmark = pytest.mark.model  # builds a transformers tokenizer
-
-TOOLS_TEMPLATE = (
-    "{% if tools %}<|im_start|>system\n"
-    "{{ messages[0]['content'] if messages[0]['role'] == 'system' else 'You help.' }}\n"
-    "<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>" + EOS_TOKEN + "\n"
-    "{% elif messages[0]['role'] == 'system' %}<|im_start|>system\n"
-    "{{ messages[0]['content'] }}" + EOS_TOKEN + "\n{% endif %}"
-    "{% for m in messages %}"
-    "{% if m['role'] == 'system' %}"
-    "{% elif m['role'] == 'assistant' %}<|im_start|>assistant\n{{ m['content'] or '' }}"
-    "{% for c in m['tool_calls'] or [] %}<tool_call>"
-    '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments }}}'
-    "</tool_call>{% endfor %}" + EOS_TOKEN + "\n"
-    "{% elif m['role'] == 'tool' %}<|im_start|>user\n<tool_response>{{ m['content'] }}"
-    "</tool_response>" + EOS_TOKEN + "\n"
-    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}" + EOS_TOKEN + "\n{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers.",
-            "parameters": {"type": "object", "properties": {"a": {}, "b": {}}},
-        },
-    }
-]
 
 
 @pytest.fixture(scope="module")

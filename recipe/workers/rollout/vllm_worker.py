@@ -90,6 +90,9 @@ class VLLMRolloutWorker(RolloutWorker):
         with engine_output_to(self._log_path):
             self._engine = AsyncLLM.from_engine_args(self._engine_args(model))
         route_vllm_logging(self._log_path)
+        if self._episodes is not None and self._episodes.endpoint is not None:
+            model_config = self._engine.vllm_config.model_config
+            self._episodes.endpoint.max_context = model_config.max_model_len
         logger.info(
             "vLLM engine for %s started in %.1f s (%s)",
             self._model.path,
@@ -160,10 +163,12 @@ class VLLMRolloutWorker(RolloutWorker):
         ]
 
     async def _run_job(self, request: GenerationRequest, job: SampleJob) -> Trajectory:
-        ids, logprobs, versions, finish = await self._stream(
+        out = await self._stream(
             request, job.context_ids, job.max_new_tokens, job.seed, f"{job.sample_index}"
         )
-        return finish_job(request, job, ids, logprobs, versions, finish, self._tokenizer)
+        return finish_job(
+            request, job, out.ids, out.logprobs, out.versions, out.finish_reason, self._tokenizer
+        )
 
     async def _stream(
         self,
@@ -172,9 +177,10 @@ class VLLMRolloutWorker(RolloutWorker):
         max_new_tokens: int,
         seed: int | None,
         tag: str,
-    ) -> tuple[list[int], list[float], list[int], str]:
-        """One engine request: (token ids, their log-probs, their versions, finish reason);
-        a pause ends it as ``aborted`` with the tokens it had."""
+    ) -> TurnOutput:
+        """One engine request: token ids, their log-probs, versions and finish reason, and
+        how many context tokens the prefix cache served; a pause ends it as ``aborted``
+        with the tokens it had."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -196,10 +202,10 @@ class VLLMRolloutWorker(RolloutWorker):
         ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
-        finish = "aborted"
+        finish, cached = "aborted", 0
         try:
             if self._paused:  # paused between planning and this task's first step
-                return ids, logprobs, versions, finish
+                return TurnOutput(ids, logprobs, versions, finish)
             stream = self._engine.generate({"prompt_token_ids": context_ids}, params, request_id)
             async for out in stream:
                 completion = out.outputs[0]
@@ -217,13 +223,14 @@ class VLLMRolloutWorker(RolloutWorker):
                     float(lp[tok].logprob) for tok, lp in zip(new_ids, new_lps, strict=True)
                 )
                 versions.extend([self._version] * len(new_ids))
+                cached = getattr(out, "num_cached_tokens", None) or cached
                 if out.finished:
                     finish = _finish_reason(completion.finish_reason, request_id)
         except asyncio.CancelledError:
             if not self._paused:
                 raise
             # Cancelled by pause(): keep the tokens received so far as an aborted partial.
-        return ids, logprobs, versions, finish
+        return TurnOutput(ids, logprobs, versions, finish, cached)
 
     async def _turn(
         self, request: GenerationRequest, context_ids: list[int], max_tokens: int, seed: int | None
@@ -236,8 +243,7 @@ class VLLMRolloutWorker(RolloutWorker):
         )
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)
-        ids, logprobs, versions, finish = await task
-        return TurnOutput(ids, logprobs, versions, finish)
+        return await task
 
     async def _abort_in_flight(self) -> None:
         native = await self._pause_engine()
@@ -306,6 +312,8 @@ class VLLMRolloutWorker(RolloutWorker):
         return read_root_error(self._log_path), str(self._log_path) if self._log_path else None
 
     async def _close_engine(self) -> None:
+        if self._episodes is not None:
+            await self._episodes.close()
         self._engine.shutdown()
         # Drop it now: collected at interpreter exit, its __del__ would shut down again
         # against half-torn-down modules.

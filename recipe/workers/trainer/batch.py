@@ -14,6 +14,11 @@ and values outside ``response_mask_bt`` are 0 and must be ignored.
 
 Sharding keeps whole GRPO groups together (group statistics and sequence counts stay on one
 rank) and keeps the column count T, so the driver reassembles per-rank results by row index.
+
+An episode of several linear segments (``Trajectory.segments``) is several rows: the
+trajectory's own row, then its earlier segments oldest first. They share its group, reward
+and ``episode_b``; only the trajectory's own row counts in the group's baseline, so B may
+exceed groups x ``rollout.n``.
 """
 
 from __future__ import annotations
@@ -24,12 +29,16 @@ from dataclasses import dataclass
 
 import torch
 
-from recipe.protocol import Trajectory
+from recipe.protocol import Trajectory, TrajectorySegment
+
+RowTokens = Trajectory | TrajectorySegment
+"""What one row packs: a trajectory's own (last-segment) tokens or an earlier segment's."""
 
 
 @dataclass(slots=True)
 class TrainBatch:
-    """B responses (all groups of one trainer step, or a shard / micro-batch of them)."""
+    """B rows: the responses (and earlier episode segments) of all groups of one trainer step,
+    or a shard / micro-batch of them."""
 
     input_ids_bt: torch.Tensor
     """(B, T) int64 prompt + response token ids, right padded with the pad id."""
@@ -45,12 +54,16 @@ class TrainBatch:
     group_index_b: torch.Tensor
     """(B,) int64 GRPO group of each row (one group per prompt)."""
     rewards_b: torch.Tensor
-    """(B,) float32 scalar reward of each response."""
+    """(B,) float32 scalar reward of each row's episode."""
     counted_b: torch.Tensor | None = None
-    """(B,) bool, False on rows that are no sample of the policy's behaviour: episodes that
-    ended in ``env_error`` (an infrastructure fault, not a learning signal). Such rows have
-    no response tokens in ``response_mask_bt`` and stay out of their group's baseline.
-    None: every row counts."""
+    """(B,) bool, False on rows that stay out of their group's baseline: episodes that ended
+    in ``env_error`` (an infrastructure fault, not a learning signal; all their rows have no
+    response tokens in ``response_mask_bt``), and an episode's earlier segments (its reward
+    counts once, on the trajectory's own row). None: every row counts."""
+    episode_b: torch.Tensor | None = None
+    """(B,) int64 episode of each row (its trajectory's index in the packed order), shared by
+    the rows of an episode's segments; they take its advantage
+    (``recipe.algo.advantages.share_episode_advantages``). None: every episode is one row."""
     advantages_bt: torch.Tensor | None = None
     """(B, T) float32 per-token advantages (0 off the response), once computed."""
     old_logprobs_bt: torch.Tensor | None = None
@@ -64,42 +77,48 @@ class TrainBatch:
 
     @classmethod
     def from_trajectories(cls, trajs: Sequence[Trajectory], pad_token_id: int) -> TrainBatch:
-        """Pack trajectories in the given order; group ids number prompts by first appearance."""
+        """Pack trajectories in the given order, each followed by its earlier segments (oldest
+        first); group ids number prompts by first appearance."""
         if not trajs:
             raise ValueError("TrainBatch.from_trajectories: no trajectories")
-        seq_len = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
-        num_rows = len(trajs)
-        input_ids_bt = torch.full((num_rows, seq_len), pad_token_id, dtype=torch.int64)
-        attention_mask_bt = torch.zeros((num_rows, seq_len), dtype=torch.int64)
-        response_mask_bt = torch.zeros((num_rows, seq_len), dtype=torch.bool)
-        rollout_logprobs_bt = torch.zeros((num_rows, seq_len), dtype=torch.float32)
+        rows = [(traj, seq) for traj in trajs for seq in _episode_rows(traj)]
+        seq_len = max(len(seq.prompt_ids) + len(seq.response_ids) for _, seq in rows)
+        num_rows = len(rows)
         group_of_uid: dict[str, int] = {}
-        for row, traj in enumerate(trajs):
-            num_prompt, num_resp = len(traj.prompt_ids), len(traj.response_ids)
-            if num_prompt == 0:
-                raise ValueError(f"trajectory of prompt {traj.prompt_uid!r} has no prompt tokens")
-            end = num_prompt + num_resp
-            input_ids_bt[row, :end] = torch.tensor(traj.prompt_ids + traj.response_ids)
-            attention_mask_bt[row, :end] = 1
-            if traj.finish_reason == "env_error":
-                pass  # not trained on: its tokens stay out of the mask
-            elif traj.loss_mask is None:
-                response_mask_bt[row, num_prompt:end] = True
-            else:  # multi-turn: observation tokens are context, not targets
-                response_mask_bt[row, num_prompt:end] = torch.tensor(traj.loss_mask) > 0
-            rollout_logprobs_bt[row, num_prompt:end] = torch.tensor(
-                traj.rollout_logprobs, dtype=torch.float32
-            )
+        for traj in trajs:
             group_of_uid.setdefault(traj.prompt_uid, len(group_of_uid))
-        return cls(
-            input_ids_bt=input_ids_bt,
-            attention_mask_bt=attention_mask_bt,
+        episodes = [e for e, traj in enumerate(trajs) for _ in range(1 + len(traj.segments))]
+        batch = cls(
+            input_ids_bt=torch.full((num_rows, seq_len), pad_token_id, dtype=torch.int64),
+            attention_mask_bt=torch.zeros((num_rows, seq_len), dtype=torch.int64),
             position_ids_bt=torch.arange(seq_len).expand(num_rows, seq_len).clone(),
-            response_mask_bt=response_mask_bt,
-            rollout_logprobs_bt=rollout_logprobs_bt,
-            group_index_b=torch.tensor([group_of_uid[t.prompt_uid] for t in trajs]),
-            rewards_b=torch.tensor([t.reward for t in trajs], dtype=torch.float32),
-            counted_b=_counted(trajs),
+            response_mask_bt=torch.zeros((num_rows, seq_len), dtype=torch.bool),
+            rollout_logprobs_bt=torch.zeros((num_rows, seq_len), dtype=torch.float32),
+            group_index_b=torch.tensor([group_of_uid[traj.prompt_uid] for traj, _ in rows]),
+            rewards_b=torch.tensor([traj.reward for traj, _ in rows], dtype=torch.float32),
+            counted_b=_counted(rows),
+            episode_b=torch.tensor(episodes) if num_rows > len(trajs) else None,
+        )
+        for row, (traj, seq) in enumerate(rows):
+            batch._fill_row(row, traj, seq)
+        return batch
+
+    def _fill_row(self, row: int, traj: Trajectory, seq: RowTokens) -> None:
+        """Row ``row``: ``seq`` (the trajectory itself or one of its segments) of ``traj``."""
+        num_prompt, num_resp = len(seq.prompt_ids), len(seq.response_ids)
+        if num_prompt == 0:
+            raise ValueError(f"trajectory of prompt {traj.prompt_uid!r} has no prompt tokens")
+        end = num_prompt + num_resp
+        self.input_ids_bt[row, :end] = torch.tensor(seq.prompt_ids + seq.response_ids)
+        self.attention_mask_bt[row, :end] = 1
+        if traj.finish_reason == "env_error":
+            pass  # not trained on: no segment of it has tokens in the mask
+        elif seq.loss_mask is None:
+            self.response_mask_bt[row, num_prompt:end] = True
+        else:  # multi-turn: observation tokens are context, not targets
+            self.response_mask_bt[row, num_prompt:end] = torch.tensor(seq.loss_mask) > 0
+        self.rollout_logprobs_bt[row, num_prompt:end] = torch.tensor(
+            seq.rollout_logprobs, dtype=torch.float32
         )
 
     @property
@@ -206,7 +225,14 @@ class TrainBatch:
         return self._map(lambda t: t[:, :num_cols] if t.dim() == 2 else t)
 
 
-def _counted(trajs: Sequence[Trajectory]) -> torch.Tensor | None:
-    """``TrainBatch.counted_b`` of ``trajs`` (None when every row counts)."""
-    counted = [t.finish_reason != "env_error" for t in trajs]
+def _episode_rows(traj: Trajectory) -> list[RowTokens]:
+    """The rows of one episode: the trajectory's own first (the row that counts in its
+    group), then its earlier segments oldest first."""
+    return [traj, *traj.segments]
+
+
+def _counted(rows: Sequence[tuple[Trajectory, RowTokens]]) -> torch.Tensor | None:
+    """``TrainBatch.counted_b`` of packed (trajectory, sequence) rows (None when every row
+    counts): a trajectory's own row unless it ended in ``env_error``, never a segment."""
+    counted = [seq is traj and traj.finish_reason != "env_error" for traj, seq in rows]
     return None if all(counted) else torch.tensor(counted)

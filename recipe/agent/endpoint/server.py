@@ -1,0 +1,181 @@
+"""``AgentServer``: the OpenAI-compatible HTTP endpoint of one rollout worker.
+
+    GET  /v1/models               the served model
+    POST /v1/chat/completions     -> the episode's ChatEpisode.chat (stream=true: SSE)
+    POST /v1/completions          -> the episode's ChatEpisode.complete
+         Authorization: Bearer <the episode's key>   (any other key: 401)
+
+One server per worker, on the worker's event loop (its requests interleave with the
+engine's other work; none blocks it), bound to the node's own address on a free port. Each
+episode gets its own key, so the key is what routes a request to its episode's session; a
+request without it is refused. An engine failure inside a request is answered 500 and kept
+on the episode (``Credentials`` holder reads it), so the run sees the engine's error and
+not an agent's failure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from recipe.agent.context import EpisodeCut
+from recipe.agent.endpoint.chat import ChatEpisode, RequestError, stream_chunks
+
+logger = logging.getLogger(__name__)
+
+MODEL_NAME = "policy"
+"""The model id ``/v1/models`` lists (requests may name any model: the policy answers)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """What an agent needs to reach its episode."""
+
+    base_url: str
+    """``http://<node address>:<port>/v1``."""
+    api_key: str
+
+
+@dataclass(slots=True)
+class _Open:
+    episode: ChatEpisode
+    failure: BaseException | None = None
+
+
+def node_address() -> str:
+    """This node's address as Ray knows it (127.0.0.1 outside a Ray worker)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return str(ray.util.get_node_ip_address())
+    except ImportError:  # pragma: no cover - Ray is a dependency
+        pass
+    return "127.0.0.1"
+
+
+class AgentServer:
+    """The endpoint (module docstring); ``start`` binds it, ``close`` releases it."""
+
+    def __init__(self, host: str | None = None):
+        self._host = host
+        self._episodes: dict[str, _Open] = {}
+        self._runner: Any = None
+        self.base_url = ""
+
+    async def start(self) -> None:
+        """Bind the server (once; later calls return at once)."""
+        if self._runner is not None:
+            return
+        from aiohttp import web
+
+        app = web.Application(client_max_size=64 * 2**20)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._complete)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        host = self._host or node_address()
+        site = web.TCPSite(runner, host, 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        self._runner, self.base_url = runner, f"http://{host}:{port}/v1"
+        logger.info("agent endpoint serves at %s", self.base_url)
+
+    def open(self, episode: ChatEpisode) -> Credentials:
+        """Route a new key to ``episode``."""
+        key = f"ep-{secrets.token_urlsafe(24)}"
+        self._episodes[key] = _Open(episode)
+        return Credentials(self.base_url, key)
+
+    def failure(self, credentials: Credentials) -> BaseException | None:
+        """The engine failure (or ``EpisodeCut``) a request of this episode met, if any."""
+        held = self._episodes.get(credentials.api_key)
+        return None if held is None else held.failure
+
+    def close_episode(self, credentials: Credentials) -> None:
+        """Refuse the key from now on."""
+        self._episodes.pop(credentials.api_key, None)
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    # ---- handlers ------------------------------------------------------------------------
+
+    async def _models(self, request: Any) -> Any:
+        if self._held(request) is None:
+            return _error(_unauthorized())
+        model = {"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "recipe"}
+        return _json({"object": "list", "data": [model]})
+
+    async def _chat(self, request: Any) -> Any:
+        return await self._serve(request, chat=True)
+
+    async def _complete(self, request: Any) -> Any:
+        return await self._serve(request, chat=False)
+
+    async def _serve(self, request: Any, *, chat: bool) -> Any:
+        held = self._held(request)
+        if held is None:
+            return _error(_unauthorized())
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(RequestError(400, "the request body is not JSON"))
+        if not isinstance(body, dict):
+            return _error(RequestError(400, "the request body must be a JSON object"))
+        try:
+            if chat:
+                result = await held.episode.chat(body)
+            else:
+                result = await held.episode.complete(body)
+        except RequestError as exc:
+            return _error(exc)
+        except EpisodeCut as exc:
+            held.failure = exc
+            return _error(RequestError(503, "the rollout worker stopped this episode"))
+        except Exception as exc:  # the engine's failure: the run must see it, not the agent
+            held.failure = exc
+            logger.warning("agent endpoint request failed in the engine: %r", exc)
+            return _error(RequestError(500, f"the engine failed: {type(exc).__name__}"))
+        if chat and body.get("stream"):
+            return await _stream(request, result)
+        return _json(result)
+
+    def _held(self, request: Any) -> _Open | None:
+        auth = request.headers.get("Authorization", "")
+        scheme, _, key = auth.partition(" ")
+        if scheme.lower() != "bearer":
+            return None
+        return self._episodes.get(key.strip())
+
+
+def _unauthorized() -> RequestError:
+    return RequestError(401, "no episode has this API key", "invalid_api_key")
+
+
+def _json(payload: dict[str, Any], status: int = 200) -> Any:
+    from aiohttp import web
+
+    return web.json_response(payload, status=status)
+
+
+def _error(exc: RequestError) -> Any:
+    return _json(exc.body(), exc.status)
+
+
+async def _stream(request: Any, completion: dict[str, Any]) -> Any:
+    from aiohttp import web
+
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for chunk in stream_chunks(completion):
+        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response

@@ -1,0 +1,94 @@
+"""Agents the integration tests load by file path (``rollout.multi_turn.agent``), written
+against the `openai` client as a user's agent is. The model is random, so its turns are
+text, not tool calls: the agent answers each turn itself, with a tool result for a call or
+a nudge for text, for ``TURNS`` turns.
+
+By prompt uid (crc32 % 8):
+
+    0       branches: its last request summarises the history (a second segment)
+    1       raises after its first turn (its episodes end as env_error)
+    2, 3    one-message conversations back to back (a segment each) until the weights
+            version answering changes (``system_fingerprint``), at most ``SHORT_REQUESTS``:
+            groups still running when a sync comes, whose requests it finds mid-turn
+    others  one conversation
+
+The reward is a digest of the last turn's content as the agent received it, so a test can
+recompute it from the trained tokens: equal only when the tokens trained are the text the
+agent was given.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+TURNS = 3
+SHORT_REQUESTS = 40
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add.",
+            "parameters": {"type": "object", "properties": {"a": {}, "b": {}}},
+        },
+    }
+]
+FEW_SHOT = [
+    {"role": "user", "content": "2+2?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_0",
+                "type": "function",
+                "function": {"name": "add", "arguments": '{"a": 2, "b": 2}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_0", "content": "4"},
+]
+
+
+def digest(text: str) -> float:
+    """The reward of a last turn whose content is ``text``."""
+    return (zlib.crc32(text.encode()) % 1000) / 1000
+
+
+def kind(uid: str) -> int:
+    return zlib.crc32(uid.encode()) % 8
+
+
+async def run(client, record) -> float:
+    if kind(record.uid) in (2, 3):
+        return await _short_requests(client, record)
+    messages = [*FEW_SHOT, {"role": "user", "content": record.prompt}]
+    content = ""
+    for turn in range(TURNS):
+        if turn == TURNS - 1 and kind(record.uid) == 0:
+            messages = [{"role": "user", "content": f"So far: {content[:20]!r}. Finish."}]
+        out = await client.chat.completions.create(
+            model="policy", messages=messages, tools=TOOLS, temperature=0.0
+        )
+        message = out.choices[0].message
+        content = message.content or ""
+        if kind(record.uid) == 1:
+            raise RuntimeError("the agent's tool server is down")
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls or []:
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": "0"})
+        if not message.tool_calls:
+            messages.append({"role": "user", "content": "Use the tool."})
+    return digest(content)
+
+
+async def _short_requests(client, record) -> float:
+    content, first = "", None
+    for part in range(SHORT_REQUESTS):
+        messages = [{"role": "user", "content": f"{record.prompt} (part {part})"}]
+        out = await client.chat.completions.create(model="policy", messages=messages)
+        content = out.choices[0].message.content or ""
+        first = first or out.system_fingerprint
+        if out.system_fingerprint != first:
+            break
+    return digest(content)

@@ -1,0 +1,123 @@
+"""A user's agent written against the `openai` client (tests/helpers/openai_agents.py),
+trained through the OpenAI-compatible endpoint in the fully async recipe: real Ray, a real
+vLLM-CPU engine, the FSDP2 trainer, a chat template that renders tools, and weight syncs
+that cut the agent's requests mid-turn."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from recipe.model import HFModelConfig
+from tests.helpers import openai_agents
+from tests.helpers.chat_templates import tools_template
+from tests.helpers.models import EOS
+from tests.helpers.runs import assert_ledger_balances, build_recipe, read_metrics, spy_on_groups
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_for_module")]
+
+PRESET = {
+    "mode": "fully_async",
+    "actor": {"ppo_mini_batch_size": 4},
+    "async_training": {
+        "staleness_threshold": 0.5,
+        "trigger_parameter_sync_step": 1,
+        "require_batches": 1,
+        "partial_rollout": True,
+    },
+    "logger": {"quiet": True},
+}
+# Turns long enough that the engine is slower than the trainer, so syncs find requests
+# mid-turn (at 16 tokens a turn the rollouter waited at its bound when a sync came).
+TURN_TOKENS = 32
+NUM_STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def tools_model_path(rollout_model_path: Path, tmp_path_factory) -> Path:
+    """The random tiny Qwen2 with a chat template that renders tools (as a user's model)."""
+    path = tmp_path_factory.mktemp("tools_model") / "model"
+    shutil.copytree(rollout_model_path, path)
+    config_file = path / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["chat_template"] = tools_template(EOS)
+    config_file.write_text(json.dumps(config))
+    return path
+
+
+def test_an_openai_client_agent_trains_through_syncs_that_cut_its_requests(
+    tools_model_path, tmp_path
+):
+    overrides = {
+        "model.path": str(tools_model_path),
+        "rollout.n": 4,
+        "rollout.max_num_seqs": 4,
+        "rollout.response_length": 200,
+        "rollout.multi_turn.enable": True,
+        "rollout.multi_turn.agent": f"{openai_agents.__file__}:run",
+        "rollout.multi_turn.max_turn_tokens": TURN_TOKENS,
+        "rollout.multi_turn.max_assistant_turns": openai_agents.SHORT_REQUESTS,
+        "rollout.multi_turn.agent_timeout_s": 120.0,
+        "data.num_val_prompts": 8,
+        "trainer.val_before_train": False,
+        "trainer.test_freq": 0,
+        "trainer.total_training_steps": NUM_STEPS,
+    }
+    run_dir = tmp_path / "run"
+    recipe = build_recipe(run_dir, PRESET, overrides)
+    seen = spy_on_groups(recipe)
+    try:
+        summary = recipe.fit()
+        ledger = recipe.ledger
+    finally:
+        recipe.close()
+    assert_ledger_balances(ledger)
+    tokenizer = HFModelConfig(tools_model_path).tokenizer
+    trajs = [t for _, groups in seen for g in groups for t in g.trajectories]
+    by_kind = {k: [t for t in trajs if openai_agents.kind(t.prompt_uid) == k] for k in (0, 1)}
+    cut_turns, short_versions = 0, []
+    for traj in trajs:
+        if traj.finish_reason == "env_error":
+            assert openai_agents.kind(traj.prompt_uid) == 1 and traj.reward == 0.0
+            continue
+        assert traj.finish_reason == "stop" and openai_agents.kind(traj.prompt_uid) != 1
+        turns = _turns(traj.response_ids, traj.loss_mask, traj.token_versions)
+        cut_turns += sum(len(set(versions)) > 1 for _, versions in turns)
+        # The reward is the agent's digest of the last content it was given: recomputed
+        # from the trained tokens of the last turn, it is equal only if they are that text.
+        last = tokenizer.decode(turns[-1][0], skip_special_tokens=True)
+        assert traj.reward == openai_agents.digest(last), (traj.prompt_uid, last)
+        segments = 1 + len(traj.segments)
+        assert traj.episode["segments"] == segments
+        kind = openai_agents.kind(traj.prompt_uid)
+        if kind in (2, 3):  # a segment per request, until the version changed
+            assert traj.episode["turns"] == segments <= openai_agents.SHORT_REQUESTS
+            short_versions.append(traj.min_version < traj.max_version)
+        else:
+            assert segments == (2 if kind == 0 else 1)
+            assert traj.episode["turns"] == openai_agents.TURNS
+    assert any(short_versions), "no back-to-back agent ran across a sync"
+    assert cut_turns > 0, "no request of the agent was cut by a sync"
+    assert by_kind[1] and by_kind[0], "the prompts drawn did not cover both branch kinds"
+    assert summary["staleness/max"] <= summary["staleness/bound"]
+    steps = [r for r in read_metrics(run_dir) if r["step"] > 0]
+    assert len(steps) == NUM_STEPS
+    assert max(r["agent/segments_mean"] for r in steps) > 1.0
+    assert sum(r["agent/env_errors"] for r in steps) == len(by_kind[1])
+
+
+def _turns(ids, mask, versions) -> list[tuple[list[int], list[int]]]:
+    """(ids, versions) of each model turn (a run of mask-1 tokens)."""
+    turns: list[tuple[list[int], list[int]]] = []
+    previous = 0
+    for token, m, version in zip(ids, mask, versions, strict=True):
+        if m and not previous:
+            turns.append(([], []))
+        if m:
+            turns[-1][0].append(token)
+            turns[-1][1].append(version)
+        previous = m
+    return turns

@@ -1,0 +1,393 @@
+"""The OpenAI-compatible agent endpoint (recipe/agent/endpoint): a real HTTP server, the
+`openai` client users write their agents with, agent files loaded by path as users name
+them, and a scripted engine in place of vLLM (what it "samples" is set by each test, and it
+can cut a turn the way a weight sync does)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from recipe.agent.config import MultiTurnConfig
+from recipe.agent.context import EpisodeCut, TurnOutput
+from recipe.agent.endpoint.episodes import EndpointEpisodes
+from recipe.agent.render import ObservationRenderer
+from recipe.agent.runner import EpisodeRunner
+from recipe.protocol import ENV_TOKEN_VERSION, PromptRecord
+from recipe.tiny import EOS_TOKEN, build_tokenizer
+from tests.helpers.chat_templates import TOOLS, TOOLS_TEMPLATE
+
+pytestmark = pytest.mark.model  # builds a transformers tokenizer
+
+RECORD = PromptRecord("p-0", "What is 2 + 3?", "5", "test")
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    tok = build_tokenizer(tmp_path_factory.mktemp("tok"), model_max_length=4096)
+    tok.chat_template = TOOLS_TEMPLATE
+    return tok
+
+
+class ScriptedEngine:
+    """Samples the test's replies in order (each + EOS). ``cut_at``: the first request is
+    aborted after that many tokens and the version goes up, as a weight sync does; the
+    continuation request samples the rest. ``fail``: every request raises it."""
+
+    def __init__(self, tokenizer, replies, *, cut_at=None, fail=None, wait_cut=False):
+        self.tokenizer, self.replies = tokenizer, list(replies)
+        self.cut_at, self.fail, self.wait_cut = cut_at, fail, wait_cut
+        self.version, self.calls, self.sampled = 0, [], []
+        self._pending: list[int] = []
+
+    async def generate_turn(self, context_ids, max_tokens, seed):
+        self.calls.append({"context": list(context_ids), "max_tokens": max_tokens, "seed": seed})
+        if self.fail is not None:
+            raise self.fail
+        await asyncio.sleep(0)
+        if not self._pending:
+            text = self.replies.pop(0)
+            eos = [self.tokenizer.eos_token_id]
+            self._pending = list(self.tokenizer.encode(text, add_special_tokens=False)) + eos
+        take = min(max_tokens, len(self._pending))
+        finish = "stop" if take == len(self._pending) else "length"
+        if self.cut_at is not None and take > self.cut_at:
+            take, finish, self.cut_at = self.cut_at, "aborted", None
+        ids, self._pending = self._pending[:take], self._pending[take:]
+        if finish == "length":
+            self._pending = []
+        out = TurnOutput(ids, [-0.25] * take, [self.version] * take, finish, num_cached_tokens=3)
+        if finish == "aborted":
+            self.version += 1
+        self.sampled += ids
+        return out
+
+    async def wait_until_running(self):
+        if self.wait_cut:
+            raise EpisodeCut("the worker stopped")
+
+
+def _agent_file(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "my_agent.py"
+    path.write_text(textwrap.dedent(body))
+    return f"{path}:run"
+
+
+def _endpoint(tokenizer, spec=None, command=None, **overrides) -> EndpointEpisodes:
+    config = MultiTurnConfig(enable=True, agent=spec, agent_command=command, **overrides)
+    renderer = ObservationRenderer(tokenizer, [tokenizer.eos_token_id], "user")
+    endpoint = EndpointEpisodes(config, renderer)
+    endpoint.server._host = "127.0.0.1"
+    return endpoint
+
+
+def _run(endpoint, engine, budget=200, seed=7):
+    async def go():
+        try:
+            return await endpoint.run_episode(engine, RECORD, budget, seed)
+        finally:
+            await endpoint.close()
+
+    return asyncio.run(go())
+
+
+def _ids(tokenizer, text):
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+TOOL_AGENT = """
+    import json
+
+    TOOLS = {tools}
+
+    async def run(client, record):
+        messages = [{{"role": "user", "content": record.prompt}}]
+        first = await client.chat.completions.create(
+            model="anything", messages=messages, tools=TOOLS, temperature=1.7, seed=1
+        )
+        message = first.choices[0].message
+        assert first.choices[0].finish_reason == "tool_calls", first
+        call = message.tool_calls[0]
+        args = json.loads(call.function.arguments)
+        messages += [
+            message.model_dump(exclude_none=True),
+            {{"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])}},
+        ]
+        final = await client.chat.completions.create(
+            model="anything", messages=messages, tools=TOOLS, max_tokens=50
+        )
+        usage = final.usage
+        assert usage.prompt_tokens_details.cached_tokens == 3, usage
+        return 1.0 if "5" in final.choices[0].message.content else 0.0
+"""
+
+
+def test_a_tool_agent_trains_on_exactly_the_tokens_the_engine_sampled(tokenizer, tmp_path):
+    spec = _agent_file(tmp_path, TOOL_AGENT.format(tools=json.dumps(TOOLS)))
+    engine = ScriptedEngine(tokenizer, [f"Let me add. {CALL}", "It is 5."])
+    episode = _run(_endpoint(tokenizer, spec), engine, budget=400)
+
+    assert episode.finish_reason == "stop" and episode.reward == 1.0, episode.error
+    assert (episode.num_turns, episode.num_tool_calls, episode.segments) == (2, 1, [])
+    tokens = episode.tokens
+    model = [t for t, m in zip(tokens.response_ids, tokens.loss_mask, strict=True) if m]
+    assert model == engine.sampled  # trained tokens are the engine's, nothing re-tokenised
+    assert set(tokens.logprobs[i] for i, m in enumerate(tokens.loss_mask) if m) == {-0.25}
+    env_versions = {v for v, m in zip(tokens.versions, tokens.loss_mask, strict=True) if not m}
+    assert env_versions == {ENV_TOKEN_VERSION}
+    # The sequence: the prompt rendered once with the tools, the first turn as sampled, the
+    # tool message as the template's delta, the second turn as sampled.
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": RECORD.prompt}],
+        tools=TOOLS,
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    assert tokens.prompt_ids == _ids(tokenizer, prompt)
+    eos = [tokenizer.eos_token_id]
+    first, last = _ids(tokenizer, f"Let me add. {CALL}") + eos, _ids(tokenizer, "It is 5.") + eos
+    response = tokens.response_ids
+    assert response[: len(first)] == first and response[-len(last) :] == last
+    delta = tokenizer.decode(response[len(first) : -len(last)], skip_special_tokens=False)
+    tool_turn = f"<|im_start|>user\n<tool_response>5</tool_response>{EOS_TOKEN}\n"
+    assert delta == "\n" + tool_turn + "<|im_start|>assistant\n"
+    # The run's sampling, not the agent's: its seed, its budgets; max_tokens only lowers.
+    done_before_second = len(engine.calls[1]["context"]) - len(tokens.prompt_ids)
+    assert [c["seed"] for c in engine.calls] == [7, 7 + done_before_second]
+    assert engine.calls[1]["max_tokens"] == 50
+
+
+def test_a_turn_cut_by_a_weight_sync_is_one_completion_with_both_versions(tokenizer, tmp_path):
+    spec = _agent_file(
+        tmp_path,
+        """
+        async def run(client, record):
+            out = await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": record.prompt}]
+            )
+            assert out.choices[0].message.content == "The answer is 5.", out
+            assert out.choices[0].finish_reason == "stop"
+            return None
+        """,
+    )
+    engine = ScriptedEngine(tokenizer, ["The answer is 5."], cut_at=6)
+    episode = _run(_endpoint(tokenizer, spec), engine)
+    assert episode.finish_reason == "stop" and episode.reward is None
+    assert episode.response_text == "The answer is 5."
+    assert episode.tokens.versions == [0] * 6 + [1] * (len(engine.sampled) - 6)
+    assert len(engine.calls) == 2  # the cut request and its continuation
+    assert engine.calls[1]["context"] == engine.calls[0]["context"] + engine.sampled[:6]
+
+
+def test_edited_history_trains_each_segment_with_the_episode(tokenizer, tmp_path):
+    spec = _agent_file(
+        tmp_path,
+        """
+        async def run(client, record):
+            first = await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": record.prompt}]
+            )
+            summary = [{"role": "user", "content": "Earlier you said: " +
+                        first.choices[0].message.content + " Sure?"}]
+            await client.chat.completions.create(model="m", messages=summary)
+            return 0.5
+        """,
+    )
+    engine = ScriptedEngine(tokenizer, ["Five.", "Yes, five."])
+    episode = _run(_endpoint(tokenizer, spec), engine)
+    assert episode.num_segments == 2 and len(episode.segments) == 1
+    traj = episode.to_trajectory("p-0", 0)
+    assert traj.episode["segments"] == 2.0 and traj.reward == 0.5
+    first = traj.segments[0]
+    assert sum(first.loss_mask) == len(_ids(tokenizer, "Five.")) + 1
+    assert tokenizer.decode(traj.prompt_ids).endswith(f"Sure?{EOS_TOKEN}\n<|im_start|>assistant\n")
+
+
+def test_requests_without_the_episodes_key_are_refused(tokenizer, tmp_path):
+    spec = _agent_file(
+        tmp_path,
+        """
+        import openai
+
+        async def run(client, record):
+            other = openai.AsyncOpenAI(base_url=str(client.base_url), api_key="ep-guess",
+                                       max_retries=0)
+            try:
+                await other.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}])
+            except openai.AuthenticationError as exc:
+                assert exc.status_code == 401
+            else:
+                raise AssertionError("a wrong key was served")
+            finally:
+                await other.close()
+            models = await client.models.list()
+            assert [m.id for m in models.data] == ["policy"]
+            out = await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}], stream=True)
+            text = "".join([c.choices[0].delta.content or "" async for c in out if c.choices])
+            return 1.0 if text == "Hello." else 0.0
+        """,
+    )
+    engine = ScriptedEngine(tokenizer, ["Hello."])
+    episode = _run(_endpoint(tokenizer, spec), engine)
+    assert episode.finish_reason == "stop" and episode.reward == 1.0, episode.error
+    assert len(engine.calls) == 1  # the refused request never reached the engine
+
+
+def test_a_malformed_tool_call_comes_back_as_text_and_is_counted(tokenizer, tmp_path):
+    spec = _agent_file(
+        tmp_path,
+        f"""
+        async def run(client, record):
+            out = await client.chat.completions.create(
+                model="m", messages=[{{"role": "user", "content": "add"}}], tools={TOOLS!r})
+            choice = out.choices[0]
+            assert choice.message.tool_calls is None and choice.finish_reason == "stop"
+            assert choice.message.content.startswith("<tool_call>")
+            return 0.0
+        """,
+    )
+    engine = ScriptedEngine(tokenizer, ['<tool_call>{"name": "add", "arguments": [1]}'])
+    episode = _run(_endpoint(tokenizer, spec), engine)
+    assert episode.finish_reason == "stop", episode.error
+    assert episode.num_tool_parse_errors == 1
+    assert episode.to_trajectory("p", 0).episode["tool_parse_errors"] == 1.0
+
+
+def test_a_budget_refuses_the_request_and_the_episode_ends_as_length(tokenizer, tmp_path):
+    spec = _agent_file(
+        tmp_path,
+        """
+        import openai
+
+        async def run(client, record):
+            messages = [{"role": "user", "content": record.prompt}]
+            while True:
+                try:
+                    out = await client.chat.completions.create(model="m", messages=messages)
+                except openai.BadRequestError as exc:
+                    assert exc.code == "context_length_exceeded", exc
+                    return None
+                messages += [out.choices[0].message.model_dump(exclude_none=True),
+                             {"role": "user", "content": "More."}]
+        """,
+    )
+    engine = ScriptedEngine(tokenizer, ["One.", "Two.", "Three."])
+    episode = _run(_endpoint(tokenizer, spec, max_assistant_turns=2), engine)
+    assert episode.finish_reason == "length" and episode.num_turns == 2
+    assert len(engine.calls) == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "finish", "error", "timed_out"),
+    [
+        ("raise RuntimeError('tool server down')", "env_error", "tool server down", False),
+        ("import asyncio\n    await asyncio.sleep(30)", "env_error", "agent_timeout_s", True),
+        ("return 'five'", "env_error", "expected a float", False),
+        ("return None", "env_error", "no model request", False),
+    ],
+)
+def test_an_agent_that_fails_ends_its_episode_as_env_error(
+    tokenizer, tmp_path, body, finish, error, timed_out
+):
+    spec = _agent_file(tmp_path, f"async def run(client, record):\n    {body}\n")
+    engine = ScriptedEngine(tokenizer, ["x"])
+    episode = _run(_endpoint(tokenizer, spec, agent_timeout_s=0.5), engine)
+    assert episode.finish_reason == finish and error in (episode.error or ""), episode.error
+    assert episode.timed_out == timed_out
+    assert episode.to_trajectory("p", 0).reward == 0.0
+
+
+def test_an_engine_failure_is_the_runs_not_the_agents(tokenizer, tmp_path):
+    spec = _agent_file(
+        tmp_path,
+        """
+        async def run(client, record):
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}])
+        """,
+    )
+    engine = ScriptedEngine(tokenizer, [], fail=RuntimeError("EngineDeadError: core died"))
+    with pytest.raises(RuntimeError, match="core died"):
+        _run(_endpoint(tokenizer, spec), engine)
+
+
+def test_a_checkpoint_cut_ends_the_episode_as_aborted_to_start_again(tokenizer, tmp_path):
+    spec = _agent_file(
+        tmp_path,
+        """
+        async def run(client, record):
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}])
+        """,
+    )
+    config = MultiTurnConfig(enable=True, agent=spec)
+    runner = EpisodeRunner(config, tokenizer, [tokenizer.eos_token_id])
+    runner.endpoint.server._host = "127.0.0.1"
+    engine = ScriptedEngine(tokenizer, ["a long answer"], cut_at=2, wait_cut=True)
+
+    async def go():
+        try:
+            return await runner.run_group(engine, RECORD, budgets=[64], seeds=[1])
+        finally:
+            await runner.close()
+
+    (traj,) = asyncio.run(go())
+    assert traj.finish_reason == "aborted" and traj.agent_state is None
+    assert not runner.saves_state
+
+
+COMMAND_AGENT = """
+import json, os, sys, urllib.request
+
+record = json.loads(sys.stdin.read())
+assert record == json.loads(os.environ["RECIPE_RECORD"])
+body = {"model": "m", "messages": [{"role": "user", "content": record["prompt"]}]}
+request = urllib.request.Request(
+    os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
+    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+             "Content-Type": "application/json"})
+answer = json.load(urllib.request.urlopen(request))["choices"][0]["message"]["content"]
+if answer != "Five.":
+    sys.exit(f"unexpected answer {answer!r}")
+print("log line")
+print(json.dumps({"reward": 0.75}))
+"""
+
+
+def test_a_command_agent_talks_to_its_episode_over_http(tokenizer, tmp_path):
+    script = tmp_path / "agent.py"
+    script.write_text(COMMAND_AGENT)
+    endpoint = _endpoint(tokenizer, command=f"{sys.executable} {script}")
+    episode = _run(endpoint, ScriptedEngine(tokenizer, ["Five."]))
+    assert episode.finish_reason == "stop" and episode.reward == 0.75, episode.error
+    failing = _endpoint(tokenizer, command=f"{sys.executable} {script}")
+    episode = _run(failing, ScriptedEngine(tokenizer, ["Six."]))
+    assert episode.finish_reason == "env_error"
+    assert "exited with 1: unexpected answer 'Six.'" in episode.error
+
+
+@pytest.mark.parametrize(
+    ("overrides", "msg"),
+    [
+        ({"agent": "nowhere.py:run"}, "nowhere.py"),
+        ({"agent_command": "no-such-program --flag"}, "command not found: 'no-such-program'"),
+        ({"agent": "AGENT:sync_run"}, "is not an async function"),
+        ({"agent": "AGENT:run", "environment": "calculator"}, "one of environment"),
+        ({"agent": "AGENT:run", "tool_parser": "no_such_format"}, "no_such_format"),
+    ],
+)
+def test_bad_agent_settings_fail_at_startup_naming_the_key(tokenizer, tmp_path, overrides, msg):
+    path = tmp_path / "a.py"
+    path.write_text("async def run(client, record):\n    pass\n\ndef sync_run(c, r):\n    pass\n")
+    values = {k: v.replace("AGENT", str(path)) for k, v in overrides.items()}
+    with pytest.raises(ValueError, match=msg.replace("(", r"\(")) as info:
+        EpisodeRunner(MultiTurnConfig(enable=True, **values), tokenizer, [1])
+    assert "rollout.multi_turn." in str(info.value)
