@@ -185,7 +185,11 @@ class SeparateRayPPOTrainer:
             check_env_errors(
                 trajs,
                 multi_turn.max_env_error_ratio,
-                multi_turn.environment or multi_turn.agent_loop or "the agent loop",
+                multi_turn.environment
+                or multi_turn.agent_loop
+                or multi_turn.agent
+                or multi_turn.agent_command
+                or "the agent loop",
             )
         return TrainBatch.from_trajectories(trajs, pad_token_id=self.model.pad_token_id)
 

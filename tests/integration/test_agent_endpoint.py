@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from recipe.model import HFModelConfig
 from tests.helpers import openai_agents
@@ -17,6 +18,7 @@ from tests.helpers.chat_templates import tools_template
 from tests.helpers.models import EOS
 from tests.helpers.runs import assert_ledger_balances, build_recipe, read_metrics, spy_on_groups
 
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_for_module")]
 
 PRESET = {
@@ -121,3 +123,51 @@ def _turns(ids, mask, versions) -> list[tuple[list[int], list[int]]]:
             turns[-1][1].append(version)
         previous = m
     return turns
+
+
+# Nightly: the calculator model's build (~2 min on a fresh cache) and an engine start; CI
+# keeps the agent run above and the endpoint's unit tests (tests/unit/test_agent_endpoint.py,
+# /v1/completions included).
+@pytest.mark.nightly
+def test_the_example_calculator_agent_trains_with_exact_old_log_probs(
+    calculator_model_path, tmp_path
+):
+    """``env=calculator_agent`` (its preset file): the built-in environment's episodes, but
+    driven by an agent through ``/v1/completions`` on text. The trainer's old log-probs
+    over whole episodes (bypass off) equal the engine's on the model tokens, so the tokens
+    trained are the tokens sampled; rewards are the agent's."""
+    env = OmegaConf.load(REPO / "configs" / "env" / "calculator_agent.yaml")
+    preset = OmegaConf.to_container(OmegaConf.merge(PRESET, env))
+    overrides = {
+        "rollout.n": 4,
+        "rollout.max_num_seqs": 8,
+        "trainer.total_training_steps": 6,
+        "async_training.trigger_parameter_sync_step": 2,  # fresh steps: 1-2 at least
+        "trainer.val_before_train": False,
+        "trainer.test_freq": 0,
+        "algorithm.rollout_correction.bypass_mode": False,
+    }
+    run_dir = tmp_path / "run"
+    recipe = build_recipe(run_dir, preset, overrides)
+    assert recipe.trainer.model.path == calculator_model_path
+    seen = spy_on_groups(recipe)
+    try:
+        recipe.fit()
+        ledger = recipe.ledger
+    finally:
+        recipe.close()
+    assert_ledger_balances(ledger)
+    trajs = [t for _, groups in seen for g in groups for t in g.trajectories]
+    assert {t.reward for t in trajs} <= {0.0, 1.0} and any(t.reward == 1.0 for t in trajs)
+    assert sum(t.episode["turns"] > 1 for t in trajs) > len(trajs) / 2
+    for traj in trajs:
+        env_versions = {
+            v for v, m in zip(traj.token_versions, traj.loss_mask, strict=True) if not m
+        }
+        assert env_versions <= {-1}
+    steps = [r for r in read_metrics(run_dir) if r["step"] > 0]
+    fresh = [r for r in steps if r["staleness/max"] == 0]
+    assert len(fresh) >= 2, [r["staleness/max"] for r in steps]
+    for record in fresh:
+        assert record["mismatch/logprob_abs_diff_mean"] < 1e-4, record
+        assert record["mismatch/logprob_abs_diff_max"] < 1e-3, record

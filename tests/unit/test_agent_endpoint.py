@@ -391,3 +391,47 @@ def test_bad_agent_settings_fail_at_startup_naming_the_key(tokenizer, tmp_path, 
     with pytest.raises(ValueError, match=msg.replace("(", r"\(")) as info:
         EpisodeRunner(MultiTurnConfig(enable=True, **values), tokenizer, [1])
     assert "rollout.multi_turn." in str(info.value)
+
+
+def test_tools_under_a_template_that_ignores_them_are_refused(tokenizer, tmp_path):
+    spec = _agent_file(
+        tmp_path,
+        f"""
+        import openai
+
+        async def run(client, record):
+            try:
+                await client.chat.completions.create(
+                    model="m", messages=[{{"role": "user", "content": "hi"}}], tools={TOOLS!r})
+            except openai.BadRequestError as exc:
+                raise RuntimeError(exc.message)
+        """,
+    )
+    plain = build_tokenizer(tmp_path / "plain", model_max_length=4096)
+    plain.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+        + EOS_TOKEN
+        + "\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    episode = _run(_endpoint(plain, spec), ScriptedEngine(plain, ["x"]))
+    assert episode.finish_reason == "env_error"
+    assert "chat template does not render 'tools'" in episode.error
+
+
+def test_the_readme_agent_runs_as_written(tokenizer, tmp_path):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    code = readme.split("```python\n# my_agent.py\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "my_agent.py").write_text(code)
+    record = PromptRecord("p-1", "What is 2 + 3?", "5", "test")
+    engine = ScriptedEngine(tokenizer, [CALL, "The answer is 5."])
+    endpoint = _endpoint(tokenizer, f"{tmp_path / 'my_agent.py'}:run")
+
+    async def go():
+        try:
+            return await endpoint.run_episode(engine, record, 400, 1)
+        finally:
+            await endpoint.close()
+
+    episode = asyncio.run(go())
+    assert episode.finish_reason == "stop" and episode.reward == 1.0, episode.error
+    assert episode.num_tool_calls == 1 and episode.num_turns == 2

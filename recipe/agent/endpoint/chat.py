@@ -95,9 +95,13 @@ class ChatEpisode:
         *,
         seed: int | None = None,
         on_slice: SliceSink | None = None,
+        tools_rendered: bool = True,
     ):
         self.session, self._engine, self._parser, self.limits = session, engine, parser, limits
         self._seed, self._on_slice = seed, on_slice
+        self.renders_tools = tools_rendered
+        """The chat template shows ``tools`` (``renders_tools``); else requests with tools
+        are refused."""
         self._lock = asyncio.Lock()
         self._call_ids = (f"call_{uuid.uuid4().hex[:8]}_{i}" for i in itertools.count())
         self.num_requests = self.num_turns = self.num_tool_calls = 0
@@ -114,6 +118,12 @@ class ChatEpisode:
         tools = body.get("tools") or None
         if tools is not None and not isinstance(tools, list):
             raise RequestError(400, "'tools' must be a list of tool definitions")
+        if tools is not None and not self.renders_tools:
+            raise RequestError(
+                400,
+                "the model's chat template does not render 'tools' (the model would never "
+                "see them): use a model or chat template with tool support",
+            )
         async with self._lock:
             segment = self._segment(
                 lambda room, most: self.session.context(messages, tools, room, most)
@@ -223,6 +233,24 @@ class ChatEpisode:
         )
         self.num_turns += 1
         self.last_text = message.get("content") or ""
+
+
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {"name": "probe_tool_7f3a", "description": "", "parameters": {}},
+}
+
+
+def renders_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template shows the model a request's ``tools``."""
+    messages = [{"role": "user", "content": "hi"}]
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, tools=[_PROBE_TOOL], add_generation_prompt=True, tokenize=False
+        )
+    except Exception:  # no template, or one that rejects tools
+        return False
+    return "probe_tool_7f3a" in text
 
 
 def _messages(body: dict[str, Any]) -> list[Message]:

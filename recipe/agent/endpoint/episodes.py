@@ -31,7 +31,7 @@ from recipe.agent.chat_session import ChatSession
 from recipe.agent.config import MultiTurnConfig
 from recipe.agent.context import SliceSink, TurnEngine
 from recipe.agent.endpoint.agents import load_agent
-from recipe.agent.endpoint.chat import ChatEpisode, EpisodeLimits
+from recipe.agent.endpoint.chat import ChatEpisode, EpisodeLimits, renders_tools
 from recipe.agent.endpoint.server import AgentServer, Credentials
 from recipe.agent.episode import Episode, EpisodeTokens
 from recipe.agent.render import ObservationRenderer
@@ -50,6 +50,7 @@ class EndpointEpisodes:
         self.agent = load_agent(config)
         self.parser = make_tool_parser(config.tool_parser, renderer.tokenizer)
         self.server = AgentServer()
+        self.tools_rendered = renders_tools(renderer.tokenizer)
         self.max_context: int | None = None
         """Prompt and response tokens the engine takes (set once the engine started)."""
 
@@ -69,7 +70,13 @@ class EndpointEpisodes:
             max_context=self.max_context,
         )
         chat = ChatEpisode(
-            engine, ChatSession(self.renderer), self.parser, limits, seed=seed, on_slice=on_slice
+            engine,
+            ChatSession(self.renderer),
+            self.parser,
+            limits,
+            seed=seed,
+            on_slice=on_slice,
+            tools_rendered=self.tools_rendered,
         )
         credentials = self.server.open(chat)
         start = time.perf_counter()

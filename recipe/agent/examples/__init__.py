@@ -1,0 +1,1 @@
+"""Agents written against the OpenAI API, runnable as ``rollout.multi_turn.agent``."""
