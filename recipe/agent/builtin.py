@@ -123,16 +123,12 @@ class ToolLatency(Environment):
         self._taken = 0
 
     async def reset(self, record: PromptRecord) -> Observation:
-        episode = ToolLatency._episodes.get(record.uid, 0)
-        ToolLatency._episodes[record.uid] = episode + 1
-        digest = hashlib.blake2b(f"{record.uid}/{episode}".encode(), digest_size=8).digest()
-        self._rng, self._taken = random.Random(int.from_bytes(digest, "little")), 0
+        self._rng, self._taken = episode_rng(record.uid, ToolLatency._episodes), 0
         return record.prompt
 
     async def step(self, action: str) -> StepResult:
         self._taken += 1
-        long = self._rng.random() < self.long_p
-        latency = (self.long_s if long else self.short_s) * self._rng.uniform(0.5, 1.5)
+        latency, long = draw_latency(self._rng, self.short_s, self.long_s, self.long_p)
         await asyncio.sleep(latency)
         info = {"latency_s": latency, "long": float(long)}
         if self._taken >= self.turns:
@@ -147,3 +143,21 @@ class ToolLatency(Environment):
         version, internal, gauss = state["rng"]
         self._rng.setstate((version, tuple(internal), gauss))
         self._taken = int(state["taken"])
+
+
+def episode_rng(uid: str, counts: dict[str, int]) -> random.Random:
+    """A generator seeded by the prompt and how many of its episodes ``counts`` has seen in
+    this process (so the n episodes of a group draw differently, reproducibly)."""
+    episode = counts.get(uid, 0)
+    counts[uid] = episode + 1
+    digest = hashlib.blake2b(f"{uid}/{episode}".encode(), digest_size=8).digest()
+    return random.Random(int.from_bytes(digest, "little"))
+
+
+def draw_latency(
+    rng: random.Random, short_s: float, long_s: float, long_p: float
+) -> tuple[float, bool]:
+    """(seconds, long?): ``long_s`` with probability ``long_p``, else ``short_s``, times a
+    uniform 0.5..1.5."""
+    long = rng.random() < long_p
+    return (long_s if long else short_s) * rng.uniform(0.5, 1.5), long

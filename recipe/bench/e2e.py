@@ -15,10 +15,13 @@ Bench keys (everything else is a config override, ``key=value``):
 
     model=tiny|20M|0.5B|1.5B|7B|PATH   tiny: the embedded default; a size: random-init
                                         Qwen2.5-shaped model (recipe/bench/models.py)
-    workload=longtail|natural|multiturn longtail: rollout.length_profile=longtail (most
+    workload=longtail|natural|multiturn|agent
+                                        longtail: rollout.length_profile=longtail (most
                                         responses short, ~1 in 10 near rollout.response_length);
                                         multiturn: 3-turn tool episodes whose tool latency has a
-                                        long tail (``multiturn_overrides``)
+                                        long tail (``multiturn_overrides``); agent: the same
+                                        episodes from an agent written against the OpenAI API,
+                                        through the workers' endpoint (``agent_overrides``)
     steps=N                             trainer steps per mode (default 20)
     modes=sync,one_step_off,fully_async
     gpus=N                              the GPUs each mode gets (``gpu_layout``): sync colocates
@@ -207,7 +210,7 @@ def run_mode(
     }
 
 
-WORKLOADS = ("longtail", "natural", "multiturn")
+WORKLOADS = ("longtail", "natural", "multiturn", "agent")
 
 
 def multiturn_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -221,6 +224,22 @@ def multiturn_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
         "rollout.multi_turn.environment": "tool_latency",
         "rollout.multi_turn.max_turn_tokens": max(1, length // 4),
     } | overrides
+
+
+def agent_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """``workload=agent``: ``multiturn``'s episodes, driven by
+    ``recipe/agent/examples/tool_latency_agent.py`` through the OpenAI-compatible endpoint
+    (the same turns, budgets and tool latencies); keys given win."""
+    episodes = multiturn_overrides(overrides)
+    del episodes["rollout.multi_turn.environment"]
+    return (
+        episodes
+        | {
+            "rollout.multi_turn.agent": "recipe.agent.examples.tool_latency_agent:run",
+            "rollout.multi_turn.max_assistant_turns": 3,
+        }
+        | overrides
+    )
 
 
 SYNC_KEYS = ("pause_window_s", "pause_s", "total_s", "gbps")
@@ -258,6 +277,8 @@ def main(argv: list[str]) -> dict[str, float]:
     overrides["rollout.length_profile"] = "longtail" if workload == "longtail" else "natural"
     if workload == "multiturn":
         overrides = multiturn_overrides(overrides)
+    elif workload == "agent":
+        overrides = agent_overrides(overrides)
     out_dir = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
     results = [run_mode(mode, steps, overrides, out_dir, gpus) for mode in modes]
     base = results[0]["samples_per_s"]

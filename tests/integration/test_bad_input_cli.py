@@ -181,6 +181,21 @@ def test_bad_file_or_path_fails_at_startup_naming_it(case, tmp_path):
             ],
             "rollout.multi_turn.environment='recipe.agent.builtin:NoSuchEnv'",
         ),
+        (
+            [
+                "rollout.multi_turn.enable=true",
+                "rollout.multi_turn.agent_command=no-such-agent --episode",
+            ],
+            "rollout.multi_turn.agent_command='no-such-agent --episode': command not found",
+        ),
+        (
+            [
+                "rollout.multi_turn.enable=true",
+                "rollout.multi_turn.agent=recipe.agent.builtin:Calculator",
+            ],
+            "rollout.multi_turn.agent='recipe.agent.builtin:Calculator': 'Calculator' is not "
+            "an async function",
+        ),
     ],
     ids=[
         "negative staleness",
@@ -196,6 +211,8 @@ def test_bad_file_or_path_fails_at_startup_naming_it(case, tmp_path):
         "missing + on a hydra key",
         "environment with one state hook",
         "unknown environment class",
+        "agent command not found",
+        "agent that is not an async function",
     ],
 )
 def test_invalid_knob_fails_at_startup_naming_the_key(overrides, named, tmp_path):

@@ -94,6 +94,20 @@ def test_the_multiturn_workload_composes_in_every_mode_with_given_keys_winning()
         assert cfg.rollout.multi_turn.environment == "tool_latency"
 
 
+def test_the_agent_workload_runs_the_same_episodes_through_the_endpoint():
+    from recipe.bench.e2e import MODES, agent_overrides, bench_config, multiturn_overrides
+
+    overrides = agent_overrides({"rollout.response_length": 96})
+    episodes = multiturn_overrides({"rollout.response_length": 96})
+    assert "rollout.multi_turn.environment" not in overrides
+    for key in ("rollout.response_length", "rollout.multi_turn.max_turn_tokens"):
+        assert overrides[key] == episodes[key]
+    for mode in MODES:
+        cfg = bench_config(mode, 4, overrides)
+        assert cfg.rollout.multi_turn.endpoint_agent and cfg.rollout.multi_turn.environment is None
+        assert cfg.rollout.multi_turn.agent.endswith("tool_latency_agent:run")
+
+
 @pytest.mark.parametrize(
     ("gpus", "sync", "split"),
     [(1, (1, 1), (1, 1)), (2, (2, 2), (1, 1)), (4, (4, 4), (2, 2)), (3, (3, 3), (1, 2))],

@@ -44,6 +44,10 @@ class UserAgent(Protocol):
         """Run one episode against ``credentials``; the reward, or None."""
         ...
 
+    async def close(self) -> None:
+        """Release what the episodes shared (connections)."""
+        ...
+
 
 class FunctionAgent:
     """``async def fn(client, record)`` with an ``openai.AsyncOpenAI`` per episode."""
@@ -67,21 +71,28 @@ class FunctionAgent:
         except ImportError as exc:
             raise ValueError(f"{key}={spec!r}: the openai package is not installed") from exc
         self._fn, self._spec, self._timeout_s = fn, spec, timeout_s
+        self._http: Any = None
 
     async def run(self, credentials: Credentials, record: PromptRecord) -> float | None:
         import openai
 
+        if self._http is None:
+            # One connection pool for every episode of this worker: a client of its own per
+            # episode would load the CA certificates each time (~40 ms of CPU).
+            self._http = openai.DefaultAsyncHttpxClient(timeout=self._timeout_s)
         client = openai.AsyncOpenAI(
             base_url=credentials.base_url,
             api_key=credentials.api_key,
             max_retries=0,  # a refused request is an answer, not a network blip
             timeout=self._timeout_s,
+            http_client=self._http,
         )
-        try:
-            result = await self._fn(client, record)
-        finally:
-            await client.close()
-        return reward_of(result, self._spec)
+        return reward_of(await self._fn(client, record), self._spec)
+
+    async def close(self) -> None:
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.aclose()
 
 
 class CommandAgent:
@@ -98,6 +109,9 @@ class CommandAgent:
         if shutil.which(self._argv[0]) is None:
             raise ValueError(f"{key}={command!r}: command not found: {self._argv[0]!r}")
         self._command = command
+
+    async def close(self) -> None:
+        """Nothing is shared between episodes' processes."""
 
     async def run(self, credentials: Credentials, record: PromptRecord) -> float | None:
         payload = json.dumps(

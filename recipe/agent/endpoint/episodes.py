@@ -110,8 +110,11 @@ class EndpointEpisodes:
             return None, "timeout", f"agent: no return within agent_timeout_s={limit} s"
         exc = task.exception()
         if exc is not None:
-            logger.warning("agent failed on prompt %s: %s", record.uid, error_line(exc))
-            return None, "env_error", f"agent: {error_line(exc)}"
+            line = error_line(exc)
+            if exc.__cause__ is not None:  # e.g. the transport error under a client's own
+                line += f" ({error_line(exc.__cause__)})"
+            logger.warning("agent failed on prompt %s: %s", record.uid, line)
+            return None, "env_error", f"agent: {line}"
         return task.result(), "stop", None
 
     def _episode(
@@ -150,4 +153,5 @@ class EndpointEpisodes:
         )
 
     async def close(self) -> None:
+        await self.agent.close()
         await self.server.close()
