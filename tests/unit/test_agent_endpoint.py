@@ -435,3 +435,24 @@ def test_the_readme_agent_runs_as_written(tokenizer, tmp_path):
     episode = asyncio.run(go())
     assert episode.finish_reason == "stop" and episode.reward == 1.0, episode.error
     assert episode.num_tool_calls == 1 and episode.num_turns == 2
+
+
+def test_concurrent_first_episodes_share_one_server(tokenizer, tmp_path):
+    """A worker's first episodes arrive together: they must all bind to one server (a
+    second one, unreferenced, would be collected with their connections open)."""
+    from recipe.agent.endpoint.server import AgentServer
+
+    async def go():
+        server = AgentServer("127.0.0.1")
+
+        async def url():
+            await server.start()
+            return server.base_url
+
+        try:
+            return await asyncio.gather(*(url() for _ in range(32)))
+        finally:
+            await server.close()
+
+    urls = asyncio.run(go())
+    assert len(set(urls)) == 1 and urls[0].startswith("http://127.0.0.1:")

@@ -15,6 +15,8 @@ not an agent's failure.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import secrets
@@ -64,12 +66,16 @@ class AgentServer:
         self._host = host
         self._episodes: dict[str, _Open] = {}
         self._runner: Any = None
+        self._starting: asyncio.Future[None] | None = None
         self.base_url = ""
 
     async def start(self) -> None:
-        """Bind the server (once; later calls return at once)."""
-        if self._runner is not None:
-            return
+        """Bind the server (once: concurrent first calls wait for the one binding)."""
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self._bind())
+        await asyncio.shield(self._starting)
+
+    async def _bind(self) -> None:
         from aiohttp import web
 
         app = web.Application(client_max_size=64 * 2**20)
@@ -101,6 +107,10 @@ class AgentServer:
         self._episodes.pop(credentials.api_key, None)
 
     async def close(self) -> None:
+        if self._starting is not None:
+            starting, self._starting = self._starting, None
+            with contextlib.suppress(Exception):
+                await starting
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
