@@ -85,7 +85,9 @@ class AgentServer:
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         host = self._host or node_address()
-        site = web.TCPSite(runner, host, 0)
+        # Every episode of a worker may connect at once: a short accept queue drops
+        # connections the clients already count as open (they read ECONNRESET).
+        site = web.TCPSite(runner, host, 0, backlog=4096)
         await site.start()
         port = runner.addresses[0][1]
         self._runner, self.base_url = runner, f"http://{host}:{port}/v1"
