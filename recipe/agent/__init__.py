@@ -7,6 +7,11 @@ episode.py    EpisodeTokens, Episode (one sequence: ids, loss mask, log-probs, v
 render.py     ObservationRenderer (text, or chat-template deltas checked at startup)
 loading.py    agent_loop_factory (import paths from rollout.multi_turn)
 config.py     MultiTurnConfig (rollout.multi_turn.*)
+chat_session.py, tool_calls.py, tool_parsers.py, vllm_tool_parsers.py
+              an OpenAI API conversation as sampled token segments; tool-call parsing
+endpoint/     the OpenAI-compatible endpoint per rollout worker and user agents
+              (rollout.multi_turn.agent / agent_command)
+examples/     agents written against the OpenAI API
 """
 
 from recipe.agent.context import AgentContext, TurnEngine, TurnOutput
