@@ -89,7 +89,8 @@ async def _round(worker: Any, requests: list[Any]) -> tuple[float, list[list[Tra
 async def _side(name: str, worker: Any, requests: list[Any], rounds: int) -> dict[str, Any]:
     try:
         await _round(worker, requests)  # warm-up
-        times, groups = [], []
+        times: list[float] = []
+        groups: list[list[Trajectory]] = []
         for _ in range(rounds):
             wall_s, groups = await _round(worker, requests)
             times.append(wall_s)
@@ -122,9 +123,9 @@ def main(argv: list[str]) -> dict[str, Any]:
     budget = turns * (turn_tokens + len(tokenizer.encode(OBSERVATION))) + 1
     requests = []
     for g in range(groups):
-        record = PromptRecord(f"bench-{g}", f"{g}+{g + 1}=", str(2 * g + 1), "arithmetic")
-        ids = list(tokenizer.encode(record.prompt, add_special_tokens=False))
-        requests.append(GenerationRequest(record.uid, ids, n, budget, seed=g, record=record))
+        prompt = PromptRecord(f"bench-{g}", f"{g}+{g + 1}=", str(2 * g + 1), "arithmetic")
+        ids = list(tokenizer.encode(prompt.prompt, add_special_tokens=False))
+        requests.append(GenerationRequest(prompt.uid, ids, n, budget, seed=g, record=prompt))
     common = {"max_turn_tokens": turn_tokens, "max_assistant_turns": turns}
     sides = {
         "direct": common | {"agent_loop": "recipe.bench.endpoint:DirectTurns"},

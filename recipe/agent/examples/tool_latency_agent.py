@@ -20,7 +20,7 @@ from recipe.agent.builtin import draw_latency, episode_rng
 from recipe.protocol import PromptRecord
 
 TURNS, SHORT_S, LONG_S, LONG_P = 3, 0.05, 1.0, 0.1
-TOOLS = [
+TOOLS: list[Any] = [
     {
         "type": "function",
         "function": {
