@@ -139,6 +139,9 @@ class Episode:
     """Segments the episode's requests opened (those without a model turn included)."""
     num_tool_parse_errors: int = 0
     """Model turns whose tool-call text could not be parsed (returned as text)."""
+    restarted: bool = False
+    """A checkpoint cut this episode without a state to continue from: it ran again from
+    its prompt (``agent/episodes_restarted``)."""
 
     def __post_init__(self) -> None:
         if self.finish_reason not in EPISODE_FINISH_REASONS:
@@ -172,6 +175,7 @@ class Episode:
                 "env_reward": float(self.reward is not None),
                 "segments": float(self.num_segments),
                 "tool_parse_errors": float(self.num_tool_parse_errors),
+                "restarted": float(self.restarted),
                 **{f"{INFO_PREFIX}{key}": value for key, value in self.info.items()},
             },
             agent_state=self.agent_state,

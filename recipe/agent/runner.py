@@ -91,26 +91,30 @@ class EpisodeRunner:
     ) -> Episode | Trajectory:
         if cut is not None and cut.finish_reason != "aborted":
             return cut  # finished before the checkpoint
-        if cut is not None and (cut.agent_state is None or not self.saves_state):
+        restarted = cut is not None and (cut.agent_state is None or not self.saves_state)
+        if restarted:
             logger.warning(
-                "episode %d of prompt %s was cut without a state this environment loads: "
-                "it starts again",
+                "episode %d of prompt %s was cut without a state this %s loads: it starts again",
                 index,
                 record.uid,
+                "agent" if self.endpoint is not None else "environment",
             )
             cut = None
         if trace is None:
-            return await self.run_episode(engine, record, budget, seed, cut=cut)
-        slot = trace.begin_episode()
-        tags = {"prompt_uid": record.uid, "sample": index}
+            episode = await self.run_episode(engine, record, budget, seed, cut=cut)
+        else:
+            slot = trace.begin_episode()
+            tags = {"prompt_uid": record.uid, "sample": index}
 
-        def on_slice(name: str, start_us: float, end_us: float, args: dict[str, Any]) -> None:
-            trace.episode_slice(name, start_us, end_us, slot, tags | args)
+            def on_slice(name: str, start_us: float, end_us: float, args: dict[str, Any]) -> None:
+                trace.episode_slice(name, start_us, end_us, slot, tags | args)
 
-        try:
-            return await self.run_episode(engine, record, budget, seed, on_slice, cut)
-        finally:
-            trace.end_episode(slot)
+            try:
+                episode = await self.run_episode(engine, record, budget, seed, on_slice, cut)
+            finally:
+                trace.end_episode(slot)
+        episode.restarted = restarted
+        return episode
 
     async def run_episode(
         self,

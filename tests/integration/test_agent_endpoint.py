@@ -6,14 +6,22 @@ that cut the agent's requests mid-turn."""
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.model import HFModelConfig
-from tests.helpers import openai_agents
+from recipe.agent.config import MultiTurnConfig
+from recipe.agent.metrics import agent_metrics
+from recipe.model import HFModelConfig, ModelConfig
+from recipe.protocol import PromptRecord
+from recipe.workers.config import RolloutConfig
+from recipe.workers.rollout import GenerationRequest, make_rollout_worker_cls
+from tests.helpers import command_agent, openai_agents
 from tests.helpers.chat_templates import tools_template
 from tests.helpers.models import EOS
 from tests.helpers.runs import assert_ledger_balances, build_recipe, read_metrics, spy_on_groups
@@ -123,6 +131,69 @@ def _turns(ids, mask, versions) -> list[tuple[list[int], list[int]]]:
             turns[-1][1].append(version)
         previous = m
     return turns
+
+
+def test_a_command_agent_on_a_real_worker_fails_alone_and_restarts_after_a_checkpoint_cut(
+    ray_for_module, tools_model_path, tmp_path
+):
+    """``agent_command``: a process per episode in the Ray rollout worker, over HTTP to the
+    worker's node address. A crashing command ends only its own episodes; episodes a
+    checkpoint cuts (paused worker, ``cut_episodes``) come back aborted and, resumed, run
+    again from their prompt, counted."""
+    ray = ray_for_module
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    multi_turn = MultiTurnConfig(
+        enable=True,
+        agent_command=f"{shlex.quote(sys.executable)} {command_agent.__file__} {signals}",
+        max_turn_tokens=TURN_TOKENS,
+        agent_timeout_s=120.0,
+    )
+    worker = ray.remote(num_cpus=1)(make_rollout_worker_cls("vllm")).remote(
+        ModelConfig(path=str(tools_model_path)),
+        RolloutConfig(
+            backend="vllm",
+            cpu_kv_cache_gib=1,
+            max_num_seqs=8,
+            response_length=200,
+            multi_turn=multi_turn,
+        ),
+    )
+    tokenizer = HFModelConfig(tools_model_path).tokenizer
+    try:
+        ok, failed = ray.get([worker.generate.remote(_group(u)) for u in ("ok-0", "fail-0")])
+        for traj in ok:
+            assert (traj.finish_reason, traj.episode["turns"]) == ("stop", 2.0)
+            last = _turns(traj.response_ids, traj.loss_mask, traj.token_versions)[-1][0]
+            text = tokenizer.decode(last, skip_special_tokens=True)
+            assert traj.reward == openai_agents.digest(text)
+        assert [t.finish_reason for t in failed] == ["env_error", "env_error"]
+        held = worker.generate.remote(_group("hold-0"))
+        _wait_for_files(signals, 2)  # both episodes are between their two requests
+        ray.get(worker.pause.remote(), timeout=60)
+        (signals / "go").touch()  # their second requests wait for the paused engine
+        ray.get(worker.cut_episodes.remote(), timeout=60)
+        cut = ray.get(held, timeout=120)
+        assert [t.finish_reason for t in cut] == ["aborted", "aborted"]
+        ray.get(worker.resume.remote(), timeout=60)
+        again = ray.get(worker.generate.remote(_group("hold-0", resume=cut)), timeout=300)
+        assert [(t.finish_reason, t.episode["restarted"]) for t in again] == [("stop", 1.0)] * 2
+        assert agent_metrics(again)["agent/episodes_restarted"] == 2.0
+    finally:
+        ray.get(worker.shutdown.remote(), timeout=120)
+        ray.kill(worker)
+
+
+def _group(uid: str, resume=None) -> GenerationRequest:
+    record = PromptRecord(uid, "Add 2 and 3.", "5", "test")
+    return GenerationRequest(uid, [1], n=2, max_tokens=200, seed=3, record=record, resume=resume)
+
+
+def _wait_for_files(folder: Path, count: int, deadline_s: float = 120.0) -> None:
+    end = time.monotonic() + deadline_s
+    while len(list(folder.iterdir())) < count:
+        assert time.monotonic() < end, f"fewer than {count} agents reached {folder}"
+        time.sleep(0.05)
 
 
 # Nightly: the calculator model's build (~2 min on a fresh cache) and an engine start; CI

@@ -9,6 +9,7 @@ import asyncio
 import json
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from recipe.agent.config import MultiTurnConfig
 from recipe.agent.context import EpisodeCut, TurnOutput
 from recipe.agent.endpoint.episodes import EndpointEpisodes
+from recipe.agent.metrics import agent_metrics
 from recipe.agent.render import ObservationRenderer
 from recipe.agent.runner import EpisodeRunner
 from recipe.protocol import ENV_TOKEN_VERSION, PromptRecord
@@ -342,6 +344,48 @@ def test_a_checkpoint_cut_ends_the_episode_as_aborted_to_start_again(tokenizer, 
     (traj,) = asyncio.run(go())
     assert traj.finish_reason == "aborted" and traj.agent_state is None
     assert not runner.saves_state
+
+
+def test_a_resumed_group_runs_its_cut_agent_episodes_again_and_counts_them(tokenizer, tmp_path):
+    spec = _agent_file(
+        tmp_path,
+        """
+        async def run(client, record):
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": record.prompt}])
+        """,
+    )
+    runner = EpisodeRunner(MultiTurnConfig(enable=True, agent=spec), tokenizer, [0])
+    runner.endpoint.server._host = "127.0.0.1"
+    engine = ScriptedEngine(tokenizer, ["first", "again"], cut_at=2, wait_cut=True)
+
+    async def go(**kwargs):
+        try:
+            return await runner.run_group(engine, RECORD, budgets=[64], seeds=[1], **kwargs)
+        finally:
+            await runner.close()
+
+    (cut,) = asyncio.run(go())
+    assert cut.finish_reason == "aborted" and cut.episode["restarted"] == 0.0
+    kept = replace(cut, sample_index=1, finish_reason="stop", response_text="kept")
+    engine.wait_cut = False
+    runner = EpisodeRunner(MultiTurnConfig(enable=True, agent=spec), tokenizer, [0])
+    runner.endpoint.server._host = "127.0.0.1"
+
+    async def resumed():
+        try:
+            return await runner.run_group(
+                engine, RECORD, budgets=[64, 64], seeds=[1, 2], resume=[cut, kept]
+            )
+        finally:
+            await runner.close()
+
+    again, same = asyncio.run(resumed())
+    assert same is kept  # finished before the checkpoint: not run again
+    assert again.finish_reason == "stop" and again.episode["restarted"] == 1.0
+    assert cut.response_ids == [] and again.response_ids  # from the prompt, not the cut
+    assert engine.calls[-1]["context"] == again.prompt_ids == cut.prompt_ids
+    assert agent_metrics([again, same])["agent/episodes_restarted"] == 1.0
 
 
 COMMAND_AGENT = """
