@@ -1,0 +1,126 @@
+"""One system's run, measured from outside the same way for every system.
+
+    launch (t=0) --subprocess--> the system's own command, its output in RUN_DIR/run.log
+      |  every POLL_S: the GPU's used memory (nvidia-smi; the peak over the run, less what
+      |  was in use before the launch) and the line count of the system's per-step metrics
+      |  file (each new line: the time its step ended, as seen from here)
+      v
+    exit --> Measured(rc, wall_s, step_end_s, peak_gpu_mib)
+
+The step-end times come from the file's growth, not from each system's clock, so the
+start-up time (launch to the first step's start: the first step's end less its own duration)
+is measured the same way for a system whatever it logs. Every run has a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+POLL_S = 0.5
+LOG_FILE = "run.log"
+
+
+@dataclass(slots=True)
+class Measured:
+    """What the harness saw of one run."""
+
+    returncode: int | None
+    """The command's exit code; None: killed at its deadline."""
+    wall_s: float
+    """Launch to exit, seconds."""
+    step_end_s: list[float] = field(default_factory=list)
+    """Seconds from launch to the moment each per-step metrics line appeared."""
+    peak_gpu_mib: float | None = None
+    """Peak GPU memory in use during the run less what was in use before it (all GPUs
+    summed; None: no nvidia-smi)."""
+
+
+def gpu_used_mib() -> float | None:
+    """Memory in use on every GPU, summed (MiB); None without nvidia-smi."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return sum(float(x) for x in out.split())
+
+
+def count_lines(path: Path) -> int:
+    try:
+        with path.open("rb") as f:
+            return sum(1 for line in f if line.strip())
+    except FileNotFoundError:
+        return 0
+
+
+def run_measured(
+    command: list[str],
+    run_dir: Path,
+    *,
+    metrics_file: Path,
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Measured:
+    """Run ``command`` (output in ``run_dir/run.log``) under ``timeout_s``, watching the GPU
+    and ``metrics_file`` (one line per step)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    baseline = gpu_used_mib()
+    state = _Watch(metrics_file, baseline)
+    start = time.monotonic()
+    with (run_dir / LOG_FILE).open("w", encoding="utf-8") as log:
+        proc = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=os.environ.copy() | (env or {}),
+            cwd=cwd,
+            start_new_session=True,  # the whole tree goes at a deadline
+        )
+        watcher = threading.Thread(target=state.watch, args=(start, proc), daemon=True)
+        watcher.start()
+        try:
+            returncode: int | None = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            returncode = None
+        watcher.join(timeout=30)
+    state.poll(start)  # the last lines, written just before the exit
+    peak = None if baseline is None or state.peak is None else max(0.0, state.peak - baseline)
+    return Measured(returncode, time.monotonic() - start, state.step_end_s, peak)
+
+
+class _Watch:
+    def __init__(self, metrics_file: Path, baseline: float | None):
+        self.metrics_file = metrics_file
+        self.peak = baseline
+        self.step_end_s: list[float] = []
+        self._gpu = baseline is not None
+
+    def watch(self, start: float, proc: subprocess.Popen) -> None:
+        while proc.poll() is None:
+            self.poll(start)
+            time.sleep(POLL_S)
+
+    def poll(self, start: float) -> None:
+        now = time.monotonic() - start
+        lines = count_lines(self.metrics_file)
+        self.step_end_s += [now] * (lines - len(self.step_end_s))
+        if self._gpu:
+            used = gpu_used_mib()
+            if used is not None and (self.peak is None or used > self.peak):
+                self.peak = used
