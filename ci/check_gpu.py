@@ -3,7 +3,7 @@
     python ci/check_gpu.py OUT_DIR
 
 Reads what ``ci/nightly_gpu.sh`` wrote (rollout.json, trainer.json, weight_sync.json,
-engine_push.json, e2e.json, run/) and
+engine_push.json, e2e.json, run/, peers.json) and
 prints one row per figure: value, threshold, verdict. A missing result is a failure.
 """
 
@@ -60,6 +60,11 @@ def figures(out: Path) -> dict[str, float | None]:
         found["run pause window p50 s"] = windows[len(windows) // 2] if windows else None
     else:
         found["run pause window p50 s"] = None
+    peers = (_load(out / "peers.json") or {}).get("ratios", {})
+    for system in ("sync", "fully_async"):
+        ratio = peers.get(f"{system}_over_verl samples_per_s")
+        found[f"peers {system}_over_verl samples/s"] = ratio
+    found["peers sync_over_verl start-up"] = peers.get("sync_over_verl startup_s")
     return found
 
 

@@ -4,7 +4,7 @@
 #
 #   ci/nightly_gpu.sh                 every stage, then the check
 #   ci/nightly_gpu.sh STAGE [STAGE]   some stages only (smoke rollout trainer weight_sync
-#                                     engine_push e2e run check)
+#                                     engine_push e2e run peers check)
 #
 # Needs a GPU machine with the `gpu` extra installed (vllm, ray); PYTHON picks the interpreter
 # (default .venv/bin/python after `make venv EXTRA=gpu`). Results go to $NIGHTLY_OUT (default
@@ -16,7 +16,7 @@ PYTHON=${PYTHON:-.venv/bin/python}
 out=${NIGHTLY_OUT:-outputs/nightly_gpu/$(date +%Y-%m-%d)}
 mkdir -p "$out"
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(smoke rollout trainer weight_sync engine_push e2e run check)
+[ ${#stages[@]} -gt 0 ] || stages=(smoke rollout trainer weight_sync engine_push e2e run peers check)
 ngpu=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
 backends=cuda_ipc
 [ "$ngpu" -ge 2 ] && backends=cuda_ipc,nccl
@@ -51,6 +51,10 @@ for stage in "${stages[@]}"; do
       "$PYTHON" -m recipe trainer.device=cuda model.dtype=bfloat16 \
         trainer.total_training_steps=${RUN_STEPS:-80} trainer.test_freq=10 logger.quiet=true \
         hydra.run.dir="$out/run" 2>&1 | tee "$out/run.log" ;;
+    peers)
+      # verl's GRPO beside ours (ci/peers_gpu.sh setup installs verl's wheels first).
+      PYTHON=$PYTHON PEERS_OUT="$out/peers" ci/peers_gpu.sh run steps=${PEERS_STEPS:-6} \
+        json="$out/peers.json" 2>&1 | tee "$out/peers.log" ;;
     check)
       "$PYTHON" ci/check_gpu.py "$out" ;;
     *)

@@ -9,7 +9,7 @@
 #
 # Needs our GPU stack (vllm, ray, hydra) importable first: on an offline machine, source the
 # GPU kit's env (../shared/gpu/README.md). Defaults: SmolLM2-135M-Instruct (catalog model,
-# built by ci/real_models_gpu.sh setup), GSM8K from ../shared/data/gsm8k, OUT=outputs/bench/peers.
+# built by ci/real_models_gpu.sh setup), GSM8K from ../shared/data/gsm8k, PEERS_OUT=outputs/bench/peers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -31,7 +31,7 @@ case ${1:-} in
   run)
     shift
     "$PYTHON" -m recipe.bench.peers model="${MODEL:-smollm2-135m-instruct}" \
-      verl_site="$VERL_SITE" out="${OUT:-outputs/bench/peers}" "$@" ;;
+      verl_site="$VERL_SITE" out="${PEERS_OUT:-outputs/bench/peers}" "$@" ;;
   *)
     echo "usage: $0 setup PARTS_DIR | run [KEY=VALUE ...]" >&2
     exit 2 ;;

@@ -47,3 +47,13 @@ def test_engine_push_and_pause_window_figures_come_from_their_result_files(tmp_p
     assert found["e2e fully_async pause window p50 s"] == 0.102
     assert found["e2e fully_async_over_sync"] == 1.51
     assert found["e2e one_step_off_over_sync"] is None
+
+
+def test_peer_ratios_come_from_the_peer_benchmarks_report(tmp_path):
+    check = _check_gpu()
+    ratios = {"sync_over_verl samples_per_s": 1.2, "sync_over_verl startup_s": 0.5}
+    _write(tmp_path, "peers.json", {"ratios": ratios})
+    found = check.figures(tmp_path)
+    assert found["peers sync_over_verl samples/s"] == 1.2
+    assert found["peers sync_over_verl start-up"] == 0.5
+    assert found["peers fully_async_over_verl samples/s"] is None  # its run failed: missing

@@ -19,7 +19,7 @@ the table of all three. Keys (``Terms`` holds the shared ones and their defaults
     verl_site=PATH                 verl's installed wheels (ci/peers_gpu.sh setup)
     json=PATH                      the results also there
     steps, warmup_steps, prompts, n, response_length, max_prompt_length, lr, val_rows,
-    gpu_memory_utilization, micro_batch_size, seed, timeout_s
+    gpu_memory_utilization, seed, timeout_s
 """
 
 from __future__ import annotations
@@ -131,6 +131,8 @@ def run_system(system: str, terms: Terms, options: dict[str, str]) -> SystemResu
     )
     if measured.returncode != 0 or not metrics.is_file():
         why = "past timeout_s" if measured.returncode is None else f"exit {measured.returncode}"
+        # what the harness saw, kept for the diagnosis (the steps that ended, the GPU's peak)
+        (run_dir / "failed.json").write_text(json.dumps(dataclasses.asdict(measured)))
         return SystemResult(system, f"{why}; see {run_dir}/run.log", wall_s=measured.wall_s)
     if system == "verl":
         rows, lines, accuracy = verl.read_verl(run_dir, terms)

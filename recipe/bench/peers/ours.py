@@ -40,7 +40,6 @@ def our_command(terms: Terms, mode: str, run_dir: Path) -> list[str]:
         "data.max_prompt_length": terms.max_prompt_length,
         "data.train_batch_size": terms.prompts,
         "actor.ppo_mini_batch_size": terms.prompts,
-        "actor.ppo_micro_batch_size_per_gpu": terms.micro_batch_size,
         "actor.lr": terms.lr,
         "actor.use_kl_loss": False,
         "actor.entropy_coeff": 0.0,

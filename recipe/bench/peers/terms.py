@@ -38,8 +38,6 @@ class Terms:
     val_rows: int = 256
     gpu_memory_utilization: float = 0.5
     """The rollout engine's share of the GPU; trainer and engine share one GPU here."""
-    micro_batch_size: int = 16
-    """Sequences per forward/backward micro-batch (both systems)."""
     seed: int = 0
     timeout_s: float = 1800.0
     """Deadline of one system's run."""
@@ -52,8 +50,8 @@ class Terms:
             raise ValueError(f"warmup_steps={self.warmup_steps}: must be in [0, steps)")
         if not 0.0 < self.gpu_memory_utilization < 1.0:
             raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization}: in (0, 1)")
-        if self.lr <= 0 or self.val_rows < 1 or self.micro_batch_size < 1:
-            raise ValueError("lr, val_rows and micro_batch_size must be positive")
+        if self.lr <= 0 or self.val_rows < 1:
+            raise ValueError(f"lr={self.lr}, val_rows={self.val_rows}: must be positive")
 
     @property
     def samples(self) -> int:
