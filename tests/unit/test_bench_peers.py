@@ -238,3 +238,31 @@ def test_a_system_with_a_result_is_not_run_again_and_the_table_has_it(
     report = json.loads((tmp_path / "o" / "peers.json").read_text())
     assert [r["system"] for r in report["results"]] == ["sync"] and report["ratios"] == {}
     assert "sync" in capsys.readouterr().out
+
+
+def test_a_verl_variant_replaces_the_benchmarks_value_of_its_key(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    src = tmp_path / "gsm8k"
+    src.mkdir()
+    for split in ("train", "test"):
+        (src / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    terms, _ = peers.parse(
+        [
+            f"model={tmp_path}",
+            f"data={src}",
+            f"out={tmp_path / 'o'}",
+            "val_rows=2",
+            "verl:actor_rollout_ref.model.use_remove_padding=True",
+            "verl:trainer.use_v1=False",
+        ]
+    )
+    argv, _ = verl.verl_command(terms, tmp_path / "run", tmp_path)
+    padding = [a for a in argv if a.startswith("actor_rollout_ref.model.use_remove_padding=")]
+    assert padding == ["actor_rollout_ref.model.use_remove_padding=True"]
+    assert "trainer.use_v1=False" in argv
+    assert terms.describe()["verl_extra"] == [
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "trainer.use_v1=False",
+    ]
+    with pytest.raises(SystemExit):
+        peers.parse([f"model={tmp_path}", f"data={src}", "train_file=x"])

@@ -20,6 +20,8 @@ the table of all three. Keys (``Terms`` holds the shared ones and their defaults
     json=PATH                      the results also there
     steps, warmup_steps, prompts, n, response_length, max_prompt_length, lr, val_rows,
     gpu_memory_utilization, seed, timeout_s
+    verl:KEY=VALUE                 a Hydra override for verl alone (a variant of its settings,
+                                   e.g. verl:trainer.use_v1=False); give a variant its own out=
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ from recipe.bench.peers.result import SystemResult, summarize
 from recipe.bench.peers.terms import Terms
 
 SYSTEMS = ("verl", *ours.SYSTEMS)
+VERL_PREFIX = "verl:"
+SET_HERE = ("model", "train_file", "val_file", "verl_extra")
+"""``Terms`` fields that come from ``model=``, ``data=`` and ``verl:`` arguments."""
 OPTIONS = {
     "systems": ",".join(SYSTEMS),
     "model": "",
@@ -61,12 +66,17 @@ SHARED_ENV = {
 def parse(argv: list[str]) -> tuple[Terms, dict[str, str]]:
     """(the terms, the options) from ``key=value`` arguments; ``SystemExit`` (exit 2) naming a
     bad one."""
-    options, fields = dict(OPTIONS), {f.name: f for f in dataclasses.fields(Terms)}
+    options = dict(OPTIONS)
+    fields = {f.name: f for f in dataclasses.fields(Terms) if f.name not in SET_HERE}
     raw: dict[str, Any] = {}
+    verl_extra = []
     for arg in argv:
         key, sep, value = arg.partition("=")
+        if key.startswith(VERL_PREFIX) and sep:
+            verl_extra.append(arg.removeprefix(VERL_PREFIX))
+            continue
         if not sep or (key not in options and key not in fields):
-            known = sorted(set(options) | set(fields) - {"model", "train_file", "val_file"})
+            known = sorted(set(options) | set(fields))
             _fail(f"{arg!r}: expected key=value with a key in {known}")
         if key in options:
             options[key] = value
@@ -80,9 +90,10 @@ def parse(argv: list[str]) -> tuple[Terms, dict[str, str]]:
     try:
         values = {k: _typed(fields[k].type, v) for k, v in raw.items()}
         model = _model(options["model"])
-        val_rows = int(values.get("val_rows", fields["val_rows"].default))
+        val_rows = int(values.get("val_rows", Terms.__dataclass_fields__["val_rows"].default))
         train, val = prepare_peer_data(Path(options["data"]), Path(options["out"]), val_rows)
         terms = Terms(model=model, train_file=train, val_file=val, **values)
+        terms = dataclasses.replace(terms, verl_extra=tuple(verl_extra))
     except (ValueError, OSError) as exc:
         _fail(str(exc))
     return terms, options

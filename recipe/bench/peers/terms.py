@@ -41,6 +41,9 @@ class Terms:
     seed: int = 0
     timeout_s: float = 1800.0
     """Deadline of one system's run."""
+    verl_extra: tuple[str, ...] = ()
+    """More Hydra overrides for verl alone (``verl:KEY=VALUE`` on the command line), for a
+    variant of its settings; each replaces the benchmark's value of its key."""
 
     def __post_init__(self) -> None:
         for key in ("steps", "prompts", "n", "max_prompt_length", "response_length"):
@@ -59,4 +62,6 @@ class Terms:
         return self.steps * self.prompts * self.n
 
     def describe(self) -> dict[str, Any]:
-        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+        out = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+        out["verl_extra"] = list(self.verl_extra)
+        return out

@@ -105,7 +105,12 @@ def verl_overrides(terms: Terms) -> dict[str, Any]:
 def verl_command(terms: Terms, run_dir: Path, verl_site: Path) -> tuple[list[str], dict[str, str]]:
     """(argv, extra environment) of verl's run under ``terms``, writing ``run_dir``."""
     argv = [sys.executable, "-u", "-m", "verl.trainer.main_ppo"]
-    argv += [f"{k}={v}" for k, v in verl_overrides(terms).items()]
+    overrides: dict[str, Any] = verl_overrides(terms)
+    for extra in terms.verl_extra:  # a variant: replaces the benchmark's value of its key
+        key, _, value = extra.partition("=")
+        overrides.pop(key, None)
+        overrides[key] = value
+    argv += [f"{k}={v}" for k, v in overrides.items()]
     path = [str(verl_site), str(REPO), os.environ.get("PYTHONPATH", "")]
     env = {
         "PYTHONPATH": os.pathsep.join(p for p in path if p),
