@@ -6,7 +6,11 @@ verl runs from its own folder of wheels (``ci/pack_verl.sh``: verl 0.9.1, transf
 tensordict, ...) first on its ``PYTHONPATH``, beside our GPU kit's vLLM and Ray. Settings that
 differ from verl's defaults, and why:
 
-    attn_implementation=sdpa        flash-attn has no wheel for CUDA 13 + torch 2.11
+    attn_implementation=sdpa        flash-attn has no wheel for CUDA 13 + torch 2.11; without
+                                    it verl's log-probs loop over tokens in Python
+                                    (``logprobs_from_logits_v2``); its fused-kernel path
+                                    (``verl:actor_rollout_ref.model.use_fused_kernels=True``)
+                                    avoids that, to be measured before it becomes the default
     use_remove_padding=False        without flash-attn, packed rows go through sdpa with a
                                     dense (tokens x tokens) mask: padded rows are cheaper
     use_dynamic_bsz=True            token-budget micro-batches (ours are on by default too)
