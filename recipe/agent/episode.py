@@ -140,8 +140,8 @@ class Episode:
     num_tool_parse_errors: int = 0
     """Model turns whose tool-call text could not be parsed (returned as text)."""
     restarted: bool = False
-    """A checkpoint cut this episode without a state to continue from: it ran again from
-    its prompt (``agent/episodes_restarted``)."""
+    """This episode was cut on a paused worker without a state to continue from, and ran
+    again from its prompt when its group was resumed (``agent/episodes_restarted``)."""
 
     def __post_init__(self) -> None:
         if self.finish_reason not in EPISODE_FINISH_REASONS:

@@ -4,8 +4,9 @@ agent/turns_mean, agent/tool_calls_mean     per episode
 agent/segments_mean                         linear segments per episode (1 unless an agent
                                             edited its history; each is a training row)
 agent/tool_parse_errors                     model turns whose tool calls did not parse
-agent/episodes_restarted                    episodes a checkpoint cut without a state to
-                                            continue from (a user's agent), run again
+agent/episodes_restarted                    members of a resumed group that were cut
+                                            without a state to continue from (an agent's
+                                            episode; a failed state_dict), run again
 agent/tool_errors, agent/env_errors,
 agent/env_timeouts (episodes ended by a call past step_timeout_s; also env_errors),
 agent/truncated_observations                counts over the step

@@ -137,9 +137,10 @@ def test_a_command_agent_on_a_real_worker_fails_alone_and_restarts_after_a_check
     ray_for_module, tools_model_path, tmp_path
 ):
     """``agent_command``: a process per episode in the Ray rollout worker, over HTTP to the
-    worker's node address. A crashing command ends only its own episodes; episodes a
-    checkpoint cuts (paused worker, ``cut_episodes``) come back aborted and, resumed, run
-    again from their prompt, counted."""
+    worker's node address. A crashing command ends only its own episodes; episodes cut on
+    the paused worker (``cut_episodes``, as a stop does) come back aborted, and a group
+    resumed with them runs them again from their prompt, counted. (At a fully_async
+    checkpoint an agent's group in flight is admitted again instead: agents save no state.)"""
     ray = ray_for_module
     signals = tmp_path / "signals"
     signals.mkdir()
