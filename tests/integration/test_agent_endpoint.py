@@ -11,12 +11,16 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
 
+from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE
 from recipe.agent.config import MultiTurnConfig
 from recipe.agent.metrics import agent_metrics
+from recipe.checkpoint import read_ledger
+from recipe.checkpoint.store import RUN_STATE_DIR
 from recipe.model import HFModelConfig, ModelConfig
 from recipe.protocol import PromptRecord
 from recipe.workers.config import RolloutConfig
@@ -58,11 +62,10 @@ def tools_model_path(rollout_model_path: Path, tmp_path_factory) -> Path:
     return path
 
 
-def test_an_openai_client_agent_trains_through_syncs_that_cut_its_requests(
-    tools_model_path, tmp_path
-):
-    overrides = {
-        "model.path": str(tools_model_path),
+def _agent_overrides(model_path: Path) -> dict[str, Any]:
+    """A fully_async run of ``openai_agents.run`` on the tools model."""
+    return {
+        "model.path": str(model_path),
         "rollout.n": 4,
         "rollout.max_num_seqs": 4,
         "rollout.response_length": 200,
@@ -76,6 +79,12 @@ def test_an_openai_client_agent_trains_through_syncs_that_cut_its_requests(
         "trainer.test_freq": 0,
         "trainer.total_training_steps": NUM_STEPS,
     }
+
+
+def test_an_openai_client_agent_trains_through_syncs_that_cut_its_requests(
+    tools_model_path, tmp_path
+):
+    overrides = _agent_overrides(tools_model_path)
     run_dir = tmp_path / "run"
     recipe = build_recipe(run_dir, PRESET, overrides)
     seen = spy_on_groups(recipe)
@@ -183,6 +192,47 @@ def test_a_command_agent_on_a_real_worker_fails_alone_and_restarts_after_a_check
     finally:
         ray.get(worker.shutdown.remote(), timeout=120)
         ray.kill(worker)
+
+
+@pytest.mark.nightly  # a second training run and its resume (~3 min); CI keeps the cut and
+# the resumed group on a real worker (above) and the rollouter's restart bookkeeping in
+# tests/unit/test_fully_async_trainer.py
+def test_a_checkpoint_with_agent_episodes_in_flight_resumes_with_every_prompt_trained_once(
+    tools_model_path, tmp_path
+):
+    """Checkpoints at every sync of a fully_async run whose agent episodes go on through the
+    syncs: an agent saves no state, so its groups in flight at a checkpoint are recorded to
+    start again; resumed from that checkpoint, the run admits them again
+    (``prompts/readmitted``) and trains every prompt of its steps exactly once."""
+    overrides = _agent_overrides(tools_model_path) | {
+        "trainer.save_freq": 1,
+        "trainer.max_ckpt_to_keep": NUM_STEPS,
+    }
+    run_dir = tmp_path / "run"
+    recipe = build_recipe(run_dir, PRESET, overrides)
+    try:
+        first = recipe.fit()
+    finally:
+        recipe.close()
+    step = 2
+    state_dir = run_dir / "checkpoints" / f"step_{step}" / RUN_STATE_DIR
+    state = json.loads((state_dir / ROLLOUTER_STATE_FILE).read_text())
+    restarts = {uid for _, uid, _ in state["restart"]}
+    assert restarts, "no agent episode was in flight at the checkpoint"
+    assert not state["partials"]  # nothing of an agent's episode is kept mid-way
+    resume = overrides | {"trainer.resume_mode": str(run_dir / "checkpoints" / f"step_{step}")}
+    recipe = build_recipe(run_dir, PRESET, resume)
+    try:
+        summary = recipe.fit()
+    finally:
+        recipe.close()
+    ledger = read_ledger(run_dir)
+    assert [r["step"] for r in ledger] == list(range(1, NUM_STEPS + 1))
+    trained = [uid for r in ledger for uid in r["trained"]]
+    assert len(trained) == len(set(trained)), "a prompt was trained twice"
+    assert summary["steps"] == first["steps"]
+    assert summary["prompts/readmitted"] >= len(restarts)
+    assert restarts <= {uid for r in ledger[step:] for uid in r["trained"]}
 
 
 def _group(uid: str, resume=None) -> GenerationRequest:
