@@ -27,6 +27,7 @@ the table of all three. Keys (``Terms`` holds the shared ones and their defaults
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import sys
@@ -132,9 +133,11 @@ def run_system(system: str, terms: Terms, options: dict[str, str]) -> SystemResu
     if system == "verl":
         command, env = verl.verl_command(terms, run_dir, Path(options["verl_site"]))
         metrics = run_dir / verl.METRICS_FILE
+        read = functools.partial(verl.read_verl, run_dir, terms)
     else:
         command, env = ours.our_command(terms, system, run_dir), {}
         metrics = run_dir / ours.METRICS_FILE
+        read = functools.partial(ours.read_ours, run_dir)
     metrics.unlink(missing_ok=True)  # a failed earlier attempt's lines
     print(f"== {system}: {run_dir}/run.log", flush=True)
     measured = run_measured(
@@ -145,10 +148,7 @@ def run_system(system: str, terms: Terms, options: dict[str, str]) -> SystemResu
         # what the harness saw, kept for the diagnosis (the steps that ended, the GPU's peak)
         (run_dir / "failed.json").write_text(json.dumps(dataclasses.asdict(measured)))
         return SystemResult(system, f"{why}; see {run_dir}/run.log", wall_s=measured.wall_s)
-    if system == "verl":
-        rows, lines, accuracy = verl.read_verl(run_dir, terms)
-    else:
-        rows, lines, accuracy = ours.read_ours(run_dir)
+    rows, lines, accuracy = read()
     result = summarize(
         system,
         measured,
