@@ -41,11 +41,15 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 """
 ASYNC = """
 import asyncio
-calls = []
+in_flight = 0
+peak = 0
 async def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    calls.append(solution_str)
+    global in_flight, peak
+    in_flight += 1
+    peak = max(peak, in_flight)
     await asyncio.sleep(0.05)  # a reward service: the group's calls overlap
-    return {"score": float(ground_truth in solution_str), "latency_ms": 50.0}
+    in_flight -= 1
+    return {"score": float(ground_truth in solution_str), "latency_ms": 50.0, "peak": peak}
 """
 
 
@@ -65,16 +69,17 @@ def test_an_async_reward_function_scores_a_group_concurrently_in_both_entry_poin
     reward.score_group(RECORD, group)  # the sync recipes: on the function's own loop
     assert [t.reward for t in group] == [0, 0, 0, 0, 1.0]
     assert sample_metrics(group)["reward/latency_ms"] == 50.0
+    # every call was in flight at once: the last to return saw all five started
+    assert max(t.reward_extras["peak"] for t in group) == 5
 
-    async def in_a_running_loop() -> float:  # the fully async rollouter
+    async def in_a_running_loop() -> list[Trajectory]:  # the fully async rollouter
         regroup = _group(*(f"{i} or 5" for i in range(8)))
-        loop = asyncio.get_running_loop()
-        start = loop.time()
         await reward.ascore_group(RECORD, regroup)
-        assert all(t.reward == 1.0 for t in regroup)
-        return loop.time() - start
+        return regroup
 
-    assert asyncio.run(in_a_running_loop()) < 8 * 0.05, "the 8 calls did not overlap"
+    regroup = asyncio.run(in_a_running_loop())
+    assert all(t.reward == 1.0 for t in regroup)
+    assert max(t.reward_extras["peak"] for t in regroup) == 8, "the 8 calls did not overlap"
 
 
 @pytest.mark.parametrize(
