@@ -6,11 +6,12 @@ verl runs from its own folder of wheels (``ci/pack_verl.sh``: verl 0.9.1, transf
 tensordict, ...) first on its ``PYTHONPATH``, beside our GPU kit's vLLM and Ray. Settings that
 differ from verl's defaults, and why:
 
-    attn_implementation=sdpa        flash-attn has no wheel for CUDA 13 + torch 2.11; without
-                                    it verl's log-probs loop over tokens in Python
-                                    (``logprobs_from_logits_v2``); its fused-kernel path
-                                    (``verl:actor_rollout_ref.model.use_fused_kernels=True``)
-                                    avoids that, to be measured before it becomes the default
+    attn_implementation=sdpa        flash-attn has no wheel for CUDA 13 + torch 2.11
+    use_fused_kernels=True          without flash-attn, verl's log-probs otherwise loop over
+                                    tokens in Python (``logprobs_from_logits_v2``); its fused
+                                    path (torch backend, no extra kernels) computes them from
+                                    the hidden states: on the H200 its log-prob pass took
+                                    1.5 s instead of 6.3 s, its update 2.0 s instead of 17.3 s
     use_remove_padding=False        without flash-attn, packed rows go through sdpa with a
                                     dense (tokens x tokens) mask: padded rows are cheaper
     use_dynamic_bsz=True            token-budget micro-batches (ours are on by default too)
@@ -67,6 +68,7 @@ def verl_overrides(terms: Terms) -> dict[str, Any]:
         "actor_rollout_ref.model.path": terms.model,
         "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
         "actor_rollout_ref.model.use_remove_padding": False,
+        "actor_rollout_ref.model.use_fused_kernels": True,
         "actor_rollout_ref.model.enable_gradient_checkpointing": False,
         f"{actor}.optim.lr": terms.lr,
         f"{actor}.optim.betas": "[0.9,0.99]",
