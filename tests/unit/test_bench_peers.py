@@ -55,6 +55,14 @@ def test_our_command_composes_with_the_shared_terms(tmp_path, mode):
         assert cfg.async_training.partial_rollout and cfg.async_training.require_batches == 1
 
 
+def test_on_the_cpu_ours_run_in_float32_with_an_engine_sized_for_the_terms(tmp_path):
+    terms = _terms(tmp_path, device="cpu", max_prompt_length=200, response_length=48)
+    argv = ours.our_command(terms, "sync", tmp_path / "run")
+    cfg = _compose([a for a in argv[3:] if not a.startswith("hydra.")])
+    assert (cfg.trainer.device, cfg.model.dtype) == ("cpu", "float32")
+    assert cfg.rollout.engine_kwargs["max_model_len"] == 248
+
+
 def test_verls_settings_are_ours(tmp_path):
     """Every optimizer and loss setting verl is given equals our config's, so a change of
     our defaults cannot leave the two systems training differently unnoticed."""
@@ -181,6 +189,8 @@ def test_the_harness_times_each_step_line_and_kills_at_the_deadline(tmp_path):
         (["systems=verl,trl"], "systems=verl,trl: unknown ['trl']"),
         ([], "model= is required"),
         (["model={tmp}", "warmup_steps=5", "steps=5"], "warmup_steps=5: must be in [0, steps)"),
+        (["model={tmp}", "device=cpu"], "systems=verl needs device=cuda"),
+        (["model={tmp}", "systems=sync", "device=tpu"], "device=tpu: must be one of cuda, cpu"),
     ],
 )
 def test_bad_keys_exit_2_with_one_line(tmp_path, capsys, args, message):
@@ -238,6 +248,28 @@ def test_a_system_with_a_result_is_not_run_again_and_the_table_has_it(
     report = json.loads((tmp_path / "o" / "peers.json").read_text())
     assert [r["system"] for r in report["results"]] == ["sync"] and report["ratios"] == {}
     assert "sync" in capsys.readouterr().out
+
+
+def test_ratios_are_ours_to_verl_and_fully_async_to_sync_among_the_finished():
+    from recipe.bench.peers.report import ratios
+    from recipe.bench.peers.result import SystemResult
+
+    def result(system: str, rate: float, failed: str | None = None) -> SystemResult:
+        return SystemResult(system, failed, samples_per_s=rate, startup_s=100.0)
+
+    all_three = ratios([result("verl", 10.0), result("sync", 20.0), result("fully_async", 30.0)])
+    assert all_three["sync_over_verl samples_per_s"] == 2.0
+    assert all_three["fully_async_over_verl samples_per_s"] == 3.0
+    assert all_three["fully_async_over_sync samples_per_s"] == 1.5
+    assert all_three["sync_over_verl startup_s"] == 1.0
+    assert "verl_over_sync samples_per_s" not in all_three
+    failed_verl = ratios(
+        [result("verl", 0.0, "exit 1"), result("sync", 2), result("fully_async", 3)]
+    )
+    assert list(failed_verl) == [
+        "fully_async_over_sync samples_per_s",
+        "fully_async_over_sync startup_s",
+    ]
 
 
 def test_a_verl_variant_replaces_the_benchmarks_value_of_its_key(tmp_path):

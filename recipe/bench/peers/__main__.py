@@ -20,6 +20,8 @@ the table of all three. Keys (``Terms`` holds the shared ones and their defaults
     json=PATH                      the results also there
     steps, warmup_steps, prompts, n, response_length, max_prompt_length, lr, val_rows,
     gpu_memory_utilization, seed, timeout_s
+    device=cuda                    cpu: ours only, float32 (the harness on a machine
+                                   without a GPU; verl trains on GPUs only)
     verl:KEY=VALUE                 a Hydra override for verl alone (a variant of its settings,
                                    e.g. verl:trainer.use_v1=False); give a variant its own out=
 """
@@ -86,6 +88,8 @@ def parse(argv: list[str]) -> tuple[Terms, dict[str, str]]:
     systems = options["systems"].split(",")
     if unknown := sorted(set(systems) - set(SYSTEMS)):
         _fail(f"systems={options['systems']}: unknown {unknown}; known {list(SYSTEMS)}")
+    if raw.get("device", "cuda") != "cuda" and "verl" in systems:
+        _fail(f"systems=verl needs device=cuda (verl trains on GPUs only), not {raw['device']}")
     if not options["model"]:
         _fail("model= is required (a model folder, a catalog name or a size such as 0.5B)")
     try:
@@ -97,6 +101,7 @@ def parse(argv: list[str]) -> tuple[Terms, dict[str, str]]:
         terms = dataclasses.replace(terms, verl_extra=tuple(verl_extra))
     except (ValueError, OSError) as exc:
         _fail(str(exc))
+
     return terms, options
 
 

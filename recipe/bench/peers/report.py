@@ -30,20 +30,22 @@ def versions(verl_site: Path) -> dict[str, dict[str, str]]:
     return {"ours": ours, "verl": theirs}
 
 
+PAIRS = (("sync", "verl"), ("fully_async", "verl"), ("fully_async", "sync"))
+"""(system, base) of each ratio: ours to verl's, and our two modes to each other."""
+
+
 def ratios(results: list[SystemResult]) -> dict[str, float]:
-    """``<system>_over_verl`` samples/s and generated tokens/s, and start-up ratios."""
+    """``<system>_over_<base>`` samples/s, generated tokens/s and start-up, for each pair of
+    ``PAIRS`` that both finished."""
     by = {r.system: r for r in results if r.failed is None}
-    base = by.get("verl")
     out: dict[str, float] = {}
-    if base is None:
-        return out
-    for system, result in by.items():
-        if system == "verl":
+    for system, base in PAIRS:
+        if system not in by or base not in by:
             continue
         for key in ("samples_per_s", "gen_tokens_per_s", "startup_s"):
-            mine, theirs = getattr(result, key), getattr(base, key)
+            mine, theirs = getattr(by[system], key), getattr(by[base], key)
             if mine is not None and theirs:
-                out[f"{system}_over_verl {key}"] = round(mine / theirs, 3)
+                out[f"{system}_over_{base} {key}"] = round(mine / theirs, 3)
     return out
 
 
@@ -51,13 +53,19 @@ def _cell(value: Any, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _precision(terms: dict[str, Any]) -> str:
+    if terms.get("device", "cuda") == "cpu":
+        return "float32 on the CPU (ours only)"
+    return f"bf16, CUDA graphs, engine memory {terms['gpu_memory_utilization']}"
+
+
 def print_table(report: dict[str, Any]) -> None:
     terms = report["terms"]
     print(
         f"terms: model {Path(terms['model']).name}, {terms['steps']} steps x {terms['prompts']} "
         f"prompts x n={terms['n']} ({terms['steps'] * terms['prompts'] * terms['n']} samples), "
-        f"response <= {terms['response_length']}, lr {terms['lr']:g}, no KL, no entropy, bf16, "
-        f"CUDA graphs, engine memory {terms['gpu_memory_utilization']}, greedy validation on "
+        f"response <= {terms['response_length']}, lr {terms['lr']:g}, no KL, no entropy, "
+        f"{_precision(terms)}, greedy validation on "
         f"{terms['val_rows']} test problems; rates over steps > {terms['warmup_steps']}"
     )
     for side, found in report["versions"].items():

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+DEVICES = ("cuda", "cpu")
+
 
 @dataclass(frozen=True, slots=True)
 class Terms:
@@ -41,6 +43,9 @@ class Terms:
     seed: int = 0
     timeout_s: float = 1800.0
     """Deadline of one system's run."""
+    device: str = "cuda"
+    """Where our systems run: ``cuda`` (bf16, the benchmark), or ``cpu`` (float32, ours only:
+    the harness end to end on a machine without a GPU; verl trains on GPUs only)."""
     verl_extra: tuple[str, ...] = ()
     """More Hydra overrides for verl alone (``verl:KEY=VALUE`` on the command line), for a
     variant of its settings; each replaces the benchmark's value of its key."""
@@ -53,6 +58,8 @@ class Terms:
             raise ValueError(f"warmup_steps={self.warmup_steps}: must be in [0, steps)")
         if not 0.0 < self.gpu_memory_utilization < 1.0:
             raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization}: in (0, 1)")
+        if self.device not in DEVICES:
+            raise ValueError(f"device={self.device}: must be one of {', '.join(DEVICES)}")
         if self.lr <= 0 or self.val_rows < 1:
             raise ValueError(f"lr={self.lr}, val_rows={self.val_rows}: must be positive")
 
