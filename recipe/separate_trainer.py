@@ -119,7 +119,7 @@ class SeparateRayPPOTrainer:
         """Start the trainer ranks; ``wait`` False returns while they load the model (the
         engines start meanwhile), and the caller then calls ``ranks.wait_ready()``."""
         from recipe.workers.trainer.ranks import TrainerRanks
-        from recipe.workers.trainer.worker import TrainerSpec
+        from recipe.workers.trainer.spec import TrainerSpec
 
         init_ray(self.cfg.ray)
         spec = TrainerSpec(

@@ -121,7 +121,8 @@ def bench_plain(args, model_path: str, batch: TrainBatch, plans: dict) -> list[d
 
 def bench_ours(args, model_path: str, batch: TrainBatch, compute_dtype: str) -> list[dict]:
     from recipe.workers.config import ActorConfig
-    from recipe.workers.trainer.worker import TrainerSpec, TrainerWorker
+    from recipe.workers.trainer.spec import TrainerSpec
+    from recipe.workers.trainer.worker import TrainerWorker
 
     base = ActorConfig(
         lr=1e-6,

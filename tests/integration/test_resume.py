@@ -310,7 +310,7 @@ def test_two_rank_trainer_group_restores_optimizer_and_schedule_exactly(
 
     from recipe.workers.config import ActorConfig
     from recipe.workers.trainer.ranks import TrainerRanks
-    from recipe.workers.trainer.worker import TrainerSpec
+    from recipe.workers.trainer.spec import TrainerSpec
 
     actor = ActorConfig(
         lr=1e-4, lr_schedule="cosine", lr_warmup_steps=2, ppo_mini_batch_size=2,

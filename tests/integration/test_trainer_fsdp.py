@@ -19,7 +19,7 @@ import torch
 
 from recipe.workers.config import ActorConfig
 from recipe.workers.trainer.ranks import TrainerRanks
-from recipe.workers.trainer.worker import TrainerSpec
+from recipe.workers.trainer.spec import TrainerSpec
 from tests.helpers.batches import random_train_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_for_module")]

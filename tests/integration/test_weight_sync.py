@@ -55,7 +55,7 @@ TP = 2
 def groups(ray_for_module, rollout_model_path):
     from recipe.workers.rollout.replicas import RolloutReplicas
     from recipe.workers.trainer.ranks import TrainerRanks
-    from recipe.workers.trainer.worker import TrainerSpec
+    from recipe.workers.trainer.spec import TrainerSpec
 
     start = time.perf_counter()
     rollout_cfg = RolloutConfig(

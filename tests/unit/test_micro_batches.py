@@ -15,7 +15,8 @@ from recipe.workers.trainer.micro_batches import (
     split_to_count,
     token_budget_plan,
 )
-from recipe.workers.trainer.worker import TrainerSpec, TrainerWorker
+from recipe.workers.trainer.spec import TrainerSpec
+from recipe.workers.trainer.worker import TrainerWorker
 from tests.helpers.batches import random_train_batch
 
 # ---- plans ------------------------------------------------------------------------------

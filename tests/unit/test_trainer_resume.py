@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from recipe.workers.config import ActorConfig
-from recipe.workers.trainer.worker import TrainerSpec, TrainerWorker
+from recipe.workers.trainer.spec import TrainerSpec
+from recipe.workers.trainer.worker import TrainerWorker
 from tests.helpers.batches import random_train_batch
 
 

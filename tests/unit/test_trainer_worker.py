@@ -11,7 +11,8 @@ from recipe.algo.losses import ppo_clip_loss
 from recipe.workers.config import ActorConfig
 from recipe.workers.trainer.batch import TrainBatch
 from recipe.workers.trainer.fsdp_utils import lr_factor
-from recipe.workers.trainer.worker import TrainerSpec, TrainerWorker
+from recipe.workers.trainer.spec import TrainerSpec
+from recipe.workers.trainer.worker import TrainerWorker
 from tests.helpers.batches import random_train_batch, random_trajectories
 
 METRIC_KEYS = {

@@ -25,7 +25,8 @@ from recipe.utils.weights_file import WeightsFile
 from recipe.workers.config import ActorConfig
 from recipe.workers.trainer.batch import TrainBatch
 from recipe.workers.trainer.fsdp_utils import JOIN_TIMEOUT
-from recipe.workers.trainer.worker import TrainerSpec, TrainerWorker
+from recipe.workers.trainer.spec import TrainerSpec
+from recipe.workers.trainer.worker import TrainerWorker
 
 logger = logging.getLogger(__name__)
 

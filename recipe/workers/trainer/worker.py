@@ -21,17 +21,14 @@ import logging
 import math
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor
 
 from recipe.algo.losses import count_tokens_and_seqs
-from recipe.algo.policy_loss import POLICY_LOSSES
-from recipe.utils.config_check import require_choice, require_positive
+from recipe.utils.config_check import require_choice
 from recipe.utils.rendezvous import StoreAddress
 from recipe.utils.weights_file import WeightsFile, write_weights
 from recipe.workers.config import ActorConfig
@@ -58,39 +55,12 @@ from recipe.workers.trainer.micro_batches import (
     split_to_count,
     token_budget_plan,
 )
+from recipe.workers.trainer.optim_step import optimizer_step
+from recipe.workers.trainer.spec import TrainerSpec
 from recipe.workers.trainer.train_state import load_train_state, save_train_state
 from recipe.workers.trainer.weight_slots import WeightSlots
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class TrainerSpec:
-    """What every rank needs to build the same trainer (besides ``actor.*``)."""
-
-    model_path: str
-    """Local HF causal-LM directory to load the policy (and reference) from."""
-    total_optimizer_steps: int | None = None
-    """Optimizer steps of the whole run; sizes the LR schedule (required for cosine)."""
-    policy_loss: str = "ppo"
-    """``algorithm.policy_loss`` (``recipe.algo.policy_loss``)."""
-    response_length: int = 1
-    """``rollout.response_length``: the constant of Dr.GRPO's ``seq-mean-token-sum-norm``."""
-    logits_temperature: float = 1.0
-    """Logits are divided by this before log-softmax (match the rollout sampling temperature
-    when the engine reports log-probs of the tempered distribution)."""
-    compute_dtype: str = "float32"
-    """FSDP2 forward/backward dtype (``bfloat16`` on GPU); master weights stay float32."""
-    seed: int = 0
-    """Torch seed set before the model is built."""
-
-    def __post_init__(self) -> None:
-        require_positive("logits_temperature", self.logits_temperature)
-        require_choice("policy_loss", self.policy_loss, POLICY_LOSSES)
-        require_positive("response_length", self.response_length)
-        require_choice("compute_dtype", self.compute_dtype, ("float32", "bfloat16", "float16"))
-        if self.total_optimizer_steps is not None:
-            require_positive("total_optimizer_steps", self.total_optimizer_steps)
 
 
 class TrainerWorker:
@@ -252,7 +222,7 @@ class TrainerWorker:
             micro_loss(
                 self.actor, self.spec, micro, logprob_bt, entropy_bt, counts, sums
             ).backward()
-        norm = self._optimizer_step()
+        norm = optimizer_step(self._policy, self._optimizer, self._scheduler, self.actor.grad_clip)
         if not math.isfinite(norm) and self.actor.probe_non_finite:
             self._probe_non_finite(mini, counts)
         return norm
@@ -281,43 +251,6 @@ class TrainerWorker:
         layers = decoder_layers(self._policy.lm)
         probe_micro_batches(self._policy, layers, micro_batches, self._scheduler.last_epoch)
         reshard_all(self._policy)
-
-    def _optimizer_step(self) -> float:
-        """Clip, step (skipped when the gradient is not finite), zero grads; the global norm."""
-        grads = [p.grad for p in self._policy.parameters() if p.grad is not None]
-        if self.actor.grad_clip > 0:
-            params = [p for p in self._policy.parameters() if p.grad is not None]
-            norm = torch.nn.utils.clip_grad_norm_(params, self.actor.grad_clip)
-        else:
-            norm = torch.nn.utils.get_total_norm(grads)
-        norm_value = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-        if math.isfinite(norm_value):
-            self._optimizer.step()
-        else:
-            bad = self._non_finite_grads()
-            logger.warning(
-                "non-finite grad norm %s: optimizer step skipped; non-finite gradients in %d "
-                "tensors on this rank, first: %s",
-                norm_value,
-                len(bad),
-                ", ".join(bad[:3]) or "none (the norm itself overflowed)",
-            )
-        self._scheduler.step()
-        self._optimizer.zero_grad(set_to_none=True)
-        return norm_value
-
-    def _non_finite_grads(self) -> list[str]:
-        """Model (HF) names of the parameters whose local gradient shard holds a NaN or an
-        inf, in module order (the first is nearest the input)."""
-        bad = []
-        for name, param in self._policy.named_parameters():
-            grad = param.grad
-            if grad is None:
-                continue
-            local = grad.to_local() if isinstance(grad, DTensor) else grad
-            if not bool(torch.isfinite(local).all()):
-                bad.append(name.removeprefix("lm."))
-        return bad
 
     # ---- weights --------------------------------------------------------------------------
 
