@@ -30,15 +30,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
+from fully_async_policy.engine_replicas import EngineReplicas
 from fully_async_policy.states import ReplicaState, ReplicaStates
 from recipe.faults import RolloutWorkerError, is_actor_death
-from recipe.protocol import PromptRecord, Trajectory
 from recipe.utils.weights_file import WeightsFile
 from recipe.workers.cluster import PlacementError
-from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout.deaths import (
     HEALTH_TIMEOUT_S,
     ReplicaDeath,
@@ -47,54 +46,6 @@ from recipe.workers.rollout.deaths import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-class EngineReplicas(Protocol):
-    """The engines as the rollouter and its supervisor drive them: ``RolloutReplicas``'s
-    surface (recipe/workers/rollout/replicas.py), which unit tests fill with in-process fakes."""
-
-    cfg: RolloutConfig
-    workers: list[Any]
-    """One actor handle per replica (``RolloutWorker`` methods, called with ``.remote``)."""
-
-    def submit(
-        self,
-        prompt_uid: str,
-        prompt_ids: list[int],
-        *,
-        version: int,
-        n: int,
-        temperature: float,
-        top_p: float = 1.0,
-        top_k: int = -1,
-        resume: list[Trajectory] | None = None,
-        training: bool = True,
-        replica: int | None = None,
-        record: PromptRecord | None = None,
-        track: bool = True,
-    ) -> Any:
-        """Start one group; its awaitable result (a list of trajectories)."""
-        ...
-
-    def place_with(self, next_replica: Callable[[], int] | None) -> None: ...
-
-    def restart(self, index: int) -> Any:
-        """A new worker for replica ``index``; its handle (the engine still starting)."""
-        ...
-
-    def wait_for_bundle(self, index: int) -> str:
-        """Blocks until replica ``index``'s resources are placed; ``PlacementError`` if never."""
-        ...
-
-    def as_worker_error(self, exc: BaseException) -> RolloutWorkerError | None: ...
-
-    def drain_trace(
-        self, timeout_s: float = 30.0, skip: Sequence[int] = ()
-    ) -> list[dict[str, Any]]: ...
-
-    def update_weights_from_file(self, weights: WeightsFile, version: int) -> None: ...
-
-    def shutdown(self) -> None: ...
 
 
 class ReplicaSupervisor:

@@ -43,8 +43,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fully_async_policy.admission import AdmissionController, Ticket
+from fully_async_policy.engine_replicas import EngineReplicas
 from fully_async_policy.messages import PromptGroup, RolloutLedger, RolloutProgress, SyncPause
-from fully_async_policy.replicas import EngineReplicas, ReplicaSupervisor
+from fully_async_policy.replicas import ReplicaSupervisor
 from fully_async_policy.run_plan import RunPlan
 from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE, StreamBook
 from fully_async_policy.states import ROLLOUT_STEPS, RolloutState, check_step

@@ -22,8 +22,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from fully_async_policy.admission import AdmissionController, Ticket
+from fully_async_policy.engine_replicas import EngineReplicas
 from fully_async_policy.messages import PromptGroup
-from fully_async_policy.replicas import EngineReplicas, ReplicaSupervisor
+from fully_async_policy.replicas import ReplicaSupervisor
 from fully_async_policy.snapshot import StreamBook
 from fully_async_policy.states import RolloutState
 from recipe.algo.dynamic_sampling import FilteredOutError, has_signal

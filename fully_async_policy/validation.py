@@ -20,7 +20,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from fully_async_policy.replicas import EngineReplicas, ReplicaSupervisor
+from fully_async_policy.engine_replicas import EngineReplicas
+from fully_async_policy.replicas import ReplicaSupervisor
 from recipe.faults import RolloutWorkerError, RunFailure
 from recipe.protocol import PromptRecord
 from recipe.reward import RewardFunction

@@ -1,0 +1,62 @@
+"""``EngineReplicas``: the rollout engines as the fully async rollouter, its stream and its
+``ReplicaSupervisor`` drive them. ``recipe.workers.rollout.replicas.RolloutReplicas`` is the
+real one (Ray actors, one per replica); unit tests fill it with in-process fakes
+(tests/helpers/fake_engines.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from recipe.faults import RolloutWorkerError
+from recipe.protocol import PromptRecord, Trajectory
+from recipe.utils.weights_file import WeightsFile
+from recipe.workers.config import RolloutConfig
+
+
+class EngineReplicas(Protocol):
+    """The engines as the rollouter and its supervisor drive them: ``RolloutReplicas``'s
+    surface (recipe/workers/rollout/replicas.py), which unit tests fill with in-process fakes."""
+
+    cfg: RolloutConfig
+    workers: list[Any]
+    """One actor handle per replica (``RolloutWorker`` methods, called with ``.remote``)."""
+
+    def submit(
+        self,
+        prompt_uid: str,
+        prompt_ids: list[int],
+        *,
+        version: int,
+        n: int,
+        temperature: float,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        resume: list[Trajectory] | None = None,
+        training: bool = True,
+        replica: int | None = None,
+        record: PromptRecord | None = None,
+        track: bool = True,
+    ) -> Any:
+        """Start one group; its awaitable result (a list of trajectories)."""
+        ...
+
+    def place_with(self, next_replica: Callable[[], int] | None) -> None: ...
+
+    def restart(self, index: int) -> Any:
+        """A new worker for replica ``index``; its handle (the engine still starting)."""
+        ...
+
+    def wait_for_bundle(self, index: int) -> str:
+        """Blocks until replica ``index``'s resources are placed; ``PlacementError`` if never."""
+        ...
+
+    def as_worker_error(self, exc: BaseException) -> RolloutWorkerError | None: ...
+
+    def drain_trace(
+        self, timeout_s: float = 30.0, skip: Sequence[int] = ()
+    ) -> list[dict[str, Any]]: ...
+
+    def update_weights_from_file(self, weights: WeightsFile, version: int) -> None: ...
+
+    def shutdown(self) -> None: ...
