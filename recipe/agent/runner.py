@@ -100,21 +100,33 @@ class EpisodeRunner:
                 "agent" if self.endpoint is not None else "environment",
             )
             cut = None
-        if trace is None:
-            episode = await self.run_episode(engine, record, budget, seed, cut=cut)
-        else:
-            slot = trace.begin_episode()
-            tags = {"prompt_uid": record.uid, "sample": index}
-
-            def on_slice(name: str, start_us: float, end_us: float, args: dict[str, Any]) -> None:
-                trace.episode_slice(name, start_us, end_us, slot, tags | args)
-
-            try:
-                episode = await self.run_episode(engine, record, budget, seed, on_slice, cut)
-            finally:
-                trace.end_episode(slot)
+        episode = await self._traced(engine, record, index, budget, seed, trace, cut)
         episode.restarted = restarted
         return episode
+
+    async def _traced(
+        self,
+        engine: TurnEngine,
+        record: PromptRecord,
+        index: int,
+        budget: int,
+        seed: int | None,
+        trace: Any,
+        cut: Trajectory | None,
+    ) -> Episode:
+        """``run_episode``, its slices in ``trace``'s episode track when there is one."""
+        if trace is None:
+            return await self.run_episode(engine, record, budget, seed, cut=cut)
+        slot = trace.begin_episode()
+        tags = {"prompt_uid": record.uid, "sample": index}
+
+        def on_slice(name: str, start_us: float, end_us: float, args: dict[str, Any]) -> None:
+            trace.episode_slice(name, start_us, end_us, slot, tags | args)
+
+        try:
+            return await self.run_episode(engine, record, budget, seed, on_slice, cut)
+        finally:
+            trace.end_episode(slot)
 
     async def run_episode(
         self,

@@ -13,6 +13,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from recipe.checkpoint import read_ledger
 from recipe.config import load_config
 from recipe.main import recipe_class
 
@@ -56,3 +57,13 @@ def assert_ledger_balances(ledger: dict[str, list[str]]) -> None:
     assert len(set(ledger["trained"])) == len(ledger["trained"])
     accounted = Counter(ledger["trained"]) + Counter(ledger["in_flight"])
     assert Counter(ledger["admitted"]) == accounted + Counter(ledger.get("filtered", []))
+
+
+def ledger_trained_once(run_dir: Path, num_steps: int) -> tuple[list[dict], list[str]]:
+    """(the ledger of record, the uids it trained) of a finished run, after checking that it
+    holds steps 1..``num_steps`` once each and that no prompt was trained twice."""
+    ledger = read_ledger(run_dir)
+    assert [r["step"] for r in ledger] == list(range(1, num_steps + 1))
+    trained = [uid for r in ledger for uid in r["trained"]]
+    assert len(trained) == len(set(trained)), "a prompt was trained twice"
+    return ledger, trained

@@ -19,7 +19,6 @@ from omegaconf import OmegaConf
 from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE
 from recipe.agent.config import MultiTurnConfig
 from recipe.agent.metrics import agent_metrics
-from recipe.checkpoint import read_ledger
 from recipe.checkpoint.store import RUN_STATE_DIR
 from recipe.model import HFModelConfig, ModelConfig
 from recipe.protocol import PromptRecord
@@ -28,7 +27,13 @@ from recipe.workers.rollout import GenerationRequest, make_rollout_worker_cls
 from tests.helpers import command_agent, openai_agents
 from tests.helpers.chat_templates import tools_template
 from tests.helpers.models import EOS
-from tests.helpers.runs import assert_ledger_balances, build_recipe, read_metrics, spy_on_groups
+from tests.helpers.runs import (
+    assert_ledger_balances,
+    build_recipe,
+    ledger_trained_once,
+    read_metrics,
+    spy_on_groups,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_for_module")]
@@ -226,10 +231,7 @@ def test_a_checkpoint_with_agent_episodes_in_flight_resumes_with_every_prompt_tr
         summary = recipe.fit()
     finally:
         recipe.close()
-    ledger = read_ledger(run_dir)
-    assert [r["step"] for r in ledger] == list(range(1, NUM_STEPS + 1))
-    trained = [uid for r in ledger for uid in r["trained"]]
-    assert len(trained) == len(set(trained)), "a prompt was trained twice"
+    ledger, _ = ledger_trained_once(run_dir, NUM_STEPS)
     assert summary["steps"] == first["steps"]
     assert summary["prompts/readmitted"] >= len(restarts)
     assert restarts <= {uid for r in ledger[step:] for uid in r["trained"]}

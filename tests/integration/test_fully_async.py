@@ -22,7 +22,13 @@ from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE
 from recipe.checkpoint import read_ledger
 from recipe.checkpoint.store import RUN_STATE_DIR
 from tests.helpers import agent_envs
-from tests.helpers.runs import assert_ledger_balances, build_recipe, read_metrics, spy_on_groups
+from tests.helpers.runs import (
+    assert_ledger_balances,
+    build_recipe,
+    ledger_trained_once,
+    read_metrics,
+    spy_on_groups,
+)
 from tests.helpers.trace_checks import TOLERANCE_US, load_checked, requests, slices
 
 REPO = Path(__file__).resolve().parents[2]
@@ -232,10 +238,7 @@ def _resume(run_dir: Path, overrides: dict, step: int) -> tuple[dict, list]:
         summary = recipe.fit()
     finally:
         recipe.close()
-    ledger = read_ledger(run_dir)
-    assert [r["step"] for r in ledger] == list(range(1, NUM_MULTI_TURN_STEPS + 1))
-    trained = [uid for r in ledger for uid in r["trained"]]
-    assert len(trained) == len(set(trained)), "a prompt was trained twice"
+    ledger_trained_once(run_dir, NUM_MULTI_TURN_STEPS)
     return summary, [g for _, groups in seen for g in groups]
 
 

@@ -34,7 +34,7 @@ from recipe.data.config import DataConfig
 from recipe.data.cursor import PromptCursor
 from recipe.data.dataset import build_datasets
 from tests.helpers.batches import random_train_batch
-from tests.helpers.runs import build_recipe, read_metrics
+from tests.helpers.runs import build_recipe, ledger_trained_once, read_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -204,10 +204,7 @@ def test_sigkill_at_a_random_step_then_auto_resume_trains_every_prompt_exactly_o
     assert f"resuming from {resume_from} (step {resume_step}," in proc2.stdout + proc2.stderr
 
     # The ledger of record: every planned prompt trained exactly once, steps 1..16 once each.
-    ledger = read_ledger(run_dir)
-    assert [r["step"] for r in ledger] == list(range(1, TOTAL_STEPS + 1))
-    trained = [uid for r in ledger for uid in r["trained"]]
-    assert len(trained) == len(set(trained)), "a prompt was trained twice"
+    ledger, trained = ledger_trained_once(run_dir, TOTAL_STEPS)
     assert set(trained) == set(_planned_prompts())
     # ... and the checkpoint's own ledger agrees with the file up to its step.
     before = [uid for r in ledger[:resume_step] for uid in r["trained"]]
