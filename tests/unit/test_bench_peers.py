@@ -298,3 +298,48 @@ def test_a_verl_variant_replaces_the_benchmarks_value_of_its_key(tmp_path):
     ]
     with pytest.raises(SystemExit):
         peers.parse([f"model={tmp_path}", f"data={src}", "train_file=x"])
+
+
+CUT_SYSTEM = """
+import json, sys, time
+from pathlib import Path
+run = Path(sys.argv[1])
+with open(run / "metrics.jsonl", "w") as f:
+    for step in (1, 2, 3):
+        time.sleep(0.6)
+        print(json.dumps({"step": step, "timing/step_s": 0.5, "throughput/samples": 8}), file=f)
+        f.flush()
+    f.write('{"step": 4, "timing/st')  # the line it was writing when the deadline came
+    f.flush()
+    time.sleep(60)
+"""
+
+
+def test_a_run_cut_at_its_deadline_keeps_the_steps_it_finished_in_no_ratio(
+    tmp_path, monkeypatch, capsys
+):
+    script = tmp_path / "cut_system.py"
+    script.write_text(CUT_SYSTEM)
+    monkeypatch.setattr(
+        ours,
+        "our_command",
+        lambda terms, mode, run_dir: [sys.executable, str(script), str(run_dir)],
+    )
+    (tmp_path / "config.json").write_text("{}")
+    src = tmp_path / "gsm8k"
+    src.mkdir()
+    for split in ("train", "test"):
+        (src / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    argv = [f"model={tmp_path}", f"data={src}", f"out={tmp_path / 'o'}", "val_rows=2"]
+    argv += ["steps=5", "warmup_steps=1", "timeout_s=4", "systems=sync"]
+    assert peers.main(argv) == 1
+    run_dir = tmp_path / "o" / "sync"
+    assert not (run_dir / "result.json").exists()  # run again next time
+    cut = json.loads((run_dir / "partial.json").read_text())
+    assert (cut["steps"], cut["samples"], cut["val_accuracy"]) == (3, 24, None)
+    assert cut["samples_per_s"] is not None
+    assert cut["failed"].startswith("past timeout_s=4 after 3 of 5 steps")
+    report = json.loads((tmp_path / "o" / "peers.json").read_text())
+    assert [r["system"] for r in report["results"]] == ["sync"] and report["ratios"] == {}
+    out = capsys.readouterr().out
+    assert "sync (cut)" in out and "sync: FAILED (past timeout_s=4 after 3 of 5" in out

@@ -9,7 +9,9 @@ sitting, under the same terms; one table.
 
 A system with a ``result.json`` is not run again, so a machine with a per-call deadline runs
 one system per call (``systems=verl``, then ``systems=sync``, ...) and the last call prints
-the table of all three. Keys (``Terms`` holds the shared ones and their defaults):
+the table of all three. A run killed at ``timeout_s`` keeps the figures of the steps it
+finished in ``partial.json``: in the table, marked cut, in no ratio, and run again next time.
+Keys (``Terms`` holds the shared ones and their defaults):
 
     systems=verl,sync,fully_async
     model=PATH|CATALOG_NAME|SIZE   a model folder, a catalog model (python -m recipe.models),
@@ -38,13 +40,15 @@ from typing import Any
 
 from recipe.bench.peers import ours, verl
 from recipe.bench.peers.data import prepare_peer_data
-from recipe.bench.peers.measure import run_measured
+from recipe.bench.peers.measure import Measured, run_measured
 from recipe.bench.peers.report import print_table, ratios, versions
 from recipe.bench.peers.result import SystemResult, summarize
 from recipe.bench.peers.terms import Terms
 
 SYSTEMS = ("verl", *ours.SYSTEMS)
 VERL_PREFIX = "verl:"
+PARTIAL = "partial.json"
+"""A run killed at its deadline: the figures of the steps it finished."""
 SET_HERE = ("model", "train_file", "val_file", "verl_extra")
 """``Terms`` fields that come from ``model=``, ``data=`` and ``verl:`` arguments."""
 OPTIONS = {
@@ -143,15 +147,18 @@ def run_system(system: str, terms: Terms, options: dict[str, str]) -> SystemResu
         command, env = ours.our_command(terms, system, run_dir), {}
         metrics = run_dir / ours.METRICS_FILE
         read = functools.partial(ours.read_ours, run_dir)
-    metrics.unlink(missing_ok=True)  # a failed earlier attempt's lines
+    for stale in (metrics, run_dir / PARTIAL):  # a failed earlier attempt's
+        stale.unlink(missing_ok=True)
     print(f"== {system}: {run_dir}/run.log", flush=True)
     measured = run_measured(
         command, run_dir, metrics_file=metrics, timeout_s=terms.timeout_s, env=SHARED_ENV | env
     )
     if measured.returncode != 0 or not metrics.is_file():
-        why = "past timeout_s" if measured.returncode is None else f"exit {measured.returncode}"
         # what the harness saw, kept for the diagnosis (the steps that ended, the GPU's peak)
         (run_dir / "failed.json").write_text(json.dumps(dataclasses.asdict(measured)))
+        if measured.returncode is None and metrics.is_file():
+            return _partial(system, terms, measured, read, run_dir)
+        why = "past timeout_s" if measured.returncode is None else f"exit {measured.returncode}"
         return SystemResult(system, f"{why}; see {run_dir}/run.log", wall_s=measured.wall_s)
     rows, lines, accuracy = read()
     result = summarize(
@@ -167,16 +174,43 @@ def run_system(system: str, terms: Terms, options: dict[str, str]) -> SystemResu
     return result
 
 
+def _partial(
+    system: str, terms: Terms, measured: Measured, read: Any, run_dir: Path
+) -> SystemResult:
+    """The figures of the steps a run finished before its deadline, kept in ``partial.json``
+    (not ``result.json``: the system runs again next time) and marked failed, so no ratio
+    uses them."""
+    rows, lines, _ = read()
+    result = summarize(
+        system,
+        measured,
+        rows,
+        line_of_step=lines,
+        warmup_steps=min(terms.warmup_steps, max(0, len(rows) - 1)),
+        val_accuracy=None,
+    )
+    result.failed = (
+        f"past timeout_s={terms.timeout_s:g} after {len(rows)} of {terms.steps} steps "
+        f"(figures of those, no validation); see {run_dir}/run.log"
+    )
+    (run_dir / PARTIAL).write_text(json.dumps(result.to_json(), indent=2))
+    return result
+
+
+def _recorded(run_dir: Path) -> SystemResult | None:
+    """A system's kept result, else the steps of its last run cut at the deadline, else None."""
+    for name in ("result.json", PARTIAL):
+        if (run_dir / name).is_file():
+            return SystemResult.from_json(json.loads((run_dir / name).read_text()))
+    return None
+
+
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING)
     terms, options = parse(argv)
     results = [run_system(s, terms, options) for s in options["systems"].split(",")]
     out = Path(options["out"])
-    done = [
-        SystemResult.from_json(json.loads((out / s / "result.json").read_text()))
-        for s in SYSTEMS
-        if (out / s / "result.json").is_file()
-    ]
+    done = [r for r in (_recorded(out / s) for s in SYSTEMS) if r is not None]
     report = {
         "terms": terms.describe(),
         "versions": versions(Path(options["verl_site"])),

@@ -76,8 +76,9 @@ def print_table(report: dict[str, Any]) -> None:
     for data in report["results"]:
         r = SystemResult.from_json(dict(data))
         peak = None if r.peak_gpu_mib is None else r.peak_gpu_mib / 1024
+        name = r.system + (" (cut)" if r.failed else "")
         rows.append(
-            [r.system, _cell(r.samples_per_s, 2), _cell(r.gen_tokens_per_s, 0), _cell(r.step_s, 2)]
+            [name, _cell(r.samples_per_s, 2), _cell(r.gen_tokens_per_s, 0), _cell(r.step_s, 2)]
             + [_cell(r.phases_s.get(p), 2) for p in PHASES]
             + [_cell(peak), _cell(r.startup_s), _cell(r.val_accuracy, 3)]
         )

@@ -13,7 +13,9 @@ Each system's reader turns its per-step metrics into ``StepRow``s (its own names
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from recipe.bench.peers.measure import Measured
@@ -59,6 +61,20 @@ class SystemResult:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SystemResult:
         return cls(**data)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """A metrics file's records; a last line cut short (a run killed while writing it) is left
+    out, any other bad line raises."""
+    lines = [x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    records = []
+    for index, line in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if index < len(lines) - 1:
+                raise
+    return records
 
 
 def summarize(
