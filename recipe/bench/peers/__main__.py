@@ -40,7 +40,7 @@ from typing import Any
 
 from recipe.bench.peers import ours, verl
 from recipe.bench.peers.data import prepare_peer_data
-from recipe.bench.peers.measure import Measured, run_measured
+from recipe.bench.peers.measure import SETTLE_S, Measured, run_measured
 from recipe.bench.peers.report import print_table, ratios, versions
 from recipe.bench.peers.result import SystemResult, summarize
 from recipe.bench.peers.terms import Terms
@@ -169,6 +169,7 @@ def run_system(system: str, terms: Terms, options: dict[str, str]) -> SystemResu
         warmup_steps=terms.warmup_steps,
         val_accuracy=accuracy,
     )
+    _note_leftovers(result, measured)
     if result.failed is None:
         kept.write_text(json.dumps(result.to_json(), indent=2))
     return result
@@ -189,12 +190,21 @@ def _partial(
         warmup_steps=min(terms.warmup_steps, max(0, len(rows) - 1)),
         val_accuracy=None,
     )
+    _note_leftovers(result, measured)
     result.failed = (
         f"past timeout_s={terms.timeout_s:g} after {len(rows)} of {terms.steps} steps "
         f"(figures of those, no validation); see {run_dir}/run.log"
     )
     (run_dir / PARTIAL).write_text(json.dumps(result.to_json(), indent=2))
     return result
+
+
+def _note_leftovers(result: SystemResult, measured: Measured) -> None:
+    if measured.left_gpu_mib is not None:
+        result.notes.append(
+            f"{measured.left_gpu_mib:.0f} MiB still in use on the GPU {SETTLE_S:g} s after its "
+            "exit: the next system's baseline includes it"
+        )
 
 
 def _recorded(run_dir: Path) -> SystemResult | None:

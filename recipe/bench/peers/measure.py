@@ -6,6 +6,11 @@
       |  file (each new line: the time its step ended, as seen from here)
       v
     exit --> Measured(rc, wall_s, step_end_s, peak_gpu_mib)
+      |  at a deadline the whole tree is killed: its process group, and every process it
+      |  started in a session of its own (Ray's workers, the engines' processes)
+      v
+    settle: wait (at most SETTLE_S) for the GPU's used memory to fall back to what was in use
+    before the launch, so the next system's baseline and peak are its own
 
 The step-end times come from the file's growth, not from each system's clock, so the
 start-up time (launch to the first step's start: the first step's end less its own duration)
@@ -25,6 +30,9 @@ from pathlib import Path
 
 POLL_S = 0.5
 LOG_FILE = "run.log"
+SETTLE_S = 60.0
+SETTLE_SLACK_MIB = 1024.0
+"""Memory above the launch's baseline still counted as settled (a driver's context)."""
 
 
 @dataclass(slots=True)
@@ -40,6 +48,9 @@ class Measured:
     peak_gpu_mib: float | None = None
     """Peak GPU memory in use during the run less what was in use before it (all GPUs
     summed; None: no nvidia-smi)."""
+    left_gpu_mib: float | None = None
+    """GPU memory the run still held ``SETTLE_S`` after its exit, above the baseline and its
+    slack (None: none, or no nvidia-smi)."""
 
 
 def gpu_used_mib() -> float | None:
@@ -96,13 +107,60 @@ def run_measured(
         try:
             returncode: int | None = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
             proc.wait()
             returncode = None
         watcher.join(timeout=30)
     state.poll(start)  # the last lines, written just before the exit
+    wall_s = time.monotonic() - start
     peak = None if baseline is None or state.peak is None else max(0.0, state.peak - baseline)
-    return Measured(returncode, time.monotonic() - start, state.step_end_s, peak)
+    left = None if baseline is None else settle_gpu(baseline)
+    return Measured(returncode, wall_s, state.step_end_s, peak, left)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (Linux ``/proc``), whatever session it started."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+        ppid = int(text.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid``'s process group and every process below it: a process that started a
+    session of its own (Ray's raylet and workers do) escapes its group and would keep its
+    GPU memory."""
+    tree = descendants(pid)
+    os.killpg(pid, signal.SIGKILL)
+    for child in tree:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def settle_gpu(baseline_mib: float) -> float | None:
+    """Wait at most ``SETTLE_S`` for the GPUs' used memory to fall back to ``baseline_mib``
+    (plus ``SETTLE_SLACK_MIB``); the memory still held above it at the deadline, else None."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        used = gpu_used_mib()
+        if used is None or used <= baseline_mib + SETTLE_SLACK_MIB:
+            return None
+        if time.monotonic() >= deadline:
+            return used - baseline_mib
+        time.sleep(POLL_S)
 
 
 class _Watch:

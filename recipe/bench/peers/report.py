@@ -85,5 +85,8 @@ def print_table(report: dict[str, Any]) -> None:
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
     for line in (head, *rows):
         print("  ".join(str(x).rjust(w) for x, w in zip(line, widths, strict=True)))
+    for data in report["results"]:
+        for note in data.get("notes", []):
+            print(f"{data['system']}: {note}")
     for key, value in report["ratios"].items():
         print(f"{key}: {value:.2f}x")
