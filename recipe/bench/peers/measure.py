@@ -19,6 +19,7 @@ is measured the same way for a system whatever it logs. Every run has a deadline
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -144,10 +145,8 @@ def kill_tree(pid: int) -> None:
     tree = descendants(pid)
     os.killpg(pid, signal.SIGKILL)
     for child in tree:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def settle_gpu(baseline_mib: float) -> float | None:
