@@ -15,8 +15,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from recipe.bench.peers import __main__ as peers
-from recipe.bench.peers import measure
-from recipe.bench.peers import ours, verl
+from recipe.bench.peers import measure, ours, verl
 from recipe.bench.peers.data import prepare_peer_data
 from recipe.bench.peers.measure import Measured, run_measured
 from recipe.bench.peers.result import summarize
