@@ -1,5 +1,6 @@
 """One training run of a study: ``python -m recipe ...`` in a subprocess, its output in
-``RUN_DIR/study.log``, under a deadline. Shared by every study module."""
+``RUN_DIR/study.log``, under a deadline (past it, the run and every process it started are
+killed). Shared by every study module."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import os
 import subprocess
 import time
 from pathlib import Path
+
+from recipe.utils.process_tree import kill_tree
 
 LOG_FILE = "study.log"
 
@@ -17,17 +20,21 @@ def run_logged(command: list[str], run_dir: Path, *, timeout_s: float) -> tuple[
     run_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with (run_dir / LOG_FILE).open("w", encoding="utf-8") as log:
+        proc = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=os.environ.copy(),
+            start_new_session=True,  # leads its group: kill_tree takes it and what it started
+        )
         try:
-            proc = subprocess.run(
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                timeout=timeout_s,
-                env=os.environ.copy(),
-                check=False,
-            )
-            failed = f"exit {proc.returncode}" if proc.returncode != 0 else None
+            returncode = proc.wait(timeout=timeout_s)
+            failed = f"exit {returncode}" if returncode != 0 else None
         except subprocess.TimeoutExpired:
+            # Ray's processes and the engines outlive a plain kill and hold the GPU the next
+            # run of the study would be measured on
+            kill_tree(proc.pid)
+            proc.wait()
             failed = f"past timeout_s={timeout_s:.0f}"
     if failed is None and not (run_dir / "summary.json").is_file():
         failed = "no summary.json"

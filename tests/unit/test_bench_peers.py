@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from recipe.bench.peers.measure import Measured, run_measured
 from recipe.bench.peers.result import summarize
 from recipe.bench.peers.terms import Terms
 from recipe.config import load_config, register_configs
+from tests.helpers.escaping import escaping_command, gone
 
 REPO = Path(__file__).resolve().parents[2]
 # Written for these tests, in GSM8K's published shape.
@@ -346,37 +346,13 @@ def test_a_run_cut_at_its_deadline_keeps_the_steps_it_finished_in_no_ratio(
     assert "sync (cut)" in out and "sync: FAILED (past timeout_s=4 after 3 of 5" in out
 
 
-ESCAPING_SYSTEM = """
-import subprocess, sys, time
-from pathlib import Path
-child = subprocess.Popen(
-    [sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True
-)
-Path(sys.argv[1]).write_text(str(child.pid))
-time.sleep(120)
-"""
-
-
 def test_a_deadline_kills_the_processes_a_run_started_in_sessions_of_their_own(tmp_path):
-    script = tmp_path / "escaping.py"
-    script.write_text(ESCAPING_SYSTEM)
-    pid_file = tmp_path / "child.pid"
+    command, pid_file = escaping_command(tmp_path)
     measured = run_measured(
-        [sys.executable, str(script), str(pid_file)],
-        tmp_path / "run",
-        metrics_file=tmp_path / "m.jsonl",
-        timeout_s=3,
+        command, tmp_path / "run", metrics_file=tmp_path / "m.jsonl", timeout_s=3
     )
     assert measured.returncode is None
-    child = int(pid_file.read_text())
-    deadline = time.monotonic() + 10
-    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
-        stat = Path(f"/proc/{child}/stat").read_text()
-        if stat.rsplit(")", 1)[1].split()[0] == "Z":  # killed, not yet reaped by init
-            break
-        time.sleep(0.1)
-    else:
-        assert not Path(f"/proc/{child}").exists(), "the child escaped the deadline"
+    assert gone(int(pid_file.read_text())), "the child escaped the deadline"
 
 
 def test_the_next_baseline_waits_for_the_gpu_memory_a_run_leaves_to_be_freed(monkeypatch):

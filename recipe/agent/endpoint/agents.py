@@ -17,14 +17,12 @@ agent that raises, exits non-zero or returns something else fails its episode
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import json
 import math
 import os
 import shlex
 import shutil
-import signal
 import ssl
 from typing import Any, Protocol
 
@@ -32,6 +30,7 @@ from recipe.agent.config import MultiTurnConfig
 from recipe.agent.endpoint.server import Credentials
 from recipe.protocol import PromptRecord
 from recipe.utils.import_path import load_attribute
+from recipe.utils.process_tree import kill_tree
 
 _STDERR_TAIL = 2000  # characters of a failed command's stderr kept for its error line
 
@@ -156,8 +155,7 @@ class CommandAgent:
 
 def _kill(process: asyncio.subprocess.Process) -> None:
     if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
+        kill_tree(process.pid)
 
 
 def _reward_line(line: str, command: str) -> float | None:

@@ -19,15 +19,15 @@ is measured the same way for a system whatever it logs. Every run has a deadline
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from recipe.utils.process_tree import kill_tree
 
 POLL_S = 0.5
 LOG_FILE = "run.log"
@@ -117,36 +117,6 @@ def run_measured(
     peak = None if baseline is None or state.peak is None else max(0.0, state.peak - baseline)
     left = None if baseline is None else settle_gpu(baseline)
     return Measured(returncode, wall_s, state.step_end_s, peak, left)
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (Linux ``/proc``), whatever session it started."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # gone meanwhile
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-        ppid = int(text.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid``'s process group and every process below it: a process that started a
-    session of its own (Ray's raylet and workers do) escapes its group and would keep its
-    GPU memory."""
-    tree = descendants(pid)
-    os.killpg(pid, signal.SIGKILL)
-    for child in tree:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child, signal.SIGKILL)
 
 
 def settle_gpu(baseline_mib: float) -> float | None:
