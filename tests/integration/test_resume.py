@@ -19,7 +19,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from recipe.checkpoint.store import RUN_STATE_DIR
 from recipe.data.config import DataConfig
 from recipe.data.cursor import PromptCursor
 from recipe.data.dataset import build_datasets
+from recipe.utils.process_tree import kill_tree
 from tests.helpers.batches import random_train_batch
 from tests.helpers.runs import build_recipe, ledger_trained_once, read_metrics
 
@@ -65,31 +65,10 @@ def _env() -> dict[str, str]:
     return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (from /proc), children first."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def _kill_run(proc: subprocess.Popen) -> None:
-    """SIGKILL the run's process group, then any descendant that left the group (by pid)."""
-    family = _descendants(proc.pid)
-    os.killpg(proc.pid, signal.SIGKILL)
+    """SIGKILL the run and every process it started (Ray's leave the process group)."""
+    kill_tree(proc.pid)
     proc.wait(timeout=60)
-    for pid in family:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def _metric_steps(run_dir: Path) -> list[int]:

@@ -30,6 +30,30 @@ ROWS = [
 ]
 
 
+def _gsm8k(tmp_path: Path) -> Path:
+    """A GSM8K folder (train/test.jsonl of ``ROWS``)."""
+    src = tmp_path / "gsm8k"
+    src.mkdir()
+    for split in ("train", "test"):
+        (src / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return src
+
+
+def _model_and_gsm8k(tmp_path: Path) -> Path:
+    """``tmp_path`` made a model folder (a config.json), and a GSM8K folder in it."""
+    (tmp_path / "config.json").write_text("{}")
+    return _gsm8k(tmp_path)
+
+
+def _ours_run(monkeypatch: pytest.MonkeyPatch, script: Path) -> None:
+    """Our systems run ``script RUN_DIR`` instead of ``python -m recipe``."""
+    monkeypatch.setattr(
+        ours,
+        "our_command",
+        lambda terms, mode, run_dir: [sys.executable, str(script), str(run_dir)],
+    )
+
+
 def _terms(tmp_path: Path, **kwargs) -> Terms:
     return Terms(model=tmp_path, train_file=tmp_path / "t", val_file=tmp_path / "v", **kwargs)
 
@@ -103,10 +127,7 @@ def test_verls_reward_is_our_scorer():
 
 
 def test_peer_data_validates_on_the_first_rows_for_both(tmp_path):
-    src = tmp_path / "gsm8k"
-    src.mkdir()
-    for split in ("train", "test"):
-        (src / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    src = _gsm8k(tmp_path)
     train, val = prepare_peer_data(src, tmp_path / "out", val_rows=4)
     import pyarrow.parquet as pq
 
@@ -195,11 +216,7 @@ def test_the_harness_times_each_step_line_and_kills_at_the_deadline(tmp_path):
     ],
 )
 def test_bad_keys_exit_2_with_one_line(tmp_path, capsys, args, message):
-    (tmp_path / "config.json").write_text("{}")
-    src = tmp_path / "gsm8k"
-    src.mkdir()
-    for split in ("train", "test"):
-        (src / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    src = _model_and_gsm8k(tmp_path)
     argv = [a.format(tmp=tmp_path) for a in args] + [
         f"data={src}",
         f"out={tmp_path / 'o'}",
@@ -231,16 +248,8 @@ def test_a_system_with_a_result_is_not_run_again_and_the_table_has_it(
 ):
     script = tmp_path / "fake_system.py"
     script.write_text(FAKE_SYSTEM)
-    monkeypatch.setattr(
-        ours,
-        "our_command",
-        lambda terms, mode, run_dir: [sys.executable, str(script), str(run_dir)],
-    )
-    (tmp_path / "config.json").write_text("{}")
-    src = tmp_path / "gsm8k"
-    src.mkdir()
-    for split in ("train", "test"):
-        (src / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    _ours_run(monkeypatch, script)
+    src = _model_and_gsm8k(tmp_path)
     argv = [f"model={tmp_path}", f"data={src}", f"out={tmp_path / 'o'}", "val_rows=2", "steps=3"]
     assert peers.main([*argv, "systems=sync"]) == 0
     assert peers.main([*argv, "systems=sync"]) == 0  # kept: the fake would fail a second run
@@ -274,11 +283,7 @@ def test_ratios_are_ours_to_verl_and_fully_async_to_sync_among_the_finished():
 
 
 def test_a_verl_variant_replaces_the_benchmarks_value_of_its_key(tmp_path):
-    (tmp_path / "config.json").write_text("{}")
-    src = tmp_path / "gsm8k"
-    src.mkdir()
-    for split in ("train", "test"):
-        (src / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    src = _model_and_gsm8k(tmp_path)
     terms, _ = peers.parse(
         [
             f"model={tmp_path}",
@@ -321,16 +326,8 @@ def test_a_run_cut_at_its_deadline_keeps_the_steps_it_finished_in_no_ratio(
 ):
     script = tmp_path / "cut_system.py"
     script.write_text(CUT_SYSTEM)
-    monkeypatch.setattr(
-        ours,
-        "our_command",
-        lambda terms, mode, run_dir: [sys.executable, str(script), str(run_dir)],
-    )
-    (tmp_path / "config.json").write_text("{}")
-    src = tmp_path / "gsm8k"
-    src.mkdir()
-    for split in ("train", "test"):
-        (src / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    _ours_run(monkeypatch, script)
+    src = _model_and_gsm8k(tmp_path)
     argv = [f"model={tmp_path}", f"data={src}", f"out={tmp_path / 'o'}", "val_rows=2"]
     argv += ["steps=5", "warmup_steps=1", "timeout_s=4", "systems=sync"]
     assert peers.main(argv) == 1
