@@ -153,12 +153,12 @@ def run_system(system: str, terms: Terms, options: dict[str, str]) -> SystemResu
     measured = run_measured(
         command, run_dir, metrics_file=metrics, timeout_s=terms.timeout_s, env=SHARED_ENV | env
     )
-    if measured.returncode != 0 or not metrics.is_file():
+    cut = measured.returncode is None  # at the deadline: the steps it finished still count
+    if measured.returncode != 0:
         # what the harness saw, kept for the diagnosis (the steps that ended, the GPU's peak)
         (run_dir / "failed.json").write_text(json.dumps(dataclasses.asdict(measured)))
-        if measured.returncode is None and metrics.is_file():
-            return _partial(system, terms, measured, read, run_dir)
-        why = "past timeout_s" if measured.returncode is None else f"exit {measured.returncode}"
+    if not metrics.is_file() or (measured.returncode != 0 and not cut):
+        why = "past timeout_s" if cut else f"exit {measured.returncode}"
         return SystemResult(system, f"{why}; see {run_dir}/run.log", wall_s=measured.wall_s)
     rows, lines, accuracy = read()
     result = summarize(
@@ -167,35 +167,17 @@ def run_system(system: str, terms: Terms, options: dict[str, str]) -> SystemResu
         rows,
         line_of_step=lines,
         warmup_steps=terms.warmup_steps,
-        val_accuracy=accuracy,
+        val_accuracy=None if cut else accuracy,
     )
     _note_leftovers(result, measured)
-    if result.failed is None:
+    if cut:  # kept aside, not as result.json: the system runs again next time
+        result.failed = (
+            f"past timeout_s={terms.timeout_s:g} after {len(rows)} of {terms.steps} steps "
+            f"(figures of those, no validation); see {run_dir}/run.log"
+        )
+        (run_dir / PARTIAL).write_text(json.dumps(result.to_json(), indent=2))
+    elif result.failed is None:
         kept.write_text(json.dumps(result.to_json(), indent=2))
-    return result
-
-
-def _partial(
-    system: str, terms: Terms, measured: Measured, read: Any, run_dir: Path
-) -> SystemResult:
-    """The figures of the steps a run finished before its deadline, kept in ``partial.json``
-    (not ``result.json``: the system runs again next time) and marked failed, so no ratio
-    uses them."""
-    rows, lines, _ = read()
-    result = summarize(
-        system,
-        measured,
-        rows,
-        line_of_step=lines,
-        warmup_steps=min(terms.warmup_steps, max(0, len(rows) - 1)),
-        val_accuracy=None,
-    )
-    _note_leftovers(result, measured)
-    result.failed = (
-        f"past timeout_s={terms.timeout_s:g} after {len(rows)} of {terms.steps} steps "
-        f"(figures of those, no validation); see {run_dir}/run.log"
-    )
-    (run_dir / PARTIAL).write_text(json.dumps(result.to_json(), indent=2))
     return result
 
 

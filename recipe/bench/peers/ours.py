@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from recipe.bench.e2e import ASYNC
-from recipe.bench.peers.result import StepRow, read_jsonl
+from recipe.bench.peers.result import StepRow, read_metric_records
 from recipe.bench.peers.terms import Terms
 
 SYSTEMS = ("sync", "fully_async")
@@ -75,7 +75,7 @@ def _value(value: Any) -> str:
 def read_ours(run_dir: Path) -> tuple[list[StepRow], list[int], float | None]:
     """(steps, the metrics line of each, final greedy accuracy) of a finished run."""
     path = run_dir / METRICS_FILE
-    lines = read_jsonl(path)
+    lines = read_metric_records(path)
     rows, line_of_step = [], []
     for index, record in enumerate(lines):
         if int(record.get("step", 0)) < 1 or "timing/step_s" not in record:

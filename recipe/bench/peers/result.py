@@ -63,7 +63,7 @@ class SystemResult:
         return cls(**data)
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_metric_records(path: Path) -> list[dict[str, Any]]:
     """A metrics file's records; a last line cut short (a run killed while writing it) is left
     out, any other bad line raises."""
     lines = [x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from recipe.bench.peers import verl_reward
-from recipe.bench.peers.result import StepRow, read_jsonl
+from recipe.bench.peers.result import StepRow, read_metric_records
 from recipe.bench.peers.terms import Terms
 
 REPO = Path(__file__).resolve().parents[3]
@@ -130,7 +130,7 @@ def verl_command(terms: Terms, run_dir: Path, verl_site: Path) -> tuple[list[str
 def read_verl(run_dir: Path, terms: Terms) -> tuple[list[StepRow], list[int], float | None]:
     """(steps, the metrics line of each, final greedy accuracy) of a finished run."""
     path = run_dir / METRICS_FILE
-    lines = read_jsonl(path)
+    lines = read_metric_records(path)
     rows, line_of_step, accuracy = [], [], None
     samples = terms.prompts * terms.n
     for index, line in enumerate(lines):
