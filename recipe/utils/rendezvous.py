@@ -1,5 +1,5 @@
 """Rendezvous stores for process groups: this node's own address, a port held from its bind,
-the group's keys under a secret.
+the group's keys and values sealed under a secret.
 
     server = StoreServer.open(world_size, timeout)     in the process that outlives the group
     server.address  -> StoreAddress(host, port, secret)  --(Ray)-->  every member
@@ -8,22 +8,26 @@ the group's keys under a secret.
 
 The server answers on the address peers reach (Ray's node IP), not on every interface, and
 takes over a socket that has listened since the port was chosen, so no other process can take
-the port in between (no bind-and-close). A process that reaches the port but lacks the secret
-sees none of the group's keys and cannot join it or forge its rendezvous.
+the port in between (no bind-and-close). An address that is not this host's is an error naming
+it, never a fallback to every interface. ``TCPStore`` itself authenticates no one: a process
+that reaches the port can list, read and write keys. So members see the store through a
+``SealedStore`` (recipe/utils/sealed_store.py): key names are keyed hashes and values are
+encrypted and authenticated under the secret, which never reaches the store. A process without
+the secret reads neither the secret nor the members' addresses, and cannot forge a value that
+a member would accept; it can still delete or overwrite keys, which fails the group.
 """
 
 from __future__ import annotations
 
 import datetime
 import errno
-import logging
 import secrets
 import socket
 from dataclasses import dataclass
 
 import torch.distributed as dist
 
-logger = logging.getLogger(__name__)
+from recipe.utils.sealed_store import SealedStore
 
 
 def node_ip() -> str:
@@ -41,7 +45,8 @@ def node_ip() -> str:
 def listening_socket(host: str) -> int:
     """A TCP socket bound to ``host`` on a free port and listening; its file descriptor, for
     a server to take over (``TCPStore(master_listen_fd=...)``). The port is held from the
-    bind on, and the server answers on this address only, not on every interface."""
+    bind on, and the server answers on this address only, not on every interface; a
+    ``host`` that is not this host's raises ``ValueError`` naming it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -50,9 +55,13 @@ def listening_socket(host: str) -> int:
         except OSError as exc:
             if exc.errno != errno.EADDRNOTAVAIL:
                 raise
-            # The address peers use is not this host's own (NAT, a node IP set by hand).
-            logger.warning("%s is not an address of this host: listening on all of them", host)
-            sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
+            # The address peers use is not this host's own (NAT, a node IP set by hand):
+            # listening on every interface instead would open the store to every network.
+            raise ValueError(
+                f"cannot serve a rendezvous store on {host}: it is not an address of this host; "
+                "start Ray on this node with `ray start --node-ip-address=IP`, IP an address "
+                "of this host that the other nodes reach"
+            ) from None
         sock.listen(128)
     except OSError:
         sock.close()
@@ -62,22 +71,23 @@ def listening_socket(host: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class StoreAddress:
-    """Where a group's store answers and the secret its keys live under (travels over Ray)."""
+    """Where a group's store answers and the secret its keys are sealed under (travels over
+    Ray, never to the store)."""
 
     host: str
     port: int
     secret: str
     namespace: str = "group"
-    """Prefix of the group's keys before the secret (names the group in a shared store)."""
+    """Readable prefix of the group's hashed key names (names the group in a shared store)."""
 
     def connect(
         self, world_size: int, timeout: datetime.timedelta, *, store: dist.Store | None = None
     ) -> dist.Store:
         """The group's view of the store: ``store`` (the server's own, in the serving
-        process) or a new client connection, with every key under the namespace and secret."""
+        process) or a new client connection, every key and value sealed under the secret."""
         if store is None:
             store = dist.TCPStore(self.host, self.port, world_size, False, timeout=timeout)
-        return dist.PrefixStore(f"{self.namespace}/{self.secret}", store)
+        return SealedStore(store, self.secret, self.namespace)
 
 
 class StoreServer:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime
 import socket
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -75,3 +77,68 @@ def test_members_meet_under_the_secret_and_a_forged_one_never_joins():
 def test_a_rank_of_a_larger_world_without_the_rendezvous_is_refused():
     with pytest.raises(ValueError, match="rank 1 of 2 needs the group's rendezvous address"):
         join_process_group(1, 2, None, "cpu")
+
+
+def test_a_client_without_the_secret_reads_nothing_usable_and_cannot_forge_a_value():
+    server = StoreServer.open(2, TIMEOUT, host="127.0.0.1", namespace="trainer")
+    address = server.address
+
+    def meet(rank: int) -> None:
+        _gloo_group(address, rank, 2, store=server.store if rank == 0 else None)
+
+    assert _in_threads(lambda: meet(0), lambda: meet(1)) == [None, None]
+    member = address.connect(2, TIMEOUT, store=server.store)
+    member.set("peer", b"10.1.2.3:29500")
+    stranger = dist.TCPStore(address.host, address.port, 2, False, timeout=TIMEOUT)
+    stored = {key: bytes(stranger.get(key)) for key in stranger.list_keys()}
+    assert len(stored) >= 3  # gloo's two rank addresses and ours
+    for key, value in stored.items():
+        assert address.secret not in key and address.secret.encode() not in value
+        assert "peer" not in key and b"10.1.2.3" not in value
+    for key in stored:
+        stranger.set(key, b"10.6.6.6:29500")  # what a stranger would have the members join
+    with pytest.raises(RuntimeError, match="does not verify under the group's secret"):
+        member.get("peer")
+
+
+def test_a_node_address_that_is_not_this_hosts_is_an_error_naming_it():
+    with pytest.raises(ValueError, match=r"192\.0\.2\.1: it is not an address of this host") as e:
+        StoreServer.open(2, TIMEOUT, host="192.0.2.1")  # TEST-NET-1: never a local address
+    assert "--node-ip-address" in str(e.value) and "\n" not in str(e.value)
+
+
+_RANK_1 = """
+import datetime, sys, torch, torch.distributed as dist
+from recipe.utils.rendezvous import StoreAddress
+address = StoreAddress(sys.argv[1], int(sys.argv[2]), sys.argv[3], "trainer")
+timeout = datetime.timedelta(seconds=30)
+store = address.connect(2, timeout)
+dist.init_process_group("gloo", store=store, rank=1, world_size=2, timeout=timeout)
+value = torch.tensor([2.0])
+dist.all_reduce(value)
+dist.destroy_process_group()
+print(value.item())
+"""
+
+
+def test_init_process_group_meets_through_the_sealed_store():
+    server = StoreServer.open(2, TIMEOUT, host="127.0.0.1", namespace="trainer")
+    address = server.address
+    rank_1 = subprocess.Popen(
+        [sys.executable, "-c", _RANK_1, address.host, str(address.port), address.secret],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert join_process_group(0, 2, address, "cpu")
+        try:
+            value = torch.tensor([1.0])
+            dist.all_reduce(value)
+        finally:
+            dist.destroy_process_group()
+        out, _ = rank_1.communicate(timeout=60)
+    finally:
+        if rank_1.poll() is None:
+            rank_1.kill()
+            rank_1.wait()
+    assert rank_1.returncode == 0 and out.split() == ["3.0"] and value.item() == 3.0
