@@ -53,9 +53,7 @@ class _Endpoint:
 class WeightSender(_Endpoint):
     """A trainer rank's end of the weight push (see the module docstring)."""
 
-    methods = frozenset(
-        {"info", "prepare", "init", "send", "commit", "get_version", "corrupt_next", "close"}
-    )
+    methods = frozenset({"info", "prepare", "init", "send", "commit", "get_version", "close"})
 
     def __init__(self, rank: int, params: Callable[[], NamedTensors], device: torch.device) -> None:
         self.rank, self.device = rank, device
@@ -114,11 +112,6 @@ class WeightSender(_Endpoint):
 
     def get_version(self) -> int:
         return self._version
-
-    def corrupt_next(self, bucket: int) -> None:
-        """Fault injection for tests: corrupt ``bucket`` of the next push after its checksum."""
-        if self._engine is not None:
-            self._engine.fault_corrupt_bucket = bucket
 
     def close(self) -> None:
         if self._engine is not None:

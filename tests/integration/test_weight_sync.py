@@ -276,7 +276,14 @@ def test_corrupted_bucket_is_caught_and_every_engine_keeps_its_old_weights(
         sync.init_communicator(version)
         before = trainer.full_state_dict()
         trainer.load_hf(_perturbed_dir(rollout_model_path, tmp_path / "model", seed=7))
-        ray.get(trainer.workers[0].weight_sender_call.remote("corrupt_next", 3))
+
+        def corrupt_next_push(worker, bucket: int) -> None:
+            # Runs in trainer rank 0's actor (nested, so Ray ships it by value): the
+            # engine's test fault flips a byte of ``bucket`` after its checksum, as a
+            # corrupting network would. The product's sender offers no such call.
+            worker._weight_sender._engine.fault_corrupt_bucket = bucket
+
+        ray.get(trainer.workers[0].__ray_call__.remote(corrupt_next_push, 3))
         with pytest.raises(ChecksumMismatchError, match="bucket 3 of") as caught:
             sync.push(version)
         assert caught.value.phase == "transfer" and "rollout replica" in str(caught.value)
