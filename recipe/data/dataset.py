@@ -15,7 +15,7 @@ import logging
 
 from recipe.data.config import DataConfig
 from recipe.data.loaders import load_records
-from recipe.data.reasoning_gym import drop_train_questions, make_reasoning_gym_records
+from recipe.data.reasoning_gym import drop_train_questions, make_reasoning_gym_sets
 from recipe.protocol import PromptRecord
 
 logger = logging.getLogger(__name__)
@@ -24,11 +24,19 @@ logger = logging.getLogger(__name__)
 def build_datasets(cfg: DataConfig) -> tuple[list[PromptRecord], list[PromptRecord]]:
     """Return ``(train, val)`` prompt records for ``cfg``; ``val`` may be empty."""
     source = cfg.resolved_source
+    generated_val = not cfg.val_files and source != "files"
     if source == "files":
         train = load_records(list(cfg.train_files), split="train", prompt_key=cfg.prompt_key)
         train = _first(train, cfg.train_max_samples, "data.train_max_samples")
+    elif source == "reasoning_gym":  # imports reasoning-gym, an optional extra
+        # Both sets from one generator process (recipe/data/reasoning_gym_entries.py).
+        sizes = {"train": cfg.num_train_prompts}
+        if generated_val:
+            sizes["val"] = cfg.num_val_prompts
+        sets = make_reasoning_gym_sets(cfg.reasoning_gym, sizes)
+        train = sets["train"]
     else:
-        train = _generated(cfg, split="train", num=cfg.num_train_prompts)
+        train = _synthetic(cfg, split="train", num=cfg.num_train_prompts)
     if cfg.val_files:
         val = load_records(list(cfg.val_files), split="val", prompt_key=cfg.prompt_key)
         val = _first(val, cfg.val_max_samples, "data.val_max_samples")
@@ -38,10 +46,10 @@ def build_datasets(cfg: DataConfig) -> tuple[list[PromptRecord], list[PromptReco
             "metrics will be absent (nothing is held out of the train files)"
         )
         val = []
+    elif source == "reasoning_gym":
+        val = drop_train_questions(sets["val"], train)
     else:
-        val = _generated(cfg, split="val", num=cfg.num_val_prompts)
-        if source == "reasoning_gym":
-            val = drop_train_questions(val, train)
+        val = _synthetic(cfg, split="val", num=cfg.num_val_prompts)
     logger.info("datasets: %d train prompts, %d val prompts", len(train), len(val))
     return train, val
 
@@ -54,9 +62,7 @@ def _first(records: list[PromptRecord], limit: int, key: str) -> list[PromptReco
     return records[:limit]
 
 
-def _generated(cfg: DataConfig, *, split: str, num: int) -> list[PromptRecord]:
-    if cfg.resolved_source == "reasoning_gym":  # imports reasoning-gym, an optional extra
-        return make_reasoning_gym_records(cfg.reasoning_gym, split=split, num=num)
+def _synthetic(cfg: DataConfig, *, split: str, num: int) -> list[PromptRecord]:
     # Imported here so that file-based runs never pay for (or depend on) the generators.
     if cfg.task == "arithmetic":
         from recipe.data.arithmetic import make_arithmetic_records

@@ -6,13 +6,17 @@
                        prompt=[system prompt, question], ground_truth=answer,
                        data_source="reasoning_gym", extra_info={dataset, config, index, entry})
 
-The sets are generated at startup, and again identically at a restart: entry i depends only
-on the task, its config, the seed and i, so a uid (split, task, i) names the same prompt
-after a resume, as the exactly-once prompt ledger needs. The entry travels in ``extra_info``
-as reasoning-gym made it, for the scorer (``recipe.reward.reasoning_gym``): it is plain data
-(JSON and pickle), but a JSON round trip turns tuples into lists, which changes the scores of
-two tasks (``arc_agi``, ``rearc``), so records are regenerated rather than stored. Most tasks
-generate thousands of entries a second; a few take up to ~0.3 s an entry (``knight_swap``).
+The sets are generated at startup, and again identically at a restart and in every process
+(the fully async rollouter builds its own): entry i depends only on the task, its config, the
+seed and i, so a uid (split, task, i) names the same prompt after a resume, as the exactly-once
+prompt ledger needs. Some tasks also depend on Python's per-process hash seed (the order of a
+set of strings), so the entries are generated under a pinned one, in a child process
+(``recipe.data.reasoning_gym_entries``), which also reseeds the global ``random`` per entry.
+The entry travels in ``extra_info`` as reasoning-gym made it, for the scorer
+(``recipe.reward.reasoning_gym``): it is plain data (JSON and pickle), but a JSON round trip
+turns tuples into lists, which changes the scores of two tasks (``arc_agi``, ``rearc``), so
+records are regenerated rather than stored. Most tasks generate thousands of entries a second;
+a few take up to ~0.5 s an entry (``knight_swap``).
 
 Train and validation. Nearly every task draws entry i of seed s from ``Random(s + i)``, so two
 seeds closer than the set sizes give the same entries, shifted: the config refuses a
@@ -36,11 +40,11 @@ import dataclasses
 import difflib
 import logging
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from recipe.data.loaders import DataError
+from recipe.data.reasoning_gym_entries import EntryJob, generate_entries
 from recipe.protocol import ChatMessages, PromptRecord
 from recipe.reward.reasoning_gym import DATA_SOURCE, import_reasoning_gym
 from recipe.utils.config_check import ConfigError, require, require_non_negative
@@ -187,68 +191,78 @@ def make_reasoning_gym_records(
     cfg: ReasoningGymConfig, *, split: str, num: int
 ) -> list[PromptRecord]:
     """The ``num`` entries of ``split`` (``train``: ``cfg.seed``, else ``cfg.val_seed``)."""
-    seed = cfg.seed if split == "train" else cfg.val_seed
-    # Shared by the records (read-only): the arguments the scorer rebuilds the task from.
-    task_args = {**cfg.config, "seed": seed, "size": num}
+    return make_reasoning_gym_sets(cfg, {split: num})[split]
+
+
+def make_reasoning_gym_sets(
+    cfg: ReasoningGymConfig, sizes: dict[str, int]
+) -> dict[str, list[PromptRecord]]:
+    """The records of each set of ``sizes`` (split -> number of entries; ``train`` draws from
+    ``cfg.seed``, any other from ``cfg.val_seed``), generated in one go under a pinned hash
+    seed (``recipe.data.reasoning_gym_entries``), so a uid names the same prompt in every
+    process."""
     system_prompt = system_prompt_text(cfg)
-    examples = few_shot_turns(cfg)
-    start_s = time.monotonic()
-    records = [
-        PromptRecord(
-            uid=f"{split}:{DATA_SOURCE}/{cfg.dataset}:{index}",
-            prompt=_prompt(
-                entry["question"], system_prompt, examples, in_user=cfg.system_prompt_in_user
-            ),
-            # A few tasks have no single answer (None): their scorer checks the response itself.
-            ground_truth="" if entry.get("answer") is None else str(entry["answer"]),
-            data_source=DATA_SOURCE,
-            extra_info={
-                "dataset": cfg.dataset,
-                "config": task_args,
-                "index": index,
-                "entry": entry,
-            },
-        )
-        for index, entry in enumerate(_entries(cfg.dataset, task_args, split))
+    jobs = [
+        # Shared by a set's records (read-only): the arguments the scorer rebuilds the task from.
+        EntryJob(cfg.dataset, {**cfg.config, "seed": _seed(cfg, split), "size": num}, split)
+        for split, num in sizes.items()
     ]
-    logger.info(
-        "generated %d %s prompts of reasoning-gym task %s in %.1f s (%d distinct questions)",
-        num,
-        split,
-        cfg.dataset,
-        time.monotonic() - start_s,
-        len({question_of(r) for r in records}),
+    if cfg.few_shot:
+        few_shot_args = {**cfg.config, "seed": cfg.val_seed - cfg.few_shot, "size": cfg.few_shot}
+        jobs.append(EntryJob(cfg.dataset, few_shot_args, "few-shot"))
+    start_s = time.monotonic()
+    entries = generate_entries(jobs)
+    examples = _few_shot_turns(cfg, entries[-1]) if cfg.few_shot else []
+    sets: dict[str, list[PromptRecord]] = {}
+    for job, split_entries in zip(jobs[: len(sizes)], entries, strict=False):  # few-shot: last
+        sets[job.label] = [
+            _record(cfg, job, index, entry, system_prompt, examples)
+            for index, entry in enumerate(split_entries)
+        ]
+        logger.info(
+            "generated %d %s prompts of reasoning-gym task %s (%d distinct questions)",
+            len(split_entries),
+            job.label,
+            cfg.dataset,
+            len({entry["question"] for entry in split_entries}),
+        )
+    logger.info("reasoning-gym generation took %.1f s", time.monotonic() - start_s)
+    return sets
+
+
+def _seed(cfg: ReasoningGymConfig, split: str) -> int:
+    return cfg.seed if split == "train" else cfg.val_seed
+
+
+def _record(
+    cfg: ReasoningGymConfig,
+    job: EntryJob,
+    index: int,
+    entry: dict[str, Any],
+    system_prompt: str,
+    examples: ChatMessages,
+) -> PromptRecord:
+    return PromptRecord(
+        uid=f"{job.label}:{DATA_SOURCE}/{cfg.dataset}:{index}",
+        prompt=_prompt(
+            entry["question"], system_prompt, examples, in_user=cfg.system_prompt_in_user
+        ),
+        # A few tasks have no single answer (None): their scorer checks the response itself.
+        ground_truth="" if entry.get("answer") is None else str(entry["answer"]),
+        data_source=DATA_SOURCE,
+        extra_info={
+            "dataset": cfg.dataset,
+            "config": job.task_args,
+            "index": index,
+            "entry": entry,
+        },
     )
-    return records
 
 
-def _entries(name: str, task_args: dict[str, Any], split: str) -> Iterator[dict[str, Any]]:
-    """The task's entries 0..size-1; ``DataError`` naming the task and entry if one fails."""
-    from reasoning_gym import create_dataset
-
-    # Broad catches: the task's own code raises anything; the message names task and entry.
-    try:
-        task = create_dataset(name, **task_args)
-    except Exception as err:
-        raise DataError(f"reasoning-gym task {name!r} ({split} set): {_reason(err)}") from err
-    for index in range(task_args["size"]):
-        try:
-            entry = task[index]
-        except Exception as err:
-            raise DataError(
-                f"reasoning-gym task {name!r} failed on entry {index} of the {split} set "
-                f"(seed {task_args['seed']}): {_reason(err)}"
-            ) from err
-        yield entry
-
-
-def few_shot_turns(cfg: ReasoningGymConfig) -> ChatMessages:
+def _few_shot_turns(cfg: ReasoningGymConfig, entries: list[dict[str, Any]]) -> ChatMessages:
     """The ``few_shot`` worked examples as chat turns (user question, assistant answer)."""
-    if not cfg.few_shot:
-        return []
-    args = {**cfg.config, "seed": cfg.val_seed - cfg.few_shot, "size": cfg.few_shot}
     turns: ChatMessages = []
-    for entry in _entries(cfg.dataset, args, "few-shot"):
+    for entry in entries:
         if entry.get("answer") is None:
             raise ConfigError(
                 f"data.reasoning_gym.few_shot={cfg.few_shot} is invalid for {cfg.dataset}: its "
@@ -299,8 +313,3 @@ def drop_train_questions(val: list[PromptRecord], train: list[PromptRecord]) -> 
             "data.reasoning_gym.config or set data.val_files"
         )
     return kept
-
-
-def _reason(err: Exception) -> str:
-    text = str(err).splitlines()[0] if str(err) else ""
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__

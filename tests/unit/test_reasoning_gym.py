@@ -22,6 +22,7 @@ from reasoning_gym import create_dataset
 from reasoning_gym.utils import SYSTEM_PROMPTS
 
 from recipe.config import load_config, register_configs
+from recipe.data import reasoning_gym_entries
 from recipe.data.config import DataConfig
 from recipe.data.dataset import build_datasets
 from recipe.data.loaders import DataError, load_records
@@ -40,6 +41,14 @@ from recipe.utils.config_check import ConfigError
 REPO = Path(__file__).resolve().parents[2]
 # Two-term one-digit sums: a problem space of a few hundred questions, so sets repeat some.
 SMALL_SUMS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+
+
+@pytest.fixture(autouse=True)
+def generate_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The entries of these tests' tasks (chain_sum, letter_counting) do not follow the hash
+    seed, so they are generated here rather than in a child process (~1 s each);
+    test_reasoning_gym_hash_seed.py tests the child."""
+    monkeypatch.setattr(reasoning_gym_entries, "hash_seed_is_pinned", lambda: True)
 
 
 def chain_sum(**changes) -> ReasoningGymConfig:
