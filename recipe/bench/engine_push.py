@@ -18,6 +18,8 @@ After the last push of W1 through each method, the engine's parameter sums
 method: the bench fails otherwise. It prints per method the best and median seconds, GB/s of
 model bytes, the ratio to a same-run device-to-device copy of the same bytes, and last the
 headline: ours / vLLM's best, in time. Needs CUDA (CUDA IPC shares device memory).
+vLLM's methods need pickle over vLLM's RPC (``VLLM_ALLOW_INSECURE_SERIALIZATION=1``): the
+entrypoint sets it for the bench's run when they are chosen, and restores it after.
 
 GPU: ``python -m recipe.bench.engine_push --model 0.5B`` (also ``1.5B``). CPU (ours over
 ``shm`` alone, a check of the bench itself): ``--device cpu --model 20M --methods
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import logging
@@ -35,7 +38,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +55,8 @@ from recipe.workers.rollout.vllm_worker import EXTENSION_CLS
 logger = logging.getLogger(__name__)
 
 METHODS = ("vllm_ipc", "vllm_ipc_packed", "ours", "ours_noverify")
+INSECURE_SERIALIZATION = "VLLM_ALLOW_INSECURE_SERIALIZATION"
+"""vLLM's switch for pickle over its RPC, which its ipc methods need (``pickle_over_vllm_rpc``)."""
 Tensors = dict[str, torch.Tensor]
 
 
@@ -157,10 +162,6 @@ def engine_state(llm: Any) -> tuple[dict[str, float], list[int]]:
 def build_engine(model_dir: Path, args: argparse.Namespace) -> Any:
     from vllm import LLM
 
-    # vLLM's ipc path sends torch's CUDA IPC rebuild arguments (a tensor class among them)
-    # through its msgpack RPC, which it allows only with pickle fallback switched on.
-    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-
     return LLM(
         model=str(model_dir),
         dtype="bfloat16",
@@ -171,6 +172,31 @@ def build_engine(model_dir: Path, args: argparse.Namespace) -> Any:
         seed=0,
         **({"weight_transfer_config": {"backend": "ipc"}} if args.device == "cuda" else {}),
     )
+
+
+@contextlib.contextmanager
+def pickle_over_vllm_rpc(enabled: bool) -> Iterator[None]:
+    """``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` while the block runs, the previous value
+    restored after; nothing when not ``enabled``.
+
+    vLLM's ipc methods send torch's CUDA IPC rebuild arguments (a tensor class among them)
+    through vLLM's msgpack RPC, which falls back to pickle only under this flag. It cannot be
+    narrower than the engine's whole life in this process: the engine's processes read it
+    once when they start, and from then on tag every RPC result with types that this process
+    decodes only under the same flag. So the entrypoint sets it around the whole bench, and
+    only when vLLM's methods run (ours never needs it)."""
+    if not enabled:
+        yield
+        return
+    before = os.environ.get(INSECURE_SERIALIZATION)
+    os.environ[INSECURE_SERIALIZATION] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(INSECURE_SERIALIZATION, None)
+        else:
+            os.environ[INSECURE_SERIALIZATION] = before
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -266,7 +292,8 @@ def main(argv: list[str] | None = None) -> None:
             "with --device cpu use --methods ours,ours_noverify"
         )
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    rows = run(args)
+    with pickle_over_vllm_rpc(any(m.startswith("vllm") for m in args.methods.split(","))):
+        rows = run(args)
     print(report(rows, args.model), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
