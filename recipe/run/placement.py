@@ -17,7 +17,8 @@ share GPUs.
 
 Ray starts on first use (``init_ray``), when a recipe builds its first worker group, so a bad
 config or data file fails before any process is spawned. Every Ray worker inherits
-``worker_env()``: the tiny-model cache, quiet vLLM and offline hubs.
+``worker_env()``: the tiny-model cache, vLLM logging at WARNING unless ``VLLM_LOGGING_LEVEL``
+says otherwise, and offline hubs.
 """
 
 from __future__ import annotations
@@ -66,11 +67,14 @@ def resolve_device(device: str) -> str:
 
 
 def worker_env() -> dict[str, str]:
-    """Environment every Ray worker inherits (the tiny-model cache, quiet vLLM/W&B)."""
+    """Environment every Ray worker inherits: the tiny-model cache, vLLM's warnings but not
+    its INFO lines (a ``VLLM_LOGGING_LEVEL`` of the caller's is kept), offline hubs."""
     env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
     env.setdefault("HF_HUB_OFFLINE", "1")
-    # vLLM logs every pause/reload at INFO; a sync per step would drown the run's own output.
-    env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    # vLLM logs every pause/reload at INFO, which a sync per step would make most of the
+    # run's output; its warnings stay (in RUN_DIR/engines/replica_R.log for the engines'
+    # own processes, in the run's log for the rollout workers).
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env
 
@@ -190,6 +194,7 @@ class Placement:
             placement_group=self.take("rollout"),
             placement_timeout_s=self.cfg.ray.placement_timeout_s,
             owns_placement_group=not self.one_group,
+            max_prompt_length=self.cfg.data.max_prompt_length,
         )
 
     def release(self) -> None:
