@@ -43,9 +43,14 @@ class HFRolloutWorker(RolloutWorker):
     """A rollout worker that runs one transformers causal LM."""
 
     def __init__(
-        self, model: ModelConfig, config: RolloutConfig, log_path: str | None = None
+        self,
+        model: ModelConfig,
+        config: RolloutConfig,
+        log_path: str | None = None,
+        max_prompt_length: int | None = None,
     ) -> None:
-        """``log_path`` is unused: the engine runs in this process, its errors are its own."""
+        """``log_path`` is unused: the engine runs in this process, its errors are its own;
+        ``max_prompt_length`` too: the hf backend runs no episodes."""
         super().__init__()
         from transformers import AutoModelForCausalLM, GenerationConfig
 

@@ -49,6 +49,7 @@ class RolloutReplicas:
         placement_group: Any = None,
         placement_timeout_s: float = 300.0,
         owns_placement_group: bool = True,
+        max_prompt_length: int | None = None,
     ) -> None:
         """``gpu_fraction``: the share of a GPU each replica reserves in Ray (< 1 colocated;
         a tensor-parallel replica takes ``rollout.tensor_parallel_size`` whole GPUs);
@@ -57,7 +58,9 @@ class RolloutReplicas:
         ``placement_group``: one bundle per replica (``recipe.workers.cluster``; removed at
         shutdown when ``owns_placement_group``), replica r on bundle r, a restarted one too
         (it waits up to ``placement_timeout_s`` for its bundle when the bundle's node died);
-        None: Ray places each worker where it fits."""
+        None: Ray places each worker where it fits; ``max_prompt_length``: the run's
+        ``data.max_prompt_length``, the longest prompt an agent's request may start a segment
+        with (None: the engine's context only)."""
 
         if cfg.backend == "vllm" and cfg.engine_kwargs:
             from recipe.workers.rollout.engine_args import check_engine_kwargs
@@ -74,6 +77,7 @@ class RolloutReplicas:
         self._worker_cls, self._resources = worker_cls, resources
         self._pg, self._placement_timeout_s = placement_group, placement_timeout_s
         self._owns_pg = owns_placement_group
+        self._max_prompt_length = max_prompt_length
         # The worker gets the resolved path: no replica builds or resolves the default itself.
         self._model_cfg = ModelConfig(
             path=str(model.path), dtype=model.dtype, trust_remote_code=model.trust_remote_code
@@ -118,7 +122,7 @@ class RolloutReplicas:
         return (
             ray.remote(self._worker_cls)
             .options(**options)
-            .remote(self._model_cfg, self.cfg, self._log_path(index))
+            .remote(self._model_cfg, self.cfg, self._log_path(index), self._max_prompt_length)
         )
 
     def wait_for_bundle(self, index: int) -> str:

@@ -67,10 +67,16 @@ class VLLMRolloutWorker(RolloutWorker):
     """A rollout worker that owns one ``vllm.v1`` ``AsyncLLM`` engine."""
 
     def __init__(
-        self, model: ModelConfig, config: RolloutConfig, log_path: str | None = None
+        self,
+        model: ModelConfig,
+        config: RolloutConfig,
+        log_path: str | None = None,
+        max_prompt_length: int | None = None,
     ) -> None:
         """``log_path``: where the engine's processes write their output (``engine_log``);
-        None leaves it on this worker's stdout/stderr."""
+        None leaves it on this worker's stdout/stderr. ``max_prompt_length``: the run's
+        ``data.max_prompt_length``, the longest prompt an agent's request may start a segment
+        with (None: the engine's context only)."""
         super().__init__()
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -93,6 +99,7 @@ class VLLMRolloutWorker(RolloutWorker):
         if self._episodes is not None and self._episodes.endpoint is not None:
             model_config = self._engine.vllm_config.model_config
             self._episodes.endpoint.max_context = model_config.max_model_len
+            self._episodes.endpoint.max_prompt_length = max_prompt_length
         logger.info(
             "vLLM engine for %s started in %.1f s (%s)",
             self._model.path,
