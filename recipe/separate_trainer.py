@@ -74,7 +74,7 @@ class SeparateRayPPOTrainer:
         """Weights version the engines serve: the one owner of it (+1 per push)."""
         self.global_step = 0
         """Trainer steps done."""
-        self.run = TrainingRun(cfg, self.run_dir, num_train_prompts=len(self.train_records))
+        self.run = TrainingRun(cfg, self.run_dir, train=self.train_records, val=self.val_records)
         """What this run writes: metrics, trace, ledger, checkpoints (a resume rewinds the run
         directory first; the recipe then loads the checkpoint's step and version)."""
         self.tracer = self.run.tracer

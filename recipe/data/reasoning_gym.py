@@ -12,6 +12,8 @@ seed and i, so a uid (split, task, i) names the same prompt after a resume, as t
 prompt ledger needs. Some tasks also depend on Python's per-process hash seed (the order of a
 set of strings), so the entries are generated under a pinned one, in a child process
 (``recipe.data.reasoning_gym_entries``), which also reseeds the global ``random`` per entry.
+A checkpoint records a fingerprint of the prompts (``recipe.data.fingerprint``): a resume with
+another task config or reasoning-gym version is refused, not trained on other questions.
 The entry travels in ``extra_info`` as reasoning-gym made it, for the scorer
 (``recipe.reward.reasoning_gym``): it is plain data (JSON and pickle), but a JSON round trip
 turns tuples into lists, which changes the scores of two tasks (``arc_agi``, ``rearc``), so

@@ -1,9 +1,10 @@
 """``RunCheckpointer``: a run's checkpoints, its resume, and the prompt ledger they rewind.
 
-    startup   resolve trainer.resume_mode --> check the checkpoint fits this run (mode, train
-              set) --> rewind the run directory to it: metrics.jsonl and ledger.jsonl lose the
-              steps after it, newer checkpoints are set aside (a fresh start keeps an earlier
-              attempt's logs as <name>.prev)
+    startup   resolve trainer.resume_mode --> check the checkpoint fits this run (mode, the
+              prompt sets' fingerprints: recipe/data/fingerprint.py) --> rewind the run
+              directory to it: metrics.jsonl and ledger.jsonl lose the steps after it, newer
+              checkpoints are set aside (a fresh start keeps an earlier attempt's logs as
+              <name>.prev)
     each step ledger.jsonl += the prompts trained (record_trained)
     a push    every trainer.save_freq versions and after the last step: save() writes
               checkpoints/step_N/ atomically (recipe/checkpoint/store.py)
@@ -35,7 +36,9 @@ from recipe.checkpoint.store import (
     write_checkpoint,
     write_json,
 )
+from recipe.data.fingerprint import FINGERPRINTS_KEY, fingerprint_mismatch, prompt_fingerprints
 from recipe.observability.backends import METRICS_FILE
+from recipe.protocol import PromptRecord
 from recipe.utils.weights_file import WeightsFile
 
 if TYPE_CHECKING:
@@ -48,10 +51,20 @@ logger = logging.getLogger(__name__)
 class RunCheckpointer:
     """Checkpoints and resume of one run directory (see the module docstring)."""
 
-    def __init__(self, cfg: RecipeConfig, run_dir: Path, *, num_train_prompts: int) -> None:
+    def __init__(
+        self,
+        cfg: RecipeConfig,
+        run_dir: Path,
+        *,
+        train: Sequence[PromptRecord],
+        val: Sequence[PromptRecord],
+    ) -> None:
         self.mode, self.trainer_cfg = cfg.mode, cfg.trainer
         self.run_dir = Path(run_dir)
-        self.num_train_prompts = num_train_prompts
+        self.num_train_prompts = len(train)
+        self.fingerprints = prompt_fingerprints(train, val)
+        """Of the ``train`` and ``val`` prompt sets: saved in every checkpoint, checked on
+        resume."""
         self.resume_from: Path | None = None
         """The checkpoint this run resumes from (``trainer.resume_mode``), or None."""
         self.resume_state: dict[str, Any] = {}
@@ -109,6 +122,7 @@ class RunCheckpointer:
                 "global_step": step,
                 "param_version": version,
                 "num_train_prompts": self.num_train_prompts,
+                FINGERPRINTS_KEY: self.fingerprints,
                 "rng": capture_rng(),
                 **state,
             }
@@ -151,12 +165,28 @@ class RunCheckpointer:
                     f"trainer.resume_mode={str(path)!r}: the checkpoint has {key}="
                     f"{state.get(key)!r}, this run {value!r}"
                 )
+        self._check_prompts(path, state)
         step = state["global_step"]
         truncate_jsonl(self.run_dir / METRICS_FILE, step)
         truncate_jsonl(self.run_dir / LEDGER_FILE, step)
         set_aside_newer(self.run_dir, step)
         self.resume_from, self.resume_state = path, state
         logger.info("resuming from %s (step %d, version %d)", path, step, state["param_version"])
+
+    def _check_prompts(self, path: Path, state: dict[str, Any]) -> None:
+        """ValueError (one line, exit code 2 at startup) when this run's prompt sets are not
+        the checkpoint's: its uids would name other prompts."""
+        saved = state.get(FINGERPRINTS_KEY)
+        if saved is None:
+            logger.warning(
+                "checkpoint %s holds no prompt fingerprints (written by an older version): "
+                "this run's prompts cannot be checked against its; resume with the same data",
+                path,
+            )
+            return
+        mismatch = fingerprint_mismatch(saved, self.fingerprints, str(path))
+        if mismatch is not None:
+            raise ValueError(mismatch)
 
     def _keep_earlier_logs(self) -> None:
         # A fresh start never appends to the logs of an earlier attempt in this directory

@@ -1,7 +1,8 @@
 """``TrainingRun``: what the trainer side of a run writes, composed in one object.
 
-    TrainingRun(cfg, run_dir, num_train_prompts)
-      checkpointer   RunCheckpointer: resume (rewinds the run directory first), step_N/, ledger
+    TrainingRun(cfg, run_dir, train=, val=)
+      checkpointer   RunCheckpointer: resume (checks the prompt sets are the checkpoint's,
+                     rewinds the run directory first), step_N/, ledger
       tracker        Tracker: metrics.jsonl, console, wandb, tensorboard, summary.json
       trace          RunTrace: trace.json, every process's timeline
       initial_val    validation of the initial weights (kept across resumes)
@@ -28,6 +29,7 @@ from recipe.checkpoint.ledger import num_skipped, num_trained
 from recipe.faults import RunFailure
 from recipe.observability.trace import RunTrace, Tracer
 from recipe.observability.tracking import Tracker
+from recipe.protocol import PromptRecord
 from recipe.run.checkpointing import RunCheckpointer
 from recipe.run.metrics import RunTotals, run_summary
 
@@ -44,10 +46,18 @@ TraceSource = Callable[[], list[dict[str, Any]]]
 class TrainingRun:
     """The run's records (see the module docstring)."""
 
-    def __init__(self, cfg: RecipeConfig, run_dir: Path, *, num_train_prompts: int) -> None:
+    def __init__(
+        self,
+        cfg: RecipeConfig,
+        run_dir: Path,
+        *,
+        train: Sequence[PromptRecord],
+        val: Sequence[PromptRecord],
+    ) -> None:
+        """``train`` / ``val``: the run's prompt sets (their fingerprints go into checkpoints)."""
         self.cfg = cfg
         # Before the Tracker opens metrics.jsonl: a resume first drops what came after it.
-        self.checkpointer = RunCheckpointer(cfg, run_dir, num_train_prompts=num_train_prompts)
+        self.checkpointer = RunCheckpointer(cfg, run_dir, train=train, val=val)
         self.tracker = Tracker(cfg.logger, Path(run_dir), run_config=asdict(cfg))
         self.trace = RunTrace(Path(run_dir), mode=cfg.mode)
         self.initial_val: dict[str, float] = dict(

@@ -205,12 +205,15 @@ def test_a_restored_cursor_continues_the_same_order_across_epochs():
     assert [r.uid for r in resumed.take(6)] == expected
 
 
+TEN_PROMPTS = [PromptRecord(f"train:p{i}", "1+1=", "2", "arithmetic") for i in range(10)]
+
+
 def _checkpointer(run_dir: Path, resume_mode: str, mode: str = "fully_async"):
     """The run's checkpointer alone (no Ray, no workers): constructing it rewinds."""
     from recipe.run.checkpointing import RunCheckpointer
 
     cfg = load_config({"mode": mode, "trainer": {"resume_mode": resume_mode}})
-    return RunCheckpointer(cfg, run_dir, num_train_prompts=10)
+    return RunCheckpointer(cfg, run_dir, train=TEN_PROMPTS, val=[])
 
 
 def _write_state(run_dir: Path, step: int, mode: str = "fully_async") -> Path:

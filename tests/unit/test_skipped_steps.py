@@ -14,11 +14,14 @@ from omegaconf import OmegaConf
 from recipe.checkpoint import read_ledger
 from recipe.config import load_config
 from recipe.faults import RunFailure
+from recipe.protocol import PromptRecord
 from recipe.run.training_run import TrainingRun
 
 GOOD = {"actor/grad_norm": 1.0, "actor/optimizer_steps": 2.0, "actor/skipped_steps": 0.0}
 PARTLY = {"actor/grad_norm": math.nan, "actor/optimizer_steps": 2.0, "actor/skipped_steps": 1.0}
 SKIPPED = {"actor/grad_norm": math.nan, "actor/optimizer_steps": 2.0, "actor/skipped_steps": 2.0}
+
+PROMPTS = [PromptRecord(f"train:p{i}", "1+1=", "2", "arithmetic") for i in range(100)]
 
 
 def _run(tmp_path, max_skipped_steps: int) -> TrainingRun:
@@ -26,7 +29,7 @@ def _run(tmp_path, max_skipped_steps: int) -> TrainingRun:
         {"mode": "sync", "logger": {"backends": ["jsonl"]},
          "actor": {"max_skipped_steps": max_skipped_steps}}
     )  # fmt: skip
-    return TrainingRun(load_config(cfg), tmp_path, num_train_prompts=100)
+    return TrainingRun(load_config(cfg), tmp_path, train=PROMPTS, val=[])
 
 
 def test_a_skipped_step_lists_its_prompts_as_skipped_and_the_books_count_them(tmp_path):

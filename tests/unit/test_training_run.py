@@ -9,16 +9,19 @@ from omegaconf import OmegaConf
 
 from recipe.checkpoint import read_ledger
 from recipe.config import load_config
+from recipe.protocol import PromptRecord
 from recipe.run.training_run import TrainingRun
 
 TRAINED = {"actor/grad_norm": 1.0, "actor/optimizer_steps": 1.0, "actor/skipped_steps": 0.0}
+
+PROMPTS = [PromptRecord(f"train:p{i}", "1+1=", "2", "arithmetic") for i in range(100)]
 
 
 def _run(tmp_path, test_freq: int) -> TrainingRun:
     cfg = OmegaConf.create(
         {"mode": "sync", "logger": {"backends": ["jsonl"]}, "trainer": {"test_freq": test_freq}}
     )
-    return TrainingRun(load_config(cfg), tmp_path, num_train_prompts=100)
+    return TrainingRun(load_config(cfg), tmp_path, train=PROMPTS, val=[])
 
 
 def test_the_step_tail_runs_in_one_order_and_validates_only_when_due(tmp_path):
