@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -86,6 +87,11 @@ class EpisodeCut(Exception):
 
 class EnvTimeoutError(TimeoutError):
     """An environment call ran past ``rollout.multi_turn.step_timeout_s``."""
+
+
+class EnvRewardError(ValueError):
+    """A step reward that is not a finite number (NaN, inf, a string): the environment's
+    fault, so its episode ends as ``env_error`` instead of making its group's advantages NaN."""
 
 
 class AgentContext:
@@ -213,7 +219,9 @@ class AgentContext:
                 self._on_slice("env", start_us, now_us(), args)
 
     def add_reward(self, reward: float) -> None:
-        self._rewards.append(float(reward))
+        """Add one step's reward (the episode's is their sum); ``EnvRewardError`` naming the
+        value when it is not a finite number."""
+        self._rewards.append(finite_reward(reward))
 
     def add_info(self, info: dict[str, Any]) -> None:
         """The step's numeric ``info`` values, logged as ``agent/info/<key>``; a key that
@@ -299,6 +307,22 @@ class AgentContext:
         if self.tokens is None:
             raise RuntimeError("AgentContext.start(observation) must come first")
         return self.tokens
+
+
+def finite_reward(reward: Any) -> float:
+    """``reward`` as a float; ``EnvRewardError`` naming it when it is not a number (a string,
+    a list, ...) or not finite (NaN, inf)."""
+    try:
+        if isinstance(reward, (str, bytes)):  # not a number, though float() parses "0.5"
+            raise TypeError
+        value = float(reward)
+    except (TypeError, ValueError):
+        raise EnvRewardError(
+            f"reward {reward!r} ({type(reward).__name__}) is not a number"
+        ) from None
+    if not math.isfinite(value):
+        raise EnvRewardError(f"reward {reward!r} is not a finite number")
+    return value
 
 
 async def sample_turn(

@@ -5,7 +5,8 @@
             result = step(action)
             reward += result.reward; done -> "stop"; else append result.observation
 
-An environment that raises, or whose ``reset``/``step`` runs past ``step_timeout_s``, ends its
+An environment that raises, whose ``reset``/``step`` runs past ``step_timeout_s``, or whose step
+reward is not a finite number (NaN, inf, a string: logged, naming it and the value) ends its
 episode as ``env_error`` with the error on the episode: it is not trained on (masked out of the
 loss and out of its group's baseline), counted (``agent/env_errors``, ``agent/env_timeouts``)
 and counts toward ``max_env_error_ratio``; nothing else is affected. A tool failure the
@@ -24,7 +25,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from recipe.agent.context import AgentContext, EnvTimeoutError
+from recipe.agent.context import AgentContext, EnvRewardError, EnvTimeoutError
 from recipe.agent.interface import AgentLoop, Environment, Observation, StepResult
 from recipe.protocol import PromptRecord
 from recipe.utils.ray_errors import error_line
@@ -56,8 +57,8 @@ class EnvironmentLoop(AgentLoop):
             result = await self._step(ctx, action)
             if result is None:
                 return
-            if result.reward is not None:
-                ctx.add_reward(result.reward)
+            if result.reward is not None and not self._add_reward(ctx, result.reward):
+                return
             ctx.add_info(result.info)
             if result.done:
                 ctx.finish("stop")
@@ -81,6 +82,21 @@ class EnvironmentLoop(AgentLoop):
             return None
         ctx.num_tool_errors += int(result.tool_error)
         return result
+
+    def _add_reward(self, ctx: AgentContext, reward: float) -> bool:
+        """Add the step's reward; False when it is not a finite number, a fault of the
+        environment that ends its episode as ``env_error`` (logged, naming it and the value)."""
+        try:
+            ctx.add_reward(reward)
+        except EnvRewardError as exc:
+            logger.warning(
+                "%s.step: %s; the episode ends as env_error",
+                type(self.environment).__name__,
+                exc,
+            )
+            self._failed(ctx, "step", exc)
+            return False
+        return True
 
     def _failed(self, ctx: AgentContext, call: str, exc: Exception) -> None:
         """End the episode as ``env_error``; a call past its deadline is also logged, as its

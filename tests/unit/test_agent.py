@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import threading
 from pathlib import Path
 
@@ -199,6 +200,43 @@ def test_an_environment_that_raises_ends_its_episode_with_reward_zero(tokenizer)
     episode = _run(Broken(), ScriptedEngine(tokenizer, ["calc: 1+1"]), tokenizer)
     assert (episode.finish_reason, episode.reward) == ("env_error", 0.0)
     assert episode.error == "step: KeyError: 'no such tool'"
+
+
+@pytest.mark.parametrize(
+    ("reward", "error"),
+    [
+        (math.nan, "reward nan is not a finite number"),
+        (-math.inf, "reward -inf is not a finite number"),
+        ("0.5", "reward '0.5' (str) is not a number"),
+        ([1.0], "reward [1.0] (list) is not a number"),
+    ],
+)
+def test_a_step_reward_that_is_not_a_finite_number_ends_its_episode_as_an_env_error(
+    tokenizer, caplog, reward, error
+):
+    class Faulty(Calculator):
+        async def step(self, action):
+            return StepResult(observation=" =2\n", reward=reward)
+
+    engine = ScriptedEngine(tokenizer, ["calc: 1+1", "calc: 2+2"])
+    with caplog.at_level(logging.WARNING, logger="recipe.agent.env_loop"):
+        episode = _run(Faulty(), engine, tokenizer)
+    assert (episode.finish_reason, episode.reward) == ("env_error", 0.0)
+    assert episode.error == f"step: EnvRewardError: {error}"
+    assert len(engine.calls) == 1  # no turn after the faulty step
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings == [f"Faulty.step: {error}; the episode ends as env_error"]
+    assert agent_metrics([episode.to_trajectory("p", 0)])["agent/env_errors"] == 1.0
+
+
+def test_an_agent_loop_adding_a_nan_reward_is_refused_by_the_context(tokenizer):
+    config = MultiTurnConfig(enable=True, environment="single_turn")
+    renderer = ObservationRenderer(tokenizer, [tokenizer.eos_token_id], config.observation_role)
+    ctx = AgentContext(ScriptedEngine(tokenizer, []), renderer, config, response_length=10)
+    ctx.add_reward(0.5)
+    with pytest.raises(ValueError, match=r"^reward nan is not a finite number$"):
+        ctx.add_reward(math.nan)
+    assert ctx.episode().reward == 0.5
 
 
 def test_an_info_key_that_cannot_name_a_metric_is_dropped_with_one_warning(tokenizer, caplog):
