@@ -9,7 +9,7 @@
       totals         RunTotals: responses trained and their staleness (kept across resumes)
       skips          trainer steps whose every optimizer step had a non-finite gradient norm:
                      their prompts go to the ledger as skipped, and actor.max_skipped_steps
-                     of them in a row stop the run
+                     of them in a row stop the run (the count in a row is kept across resumes)
 
 One per run, opened by the recipe whose driver owns the trainer (sync, one_step_off, the fully
 async trainer); the fully async rollouter runs beside it and writes none of these. The recipe
@@ -75,7 +75,9 @@ class TrainingRun:
         """Prompts trained over the run: the ledger's count, kept as lines are written."""
         self.prompts_skipped = num_skipped(Path(run_dir))
         """Prompts of steps whose update was skipped, over the run (the ledger's count)."""
-        self.consecutive_skips = 0
+        self.consecutive_skips = int(self.checkpointer.resume_state.get("consecutive_skips", 0))
+        """Trainer steps skipped in a row up to now (``actor.max_skipped_steps``); kept across
+        resumes, so a run cannot skip forever by being restarted (older checkpoints: 0)."""
 
     @property
     def tracer(self) -> Tracer:
@@ -221,11 +223,12 @@ class TrainingRun:
         extra: Callable[[Path], None] | None = None,
     ) -> Path:
         """A checkpoint of ``step`` (RunCheckpointer.save) holding the initial validation,
-        the run totals and the recipe's loop ``state``."""
+        the run totals, the skipped steps in a row and the recipe's loop ``state``."""
         state = {
             "initial_val": self.initial_val,
             "totals": self.totals.state_dict(),
             "wall_s": self.elapsed_s(),
+            "consecutive_skips": self.consecutive_skips,
             **state,
         }
         with self.tracer.span("checkpoint"):

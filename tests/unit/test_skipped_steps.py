@@ -69,3 +69,26 @@ def test_zero_never_stops(tmp_path):
         run.log_step(step, step, SKIPPED, [str(step)])
     assert run.prompts_skipped == 5
     run.close([])
+
+
+class FakeRanks:
+    """The two calls a checkpoint makes of the trainer ranks."""
+
+    def save_hf(self, path):
+        (path / "model.safetensors").write_bytes(b"weights")
+
+    def save_train_state(self, path):
+        path.mkdir()
+        (path / "optimizer.pt").write_bytes(b"adam")
+
+
+def test_the_count_of_skipped_steps_in_a_row_survives_a_resume(tmp_path):
+    run = _run(tmp_path, max_skipped_steps=2)
+    run.log_step(1, 1, SKIPPED, ["a"])
+    run.save(FakeRanks(), step=1, version=1, state={})
+    run.close([])
+    resumed = _run(tmp_path, max_skipped_steps=2)  # trainer.resume_mode=auto: from step 1
+    assert resumed.resume_from is not None and resumed.consecutive_skips == 1
+    with pytest.raises(RunFailure, match=r"2 trainer steps in a row \(the last: step 2\)"):
+        resumed.log_step(2, 2, SKIPPED, ["b"])
+    resumed.close([])
