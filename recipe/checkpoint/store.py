@@ -232,17 +232,34 @@ def set_aside_newer(run_dir: Path, step: int) -> list[Path]:
     return moved
 
 
+class DamagedRecordsError(ValueError):
+    """A per-step JSONL file of the run has a line that is not a record, other than a torn
+    last one: something other than a crash changed it."""
+
+
 def truncate_jsonl(path: Path, max_step: int) -> int:
-    """Drop the lines of a per-step JSONL file whose ``step`` is above ``max_step`` (and a torn
-    last line), atomically; returns the number of lines dropped."""
+    """Drop the lines of a per-step JSONL file whose ``step`` is above ``max_step``, and a torn
+    last line (a crash mid-write; warned), atomically; returns the number of lines dropped.
+
+    ``DamagedRecordsError`` naming the file and line when any other line is not a record with
+    a ``step``: a crash tears only the last line, so the run's records were damaged, and they
+    are left as they are rather than rewritten without it."""
     if not path.is_file():
         return 0
+    lines = path.read_text(encoding="utf-8").splitlines()
     kept, dropped = [], 0
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for number, line in enumerate(lines, start=1):
         try:
-            step = json.loads(line)["step"]
-        except (ValueError, KeyError, TypeError):
-            dropped += 1  # a line torn by the crash
+            step = _step_of(line)
+        except (ValueError, KeyError, TypeError) as err:
+            if number < len(lines):
+                raise DamagedRecordsError(
+                    f"{path}: line {number} is not a record with a step ({type(err).__name__}: "
+                    f"{err}): the run's records were damaged (a crash tears only the last "
+                    "line); repair or remove that line, or start a new run"
+                ) from None
+            logger.warning("%s: its last line is torn (a crash mid-write): dropped", path)
+            dropped += 1
             continue
         if step > max_step:
             dropped += 1
@@ -256,3 +273,10 @@ def truncate_jsonl(path: Path, max_step: int) -> int:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     return dropped
+
+
+def _step_of(line: str) -> int:
+    step = json.loads(line)["step"]
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise TypeError(f"step {step!r} is not an integer")
+    return step

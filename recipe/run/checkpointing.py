@@ -167,8 +167,16 @@ class RunCheckpointer:
                 )
         self._check_prompts(path, state)
         step = state["global_step"]
-        truncate_jsonl(self.run_dir / METRICS_FILE, step)
-        truncate_jsonl(self.run_dir / LEDGER_FILE, step)
+        for name in (METRICS_FILE, LEDGER_FILE):
+            num_dropped = truncate_jsonl(self.run_dir / name, step)
+            if num_dropped:
+                logger.info(
+                    "resuming at step %d: %d lines of %s dropped (the steps after it, trained "
+                    "again, and a torn last line if any)",
+                    step,
+                    num_dropped,
+                    name,
+                )
         set_aside_newer(self.run_dir, step)
         self.resume_from, self.resume_state = path, state
         logger.info("resuming from %s (step %d, version %d)", path, step, state["param_version"])

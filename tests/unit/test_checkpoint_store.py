@@ -5,6 +5,7 @@ the state codecs (RNG, trajectories, cursor) round-tripping exactly."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import signal
@@ -174,6 +175,35 @@ def test_truncating_run_logs_drops_steps_after_the_checkpoint_and_torn_lines(tmp
     assert [r["step"] for r in read_ledger(tmp_path)] == [1, 2, 3]
     assert truncate_jsonl(ledger.path, 3) == 0
     assert truncate_jsonl(tmp_path / "absent.jsonl", 3) == 0
+
+
+def test_an_unreadable_line_before_the_last_is_an_error_naming_the_file_and_line(tmp_path):
+    ledger = StepLedger(tmp_path)
+    for step in range(1, 4):
+        ledger.append(step, step, [f"p{step}"])
+    lines = ledger.path.read_text().splitlines()
+    lines[1] = lines[1][:10]  # damaged in place, not by a crash: the last line is whole
+    ledger.path.write_text("\n".join(lines) + "\n")
+    before = ledger.path.read_bytes()
+    with pytest.raises(ValueError) as caught:
+        truncate_jsonl(ledger.path, 1)
+    message = str(caught.value)
+    assert message.startswith(f"{ledger.path}: line 2 is not a record with a step (")
+    assert "the run's records were damaged" in message and "\n" not in message
+    assert ledger.path.read_bytes() == before  # left as it was, not rewritten
+
+
+def test_a_resume_logs_the_lines_it_drops_from_the_run_logs(tmp_path, caplog):
+    ledger = StepLedger(tmp_path)
+    for step in range(1, 7):
+        ledger.append(step, step, [f"p{step}"])
+    with ledger.path.open("a") as f:
+        f.write('{"step": 7, "trai')  # the crash cut this line
+    _write_state(tmp_path, 4)
+    with caplog.at_level(logging.INFO, logger="recipe.run.checkpointing"):
+        _checkpointer(tmp_path, "auto")
+    assert "resuming at step 4: 3 lines of ledger.jsonl dropped" in caplog.text
+    assert [r["step"] for r in read_ledger(tmp_path)] == [1, 2, 3, 4]
 
 
 def test_rng_states_round_trip_through_json():
