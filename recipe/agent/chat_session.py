@@ -23,9 +23,11 @@ advantage); none is ever silently re-tokenised. Message equality ignores what th
 adds (``refusal: None``, empty ``tool_calls``...): role, content, tool calls (name,
 arguments, id) and ``tool_call_id`` must match.
 
-A request is checked against ``room`` (the tokens the segment may still take; a new
-segment's prompt: ``max_prompt``) before anything is appended: one that does not fit raises
-``ContextTooLong`` and leaves the session as it was.
+A request becomes a ``Continuation`` first: what it would append, checked against ``room``
+(the tokens the segment may still take) or, for a new segment, ``max_prompt``, with nothing
+in the session changed. ``record`` commits it together with the model's turn, so a request
+that fails before its turn is sampled (a budget, a template that rejects its messages, the
+engine) leaves the session exactly as it was.
 """
 
 from __future__ import annotations
@@ -58,6 +60,33 @@ class Segment:
         return self.tokens.prompt_ids + self.tokens.response_ids
 
 
+@dataclass(slots=True)
+class Continuation:
+    """What one request adds to the session, not yet part of it (``ChatSession.record``
+    commits it with the model's turn)."""
+
+    segment: Segment
+    """The segment the request continues, or a new one."""
+    new: bool
+    """``segment`` is new: not in the session until recorded."""
+    delta_ids: list[int] = field(default_factory=list)
+    """Tokens appended (mask 0) before the model's turn: the new messages or text."""
+    messages: list[Message] = field(default_factory=list)
+    """A chat segment's conversation with the request's messages."""
+    text: str | None = None
+    """A completions segment's text with the request's prompt."""
+
+    @property
+    def context_ids(self) -> list[int]:
+        """What the engine continues from."""
+        return self.segment.context_ids + self.delta_ids
+
+    @property
+    def num_response_tokens(self) -> int:
+        """The segment's tokens after its prompt, the delta included."""
+        return self.segment.tokens.num_response_tokens + len(self.delta_ids)
+
+
 class ChatSession:
     """The segments of one episode (module docstring)."""
 
@@ -76,83 +105,84 @@ class ChatSession:
         tools: list[Any] | None = None,
         room: int | None = None,
         max_prompt: int | None = None,
-    ) -> Segment:
-        """The segment a chat request with ``messages`` continues, its new messages
-        appended; ``room``: the most tokens it may append, ``max_prompt``: the longest
-        prompt a new segment may start with (None: unbounded)."""
+    ) -> Continuation:
+        """What a chat request with ``messages`` adds: its new messages after the segment it
+        extends, or a new segment (``tools`` rendered into its prompt). ``room``: the most
+        tokens it may append (exclusive: one is left for the turn), ``max_prompt``: the most
+        tokens a new segment's prompt may have (None: unbounded). The session is not
+        changed."""
         if not messages:
             raise ValueError("a chat request needs at least one message")
         current = self.segments[-1] if self.segments else None
         if current is not None and current.text is None and extends(current.messages, messages):
             new = messages[len(current.messages) :]
-            if new:
-                ids = self.renderer.observation_ids(new, current.last_turn_ids)
-                _check_room(len(ids), room)
-                current.tokens.add_env(ids)
-            current.messages = [dict(m) for m in messages]
-            return current
+            ids = self.renderer.observation_ids(new, current.last_turn_ids) if new else []
+            _check_room(len(ids), room)
+            return Continuation(current, False, ids, [dict(m) for m in messages])
         prompt = self.renderer.encode(
             self.renderer.tokenizer.apply_chat_template(
                 messages, tools=tools or None, add_generation_prompt=True, tokenize=False
             )
         )
-        _check_room(len(prompt), max_prompt)
-        return self._new([dict(m) for m in messages], prompt)
+        _check_prompt(len(prompt), max_prompt)
+        segment = Segment([], EpisodeTokens(prompt))
+        return Continuation(segment, True, messages=[dict(m) for m in messages])
 
     def text_context(
         self, prompt: str | list[int], room: int | None = None, max_prompt: int | None = None
-    ) -> Segment:
-        """The segment a ``/v1/completions`` prompt continues (module docstring)."""
+    ) -> Continuation:
+        """What a ``/v1/completions`` prompt adds (module docstring); the session is not
+        changed."""
         current = self.segments[-1] if self.segments else None
         if current is not None and current.text is not None:
             held = current.context_ids
             if isinstance(prompt, str) and prompt.startswith(current.text):
-                new = self.renderer.encode(prompt[len(current.text) :])
+                new: list[int] | None = self.renderer.encode(prompt[len(current.text) :])
             elif isinstance(prompt, list) and prompt[: len(held)] == held:
                 new = list(prompt[len(held) :])
             else:
                 new = None
             if new is not None:
                 _check_room(len(new), room)
-                current.tokens.add_env(new)
-                current.text = self._text_of(prompt, current.text, new)
-                return current
+                text = prompt if isinstance(prompt, str) else current.text + self._decode(new)
+                return Continuation(current, False, new, text=text)
         ids = self.renderer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("a completion request needs a prompt")
-        _check_room(len(ids), max_prompt)
-        segment = self._new([], ids)
-        segment.text = prompt if isinstance(prompt, str) else self._decode(ids)
-        return segment
-
-    def _new(self, messages: list[Message], prompt_ids: list[int]) -> Segment:
-        segment = Segment(messages, EpisodeTokens(prompt_ids))
-        self.segments.append(segment)
-        return segment
-
-    def _text_of(self, prompt: str | list[int], held: str, new: list[int]) -> str:
-        return prompt if isinstance(prompt, str) else held + self._decode(new)
+        _check_prompt(len(ids), max_prompt)
+        text = prompt if isinstance(prompt, str) else self._decode(ids)
+        return Continuation(Segment([], EpisodeTokens(ids), text=""), True, text=text)
 
     def _decode(self, ids: list[int]) -> str:
         return self.renderer.tokenizer.decode(ids, skip_special_tokens=True)
 
     def record(
         self,
-        segment: Segment,
+        step: Continuation,
         ids: list[int],
         logprobs: list[float],
         versions: list[int],
         message: Message,
-    ) -> None:
-        """The model's turn on ``segment``: its tokens as sampled, and ``message`` (what the
-        client is shown) as the conversation's next message (a completions segment: its
-        ``content`` appended to the segment's text)."""
+    ) -> Segment:
+        """Commit ``step`` with the model's turn: its tokens as sampled, and ``message``
+        (what the client is shown) as the conversation's next message (a completions
+        segment: its ``content`` appended to the segment's text). Returns the segment."""
+        segment = step.segment
+        if not len(ids) == len(logprobs) == len(versions):  # checked before anything changes
+            raise ValueError(
+                f"a model turn has {len(ids)} tokens, {len(logprobs)} log-probs and "
+                f"{len(versions)} versions"
+            )
+        if step.new:
+            self.segments.append(segment)
+        segment.tokens.add_env(step.delta_ids)
         segment.tokens.add_model(ids, logprobs, versions)
         segment.last_turn_ids = list(ids)
-        if segment.text is None:
-            segment.messages.append(dict(message))
+        if step.text is None:
+            segment.messages = [*step.messages, dict(message)]
         else:
-            segment.text += message.get("content") or ""
+            segment.text = step.text + (message.get("content") or "")
+        return segment
 
 
 class ContextTooLong(ValueError):
@@ -164,6 +194,14 @@ def _check_room(num_tokens: int, room: int | None) -> None:
         raise ContextTooLong(
             f"the request adds {num_tokens} tokens and leaves no room for a model turn "
             f"({room} tokens left in this episode's budget)"
+        )
+
+
+def _check_prompt(num_tokens: int, max_prompt: int | None) -> None:
+    if max_prompt is not None and num_tokens > max_prompt:
+        raise ContextTooLong(
+            f"the request starts a new segment with a prompt of {num_tokens} tokens, over the "
+            f"{max_prompt} a prompt may have"
         )
 
 
@@ -179,21 +217,25 @@ def same_message(a: Message, b: Message) -> bool:
 
 
 def _key(message: Message) -> tuple[Any, ...]:
-    calls = tuple(
-        (
-            call.get("id"),
-            call.get("function", {}).get("name"),
-            call.get("function", {}).get("arguments"),
-        )
-        for call in message.get("tool_calls") or ()
-    )
+    """What two messages must share to be equal; total on any JSON value (a malformed
+    message compares unequal, it never raises)."""
+    if not isinstance(message, dict):
+        return (message,)
+    calls = message.get("tool_calls") or ()
     return (
         message.get("role"),
         _text(message.get("content")),
-        calls,
+        tuple(_call_key(call) for call in calls) if isinstance(calls, list) else calls,
         message.get("tool_call_id"),
         message.get("name"),
     )
+
+
+def _call_key(call: Any) -> tuple[Any, ...]:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(call, dict) or not isinstance(function, dict):
+        return (call,)
+    return (call.get("id"), function.get("name"), function.get("arguments"))
 
 
 def _text(content: Any) -> Any:
@@ -201,5 +243,7 @@ def _text(content: Any) -> Any:
     if content is None:
         return ""
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return "".join(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
     return content

@@ -139,6 +139,8 @@ class Episode:
     """Segments the episode's requests opened (those without a model turn included)."""
     num_tool_parse_errors: int = 0
     """Model turns whose tool-call text could not be parsed (returned as text)."""
+    num_request_errors: int = 0
+    """An agent's requests the endpoint refused as malformed (4xx; no budget refusals)."""
     restarted: bool = False
     """This episode was cut on a paused worker without a state to continue from, and ran
     again from its prompt when its group was resumed (``agent/episodes_restarted``)."""
@@ -175,6 +177,7 @@ class Episode:
                 "env_reward": float(self.reward is not None),
                 "segments": float(self.num_segments),
                 "tool_parse_errors": float(self.num_tool_parse_errors),
+                "request_errors": float(self.num_request_errors),
                 "restarted": float(self.restarted),
                 **{f"{INFO_PREFIX}{key}": value for key, value in self.info.items()},
             },

@@ -4,6 +4,9 @@ agent/turns_mean, agent/tool_calls_mean     per episode
 agent/segments_mean                         linear segments per episode (1 unless an agent
                                             edited its history; each is a training row)
 agent/tool_parse_errors                     model turns whose tool calls did not parse
+agent/request_errors                        agents' requests the endpoint refused as
+                                            malformed (4xx: a bad field, messages the chat
+                                            template rejects; budgets not counted)
 agent/episodes_restarted                    members of a resumed group that were cut
                                             without a state to continue from (an agent's
                                             episode; a failed state_dict), run again
@@ -42,6 +45,7 @@ def agent_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "agent/segments_mean": sum(t.episode.get("segments", 1.0) for t in episodes) / num,
         "agent/tool_errors": sum(t.episode.get("tool_errors", 0.0) for t in episodes),
         "agent/tool_parse_errors": sum(t.episode.get("tool_parse_errors", 0.0) for t in episodes),
+        "agent/request_errors": sum(t.episode.get("request_errors", 0.0) for t in episodes),
         "agent/episodes_restarted": sum(t.episode.get("restarted", 0.0) for t in episodes),
         "agent/env_errors": float(sum(t.finish_reason == "env_error" for t in episodes)),
         "agent/env_timeouts": sum(t.episode.get("env_timeouts", 0.0) for t in episodes),

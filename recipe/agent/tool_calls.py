@@ -13,10 +13,12 @@
 
 ``TurnParser.parse(text, call_ids, tools)`` returns the assistant message (``content``, and
 ``tool_calls`` with ids from ``call_ids``) and whether the text held a malformed call. A
-malformed call (bad JSON, no name, arguments that are not an object) is never half-parsed:
-the whole turn comes back as plain text, as the API returns text a model failed to format,
-and the caller counts it (``agent/tool_parse_errors``). The tokens the model sampled are
-kept whatever the parse: this is only what the agent is shown.
+malformed call (bad JSON, no name, arguments that are not an object, JSON nested past what
+the decoder takes, anything else the parse raises) is never half-parsed: the whole turn
+comes back as plain text, as the API returns text a model failed to format, and the caller
+counts it (``agent/tool_parse_errors``). A parser never raises on a model's text: whatever
+the model writes is the model's turn, not a failed request. The tokens the model sampled
+are kept whatever the parse: this is only what the agent is shown.
 """
 
 from __future__ import annotations
@@ -101,33 +103,30 @@ def parse_tool_calls(text: str, parser: str, call_ids: Iterator[str]) -> ParsedT
 def _parse_hermes(text: str, call_ids: Iterator[str]) -> ParsedTurn:
     if _HERMES_OPEN not in text:
         return ParsedTurn(content=text)
-    calls = []
+    functions = []
     for body in _HERMES_CALL.findall(text):
-        call = _hermes_call(body)
-        if call is None:
+        function = _hermes_call(body)
+        if function is None:
             return ParsedTurn(content=text, malformed=True)
-        name, arguments = call
-        function = {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}
-        calls.append({"id": next(call_ids), "type": "function", "function": function})
-    if not calls or text.count(_HERMES_OPEN) != len(calls):  # an unclosed call
+        functions.append(function)
+    if not functions or text.count(_HERMES_OPEN) != len(functions):  # an unclosed call
         return ParsedTurn(content=text, malformed=True)
+    calls = [{"id": next(call_ids), "type": "function", "function": f} for f in functions]
     content = _HERMES_CALL.sub("", text).strip()
     return ParsedTurn(content=content or None, tool_calls=calls)
 
 
-def _hermes_call(body: str) -> tuple[str, dict[str, Any]] | None:
+def _hermes_call(body: str) -> dict[str, str] | None:
+    """One call's ``function`` (``name``, ``arguments`` as JSON); None when malformed."""
     try:
         call = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
-        return None
-    arguments = call.get("arguments", {})
-    if isinstance(arguments, str):  # some models write the arguments as a JSON string
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             return None
-    if not isinstance(arguments, dict):
+        arguments = call.get("arguments", {})
+        if isinstance(arguments, str):  # some models write the arguments as a JSON string
+            arguments = json.loads(arguments)
+        if not call["name"] or not isinstance(arguments, dict):
+            return None
+        return {"name": call["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}
+    except Exception:  # bad JSON, nesting past the decoder's recursion limit, ...
         return None
-    return call["name"], arguments

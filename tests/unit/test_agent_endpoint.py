@@ -1,7 +1,7 @@
 """The OpenAI-compatible agent endpoint (recipe/agent/endpoint): a real HTTP server, the
 `openai` client users write their agents with, agent files loaded by path as users name
-them, and a scripted engine in place of vLLM (what it "samples" is set by each test, and it
-can cut a turn the way a weight sync does)."""
+them, and a scripted engine in place of vLLM (tests/helpers/agent_endpoint.py: what it
+"samples" is set by each test, and it can cut a turn the way a weight sync does)."""
 
 from __future__ import annotations
 
@@ -15,18 +15,21 @@ from pathlib import Path
 import pytest
 
 from recipe.agent.config import MultiTurnConfig
-from recipe.agent.context import EpisodeCut, TurnOutput
-from recipe.agent.endpoint.episodes import EndpointEpisodes
 from recipe.agent.metrics import agent_metrics
-from recipe.agent.render import ObservationRenderer
 from recipe.agent.runner import EpisodeRunner
 from recipe.protocol import ENV_TOKEN_VERSION, PromptRecord
 from recipe.tiny import EOS_TOKEN, build_tokenizer
+from tests.helpers.agent_endpoint import (
+    RECORD,
+    ScriptedEngine,
+    ids_of,
+    make_endpoint,
+    run_episode,
+)
 from tests.helpers.chat_templates import TOOLS, TOOLS_TEMPLATE
 
 pytestmark = pytest.mark.model  # builds a transformers tokenizer
 
-RECORD = PromptRecord("p-0", "What is 2 + 3?", "5", "test")
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
 
 
@@ -37,70 +40,10 @@ def tokenizer(tmp_path_factory):
     return tok
 
 
-class ScriptedEngine:
-    """Samples the test's replies in order (each + EOS). ``cut_at``: the first request is
-    aborted after that many tokens and the version goes up, as a weight sync does; the
-    continuation request samples the rest. ``fail``: every request raises it."""
-
-    def __init__(self, tokenizer, replies, *, cut_at=None, fail=None, wait_cut=False):
-        self.tokenizer, self.replies = tokenizer, list(replies)
-        self.cut_at, self.fail, self.wait_cut = cut_at, fail, wait_cut
-        self.version, self.calls, self.sampled = 0, [], []
-        self._pending: list[int] = []
-
-    async def generate_turn(self, context_ids, max_tokens, seed):
-        self.calls.append({"context": list(context_ids), "max_tokens": max_tokens, "seed": seed})
-        if self.fail is not None:
-            raise self.fail
-        await asyncio.sleep(0)
-        if not self._pending:
-            text = self.replies.pop(0)
-            eos = [self.tokenizer.eos_token_id]
-            self._pending = list(self.tokenizer.encode(text, add_special_tokens=False)) + eos
-        take = min(max_tokens, len(self._pending))
-        finish = "stop" if take == len(self._pending) else "length"
-        if self.cut_at is not None and take > self.cut_at:
-            take, finish, self.cut_at = self.cut_at, "aborted", None
-        ids, self._pending = self._pending[:take], self._pending[take:]
-        if finish == "length":
-            self._pending = []
-        out = TurnOutput(ids, [-0.25] * take, [self.version] * take, finish, num_cached_tokens=3)
-        if finish == "aborted":
-            self.version += 1
-        self.sampled += ids
-        return out
-
-    async def wait_until_running(self):
-        if self.wait_cut:
-            raise EpisodeCut("the worker stopped")
-
-
 def _agent_file(tmp_path: Path, body: str) -> str:
     path = tmp_path / "my_agent.py"
     path.write_text(textwrap.dedent(body))
     return f"{path}:run"
-
-
-def _endpoint(tokenizer, spec=None, command=None, **overrides) -> EndpointEpisodes:
-    config = MultiTurnConfig(enable=True, agent=spec, agent_command=command, **overrides)
-    renderer = ObservationRenderer(tokenizer, [tokenizer.eos_token_id], "user")
-    endpoint = EndpointEpisodes(config, renderer)
-    endpoint.server._host = "127.0.0.1"
-    return endpoint
-
-
-def _run(endpoint, engine, budget=200, seed=7):
-    async def go():
-        try:
-            return await endpoint.run_episode(engine, RECORD, budget, seed)
-        finally:
-            await endpoint.close()
-
-    return asyncio.run(go())
-
-
-def _ids(tokenizer, text):
-    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 TOOL_AGENT = """
@@ -133,7 +76,7 @@ TOOL_AGENT = """
 def test_a_tool_agent_trains_on_exactly_the_tokens_the_engine_sampled(tokenizer, tmp_path):
     spec = _agent_file(tmp_path, TOOL_AGENT.format(tools=json.dumps(TOOLS)))
     engine = ScriptedEngine(tokenizer, [f"Let me add. {CALL}", "It is 5."])
-    episode = _run(_endpoint(tokenizer, spec), engine, budget=400)
+    episode = run_episode(make_endpoint(tokenizer, spec), engine, budget=400)
 
     assert episode.finish_reason == "stop" and episode.reward == 1.0, episode.error
     assert (episode.num_turns, episode.num_tool_calls, episode.segments) == (2, 1, [])
@@ -151,9 +94,12 @@ def test_a_tool_agent_trains_on_exactly_the_tokens_the_engine_sampled(tokenizer,
         add_generation_prompt=True,
         tokenize=False,
     )
-    assert tokens.prompt_ids == _ids(tokenizer, prompt)
+    assert tokens.prompt_ids == ids_of(tokenizer, prompt)
     eos = [tokenizer.eos_token_id]
-    first, last = _ids(tokenizer, f"Let me add. {CALL}") + eos, _ids(tokenizer, "It is 5.") + eos
+    first, last = (
+        ids_of(tokenizer, f"Let me add. {CALL}") + eos,
+        ids_of(tokenizer, "It is 5.") + eos,
+    )
     response = tokens.response_ids
     assert response[: len(first)] == first and response[-len(last) :] == last
     delta = tokenizer.decode(response[len(first) : -len(last)], skip_special_tokens=False)
@@ -179,7 +125,7 @@ def test_a_turn_cut_by_a_weight_sync_is_one_completion_with_both_versions(tokeni
         """,
     )
     engine = ScriptedEngine(tokenizer, ["The answer is 5."], cut_at=6)
-    episode = _run(_endpoint(tokenizer, spec), engine)
+    episode = run_episode(make_endpoint(tokenizer, spec), engine)
     assert episode.finish_reason == "stop" and episode.reward is None
     assert episode.response_text == "The answer is 5."
     assert episode.tokens.versions == [0] * 6 + [1] * (len(engine.sampled) - 6)
@@ -202,12 +148,12 @@ def test_edited_history_trains_each_segment_with_the_episode(tokenizer, tmp_path
         """,
     )
     engine = ScriptedEngine(tokenizer, ["Five.", "Yes, five."])
-    episode = _run(_endpoint(tokenizer, spec), engine)
+    episode = run_episode(make_endpoint(tokenizer, spec), engine)
     assert episode.num_segments == 2 and len(episode.segments) == 1
     traj = episode.to_trajectory("p-0", 0)
     assert traj.episode["segments"] == 2.0 and traj.reward == 0.5
     first = traj.segments[0]
-    assert sum(first.loss_mask) == len(_ids(tokenizer, "Five.")) + 1
+    assert sum(first.loss_mask) == len(ids_of(tokenizer, "Five.")) + 1
     assert tokenizer.decode(traj.prompt_ids).endswith(f"Sure?{EOS_TOKEN}\n<|im_start|>assistant\n")
 
 
@@ -238,7 +184,7 @@ def test_requests_without_the_episodes_key_are_refused(tokenizer, tmp_path):
         """,
     )
     engine = ScriptedEngine(tokenizer, ["Hello."])
-    episode = _run(_endpoint(tokenizer, spec), engine)
+    episode = run_episode(make_endpoint(tokenizer, spec), engine)
     assert episode.finish_reason == "stop" and episode.reward == 1.0, episode.error
     assert len(engine.calls) == 1  # the refused request never reached the engine
 
@@ -257,7 +203,7 @@ def test_a_malformed_tool_call_comes_back_as_text_and_is_counted(tokenizer, tmp_
         """,
     )
     engine = ScriptedEngine(tokenizer, ['<tool_call>{"name": "add", "arguments": [1]}'])
-    episode = _run(_endpoint(tokenizer, spec), engine)
+    episode = run_episode(make_endpoint(tokenizer, spec), engine)
     assert episode.finish_reason == "stop", episode.error
     assert episode.num_tool_parse_errors == 1
     assert episode.to_trajectory("p", 0).episode["tool_parse_errors"] == 1.0
@@ -282,7 +228,7 @@ def test_a_budget_refuses_the_request_and_the_episode_ends_as_length(tokenizer, 
         """,
     )
     engine = ScriptedEngine(tokenizer, ["One.", "Two.", "Three."])
-    episode = _run(_endpoint(tokenizer, spec, max_assistant_turns=2), engine)
+    episode = run_episode(make_endpoint(tokenizer, spec, max_assistant_turns=2), engine)
     assert episode.finish_reason == "length" and episode.num_turns == 2
     assert len(engine.calls) == 2
 
@@ -301,7 +247,7 @@ def test_an_agent_that_fails_ends_its_episode_as_env_error(
 ):
     spec = _agent_file(tmp_path, f"async def run(client, record):\n    {body}\n")
     engine = ScriptedEngine(tokenizer, ["x"])
-    episode = _run(_endpoint(tokenizer, spec, agent_timeout_s=0.5), engine)
+    episode = run_episode(make_endpoint(tokenizer, spec, agent_timeout_s=0.5), engine)
     assert episode.finish_reason == finish and error in (episode.error or ""), episode.error
     assert episode.timed_out == timed_out
     assert episode.to_trajectory("p", 0).reward == 0.0
@@ -318,7 +264,7 @@ def test_an_engine_failure_is_the_runs_not_the_agents(tokenizer, tmp_path):
     )
     engine = ScriptedEngine(tokenizer, [], fail=RuntimeError("EngineDeadError: core died"))
     with pytest.raises(RuntimeError, match="core died"):
-        _run(_endpoint(tokenizer, spec), engine)
+        run_episode(make_endpoint(tokenizer, spec), engine)
 
 
 def test_a_checkpoint_cut_ends_the_episode_as_aborted_to_start_again(tokenizer, tmp_path):
@@ -409,11 +355,11 @@ print(json.dumps({"reward": 0.75}))
 def test_a_command_agent_talks_to_its_episode_over_http(tokenizer, tmp_path):
     script = tmp_path / "agent.py"
     script.write_text(COMMAND_AGENT)
-    endpoint = _endpoint(tokenizer, command=f"{sys.executable} {script}")
-    episode = _run(endpoint, ScriptedEngine(tokenizer, ["Five."]))
+    endpoint = make_endpoint(tokenizer, command=f"{sys.executable} {script}")
+    episode = run_episode(endpoint, ScriptedEngine(tokenizer, ["Five."]))
     assert episode.finish_reason == "stop" and episode.reward == 0.75, episode.error
-    failing = _endpoint(tokenizer, command=f"{sys.executable} {script}")
-    episode = _run(failing, ScriptedEngine(tokenizer, ["Six."]))
+    failing = make_endpoint(tokenizer, command=f"{sys.executable} {script}")
+    episode = run_episode(failing, ScriptedEngine(tokenizer, ["Six."]))
     assert episode.finish_reason == "env_error"
     assert "exited with 1: unexpected answer 'Six.'" in episode.error
 
@@ -457,7 +403,7 @@ def test_tools_under_a_template_that_ignores_them_are_refused(tokenizer, tmp_pat
         + EOS_TOKEN
         + "\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
-    episode = _run(_endpoint(plain, spec), ScriptedEngine(plain, ["x"]))
+    episode = run_episode(make_endpoint(plain, spec), ScriptedEngine(plain, ["x"]))
     assert episode.finish_reason == "env_error"
     assert "chat template does not render 'tools'" in episode.error
 
@@ -468,7 +414,7 @@ def test_the_readme_agent_runs_as_written(tokenizer, tmp_path):
     (tmp_path / "my_agent.py").write_text(code)
     record = PromptRecord("p-1", "What is 2 + 3?", "5", "test")
     engine = ScriptedEngine(tokenizer, [CALL, "The answer is 5."])
-    endpoint = _endpoint(tokenizer, f"{tmp_path / 'my_agent.py'}:run")
+    endpoint = make_endpoint(tokenizer, f"{tmp_path / 'my_agent.py'}:run")
 
     async def go():
         try:

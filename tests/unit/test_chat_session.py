@@ -42,60 +42,67 @@ def _render(tokenizer, messages, tools=None) -> list[int]:
     return _ids(tokenizer, text)
 
 
-def _turn(tokenizer, session, segment, text: str, version: int):
-    """The model samples ``text`` + EOS on ``segment``; returns the message the client gets."""
+def _turn(tokenizer, session, step, text: str, version: int):
+    """The model samples ``text`` + EOS after ``step`` (a request's continuation), which is
+    recorded; returns the turn's ids and the message the client gets."""
     ids = [*_ids(tokenizer, text), tokenizer.eos_token_id]
     parsed = parse_tool_calls(text, "hermes", (f"call_{i}" for i in itertools.count()))
     message = parsed.message()
-    session.record(segment, ids, [-0.5] * len(ids), [version] * len(ids), message)
+    session.record(step, ids, [-0.5] * len(ids), [version] * len(ids), message)
     return ids, message
 
 
 def test_a_tool_round_trip_extends_one_segment_with_the_sampled_tokens_kept(tokenizer, session):
     messages = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "2+3?"}]
-    segment = session.context(messages, TOOLS)
-    assert segment.context_ids == _render(tokenizer, messages, TOOLS)
-    assert '"name": "add"' in tokenizer.decode(segment.tokens.prompt_ids)  # tools rendered
+    step = session.context(messages, TOOLS)
+    assert step.new and step.context_ids == _render(tokenizer, messages, TOOLS)
+    assert '"name": "add"' in tokenizer.decode(step.context_ids)  # tools rendered
     call = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
-    turn_ids, message = _turn(tokenizer, session, segment, call, version=3)
+    turn_ids, message = _turn(tokenizer, session, step, call, version=3)
+    segment = step.segment
     assert message["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 2, "b": 3}'}
     # The client echoes the assistant message with keys of its own, then the tool's answer.
     echoed = {**message, "refusal": None, "annotations": []}
     tool = {"role": "tool", "tool_call_id": "call_0", "content": "5"}
     again = session.context([*messages, echoed, tool], TOOLS)
-    assert again is segment and len(session.segments) == 1
+    assert again.segment is segment and not again.new and len(session.segments) == 1
     whole = [*messages, message, tool]
-    assert segment.context_ids == _render(
-        tokenizer, whole, TOOLS
-    )  # token-exact: nothing re-rendered
-    delta = len(segment.tokens.response_ids) - len(turn_ids)
-    assert segment.tokens.loss_mask == [1] * len(turn_ids) + [0] * delta
-    assert segment.tokens.versions == [3] * len(turn_ids) + [ENV_TOKEN_VERSION] * delta
+    # Token-exact: nothing re-rendered.
+    assert again.context_ids == _render(tokenizer, whole, TOOLS)
+    _turn(tokenizer, session, again, "5.", version=3)
+    delta = len(again.delta_ids)
+    second = len(segment.tokens.response_ids) - len(turn_ids) - delta
+    assert segment.tokens.loss_mask == [1] * len(turn_ids) + [0] * delta + [1] * second
+    env = [ENV_TOKEN_VERSION] * delta
+    assert segment.tokens.versions == [3] * len(turn_ids) + env + [3] * second
     assert segment.tokens.response_ids[: len(turn_ids)] == turn_ids
 
 
 def test_sampled_tokens_that_a_re_render_would_change_are_kept_as_sampled(tokenizer, session):
     messages = [{"role": "user", "content": "Say hi."}]
-    segment = session.context(messages)
+    step = session.context(messages)
     # Spaces the template's rendering of the parsed message would not reproduce.
     text = "  hi  "
-    ids, message = _turn(tokenizer, session, segment, text, version=0)
-    session.context([*messages, message, {"role": "user", "content": "Again."}])
-    assert segment.tokens.response_ids[: len(ids)] == ids
+    ids, message = _turn(tokenizer, session, step, text, version=0)
+    again = session.context([*messages, message, {"role": "user", "content": "Again."}])
+    assert again.segment is step.segment and not again.new
+    assert step.segment.tokens.response_ids == ids
     assert len(session.segments) == 1
 
 
 def test_edited_history_starts_a_new_segment_and_is_counted(tokenizer, session):
     messages = [{"role": "user", "content": "Plan a trip."}]
-    first = session.context(messages)
-    _, message = _turn(tokenizer, session, first, "Step one.", version=1)
+    step = session.context(messages)
+    _, message = _turn(tokenizer, session, step, "Step one.", version=1)
+    first = step.segment
     summary = [{"role": "user", "content": "Summary: step one done. Continue."}]
     second = session.context(summary)
-    assert second is not first and session.num_new_segments == 1
-    assert second.context_ids == _render(tokenizer, summary)
-    assert first.tokens.loss_mask.count(1) == len(
-        first.tokens.response_ids
-    )  # the first keeps its turn
+    assert second.new and second.context_ids == _render(tokenizer, summary)
+    assert session.num_new_segments == 0  # not part of the session before its turn
+    _turn(tokenizer, session, second, "Step two.", version=1)
+    assert session.num_new_segments == 1 and session.segments == [first, second.segment]
+    # The first keeps its turn.
+    assert first.tokens.loss_mask.count(1) == len(first.tokens.response_ids)
     # A request that drops the last messages does not extend the new segment either.
     assert not extends([*summary, message], summary[:0])
 
@@ -111,9 +118,10 @@ def test_messages_compare_by_what_the_api_defines():
 
 
 def test_a_turn_whose_lengths_disagree_is_refused(tokenizer, session):
-    segment = session.context([{"role": "user", "content": "hi"}])
+    step = session.context([{"role": "user", "content": "hi"}])
     with pytest.raises(ValueError, match="a model turn has 3 tokens, 2 log-probs"):
-        session.record(segment, [1, 2, 3], [0.0, 0.0], [0, 0, 0], {"role": "assistant"})
+        session.record(step, [1, 2, 3], [0.0, 0.0], [0, 0, 0], {"role": "assistant"})
+    assert session.segments == [] and step.segment.tokens.response_ids == []
 
 
 @pytest.mark.parametrize(
@@ -129,6 +137,10 @@ def test_a_turn_whose_lengths_disagree_is_refused(tokenizer, session):
         ('<tool_call>{"arguments": {}}</tool_call>', None, [], True),
         ('<tool_call>{"name": "add", "arguments": [1]}</tool_call>', None, [], True),
         ('<tool_call>{"name": "add", "arguments": {}}', None, [], True),
+        ('<tool_call>{"name": "add", "arguments": {"a": ' + "[" * 1500 + "]" * 1500 + "}}"
+         "</tool_call>", None, [], True),  # nested past the JSON decoder's recursion limit
+        ('<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": 1}'
+         "</tool_call>", None, [], True),  # one bad call of two: no ids taken
     ],
 )  # fmt: skip
 def test_hermes_tool_calls_parse_or_come_back_as_text(text, content, names, malformed):

@@ -215,3 +215,22 @@ def test_a_fake_parser_result_passes_when_well_formed(monkeypatch, tokenizer):
     assert parsed.tool_calls == [
         {"id": "call_0", "type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}}
     ]
+
+
+def test_a_parse_failure_anywhere_is_a_malformed_call_never_an_exception(monkeypatch, tokenizer):
+    # Arguments nested past the JSON decoder's recursion limit, and request tools that vLLM's
+    # request model rejects: the turn comes back as text, the request goes on.
+    from vllm.tool_parsers import ToolParserManager
+
+    deep = "[" * 5000 + "]" * 5000
+    nested = _fake_parser(_result("add", '{"a": ' + deep + "}"))
+    monkeypatch.setitem(ToolParserManager.tool_parsers, "fake", nested)
+    parsed = make_tool_parser("fake", tokenizer).parse("the turn", _ids(), TOOLS)
+    assert (parsed.content, parsed.tool_calls, parsed.malformed) == ("the turn", [], True)
+    good = _fake_parser(_result("add", '{"a": 2}'))
+    monkeypatch.setitem(ToolParserManager.tool_parsers, "fake", good)
+    bad_tools = [{"type": "function", "function": {"name": ["add"]}}]
+    ids = _ids()
+    parsed = make_tool_parser("fake", tokenizer).parse("the turn", ids, bad_tools)
+    assert (parsed.content, parsed.tool_calls, parsed.malformed) == ("the turn", [], True)
+    assert next(ids) == "call_0"

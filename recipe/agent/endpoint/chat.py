@@ -1,13 +1,22 @@
 """``ChatEpisode``: one episode's OpenAI API requests, each turned into one model turn.
 
     POST /v1/chat/completions {model, messages, tools?, max_tokens?}
+      chat_request(body)                    every field checked (bodies.py): 400 naming it
       ChatSession.context(messages, tools)  new messages as chat-template deltas after the
                                             sampled tokens (or a new segment, counted)
       sample_turn(...)                      one turn; a weight sync that cuts it is
                                             continued on the new weights: one completion
       tool parser (when tools were passed)  content + tool_calls; malformed: text, counted
+      ChatSession.record(...)               the request's tokens and the turn, committed
       -> chat.completion {choices[0].message, finish_reason, usage}
     POST /v1/completions {model, prompt}    the same on text (or token ids)
+
+Whose failure it is (``serve``): only an exception out of the engine's generate (the
+``sample_turn`` call) is the engine's: it comes out as ``EngineFailure`` and the run's
+replica supervisor gets it. Everything else a request can make fail (its fields, the chat
+template rendering its messages, the tokenizer, the tool parser) is the request's: it is
+answered 4xx (``RequestError``), counted (``agent/request_errors``), and the session is left
+as it was (a request is committed only with its model turn), so the agent may go on.
 
 The run samples, not the agent: ``temperature``, ``top_p``, ``seed`` and the other sampling
 fields a request carries are ignored in favour of the run's settings (what the trainer's
@@ -24,16 +33,28 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from recipe.agent.chat_session import ChatSession, ContextTooLong, Message, Segment
-from recipe.agent.context import SliceSink, TurnEnd, TurnEngine, sample_turn
+from recipe.agent.chat_session import ChatSession, ContextTooLong, Continuation, Message
+from recipe.agent.context import EpisodeCut, SliceSink, TurnEngine, sample_turn
+from recipe.agent.endpoint.bodies import (
+    BUDGET_CODE,
+    RequestError,
+    chat_request,
+    completion_request,
+)
+from recipe.agent.endpoint.responses import SampledTurn, completion
 from recipe.agent.episode import EpisodeTokens
 from recipe.agent.tool_calls import ParsedTurn, TurnParser
 from recipe.observability.trace import now_us
+from recipe.utils.ray_errors import error_line
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,37 +71,13 @@ class EpisodeLimits:
     """Prompt and response tokens the engine takes in one request (None: unbounded)."""
 
 
-class RequestError(Exception):
-    """A request the endpoint refuses, answered as the OpenAI API answers errors."""
+class EngineFailure(Exception):
+    """The engine's generate failed inside a request: the run's failure (``error``, what
+    the engine raised, goes to the replica supervisor), not the agent's."""
 
-    def __init__(self, status: int, message: str, code: str | None = None):
-        super().__init__(message)
-        self.status, self.code = status, code
-
-    def body(self) -> dict[str, Any]:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": str(self), "type": kind, "param": None, "code": self.code}}
-
-
-@dataclass(slots=True)
-class SampledTurn:
-    """One model turn on a segment, before the client is shown it."""
-
-    tokens: EpisodeTokens
-    """The segment's context as prompt, the turn's tokens as response."""
-    end: TurnEnd
-    text: str
-    """The turn decoded (special tokens removed)."""
-
-    def usage(self) -> dict[str, Any]:
-        prompt = len(self.tokens.prompt_ids)
-        completion = self.tokens.num_response_tokens
-        return {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": self.end.num_cached_tokens},
-        }
+    def __init__(self, error: Exception):
+        super().__init__(error_line(error))
+        self.error = error
 
 
 class ChatEpisode:
@@ -93,12 +90,13 @@ class ChatEpisode:
         parser: TurnParser,
         limits: EpisodeLimits,
         *,
+        vocab_size: int,
         seed: int | None = None,
         on_slice: SliceSink | None = None,
         tools_rendered: bool = True,
     ):
         self.session, self._engine, self._parser, self.limits = session, engine, parser, limits
-        self._seed, self._on_slice = seed, on_slice
+        self._vocab_size, self._seed, self._on_slice = vocab_size, seed, on_slice
         self.renders_tools = tools_rendered
         """The chat template shows ``tools`` (``renders_tools``); else requests with tools
         are refused."""
@@ -106,131 +104,146 @@ class ChatEpisode:
         self._call_ids = (f"call_{uuid.uuid4().hex[:8]}_{i}" for i in itertools.count())
         self.num_requests = self.num_turns = self.num_tool_calls = 0
         self.num_tool_parse_errors = self.num_sync_cuts = 0
+        self.num_request_errors = 0
         self.model_s = 0.0
         self.budget_spent = False
         """A request was refused for a budget: the episode ends as ``length``."""
         self.last_text = ""
         """The last model turn's content as the client saw it (what a reward scores)."""
 
-    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        """A ``chat.completion`` for a ``/v1/chat/completions`` body."""
-        messages = _messages(body)
-        tools = body.get("tools") or None
-        if tools is not None and not isinstance(tools, list):
-            raise RequestError(400, "'tools' must be a list of tool definitions")
-        if tools is not None and not self.renders_tools:
+    async def serve(self, body: dict[str, Any], *, chat: bool) -> dict[str, Any]:
+        """The answer to a ``/v1/chat/completions`` (``chat``) or ``/v1/completions`` body.
+        Raises ``RequestError`` (the agent's), ``EngineFailure`` or ``EpisodeCut`` (the
+        run's): the module docstring's rule."""
+        try:
+            return await (self._chat(body) if chat else self._complete(body))
+        except RequestError as exc:
+            self.count_refused(exc)
+            raise
+        except (EngineFailure, EpisodeCut):
+            raise
+        except Exception as exc:  # not the engine's generate: the request's content
+            self.num_request_errors += 1
+            logger.debug("agent endpoint request refused: %s", error_line(exc), exc_info=True)
+            raise RequestError(
+                400, f"the request cannot be served ({error_line(exc)}); the episode is unchanged"
+            ) from exc
+
+    async def _chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        request = chat_request(body)
+        if request.tools is not None and not self.renders_tools:
             raise RequestError(
                 400,
                 "the model's chat template does not render 'tools' (the model would never "
                 "see them): use a model or chat template with tool support",
             )
         async with self._lock:
-            segment = self._segment(
-                lambda room, most: self.session.context(messages, tools, room, most)
+            step = self._continue(
+                lambda room, most: self.session.context(request.messages, request.tools, room, most)
             )
-            turn = await self._sample(segment, body)
+            turn = await self._sample(step, request.max_tokens, request.tools is not None)
             parsed = ParsedTurn(content=turn.text)
-            if tools is not None and body.get("tool_choice") != "none":
-                parsed = self._parser.parse(turn.text, self._call_ids, tools)
+            if request.parse_tools:
+                parsed = self._parser.parse(turn.text, self._call_ids, request.tools)
+            message = parsed.message()
+            self._record(step, turn, message)
             self.num_tool_parse_errors += int(parsed.malformed)
             self.num_tool_calls += len(parsed.tool_calls)
-            message = parsed.message()
-            self._record(segment, turn, message)
         choice = {
             "index": 0,
             "message": message,
             "finish_reason": parsed.finish_reason or turn.end.finish_reason,
             "logprobs": None,
         }
-        return _completion("chat.completion", body, choice, turn)
+        return completion("chat.completion", request.model, choice, turn)
 
-    async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
-        """A ``text_completion`` for a ``/v1/completions`` body."""
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-            prompt = prompt[0]  # one prompt in a batch of one
-        ok_ids = isinstance(prompt, list) and all(isinstance(i, int) for i in prompt)
-        if not (isinstance(prompt, str) or ok_ids) or not prompt:
-            raise RequestError(400, "'prompt' must be one non-empty string or list of token ids")
+    async def _complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        request = completion_request(body, self._vocab_size)
         async with self._lock:
-            segment = self._segment(
-                lambda room, most: self.session.text_context(prompt, room, most)
+            step = self._continue(
+                lambda room, most: self.session.text_context(request.prompt, room, most)
             )
-            turn = await self._sample(segment, body)
-            self._record(segment, turn, {"role": "assistant", "content": turn.text})
+            turn = await self._sample(step, request.max_tokens, False)
+            self._record(step, turn, {"role": "assistant", "content": turn.text})
         choice = {
             "index": 0,
             "text": turn.text,
             "finish_reason": turn.end.finish_reason,
             "logprobs": None,
         }
-        return _completion("text_completion", body, choice, turn)
+        return completion("text_completion", request.model, choice, turn)
 
-    def _segment(self, context: Any) -> Segment:
-        """The request's segment, its new tokens appended, within the budgets."""
+    def count_refused(self, error: RequestError) -> None:
+        """Count a request the server refused before ``serve`` (a body it could not read)."""
+        self.num_request_errors += int(error.is_agents)
+
+    def _continue(self, context: Callable[[int | None, int | None], Continuation]) -> Continuation:
+        """What the request adds, within the budgets (nothing is changed yet)."""
         if self.num_turns >= self.limits.max_turns:
             self._refuse(f"the episode used its {self.limits.max_turns} model turns")
         held = self.session.segments[-1] if self.session.segments else None
-        room = self._room(held) if held is not None else None
-        most = None if self.limits.max_context is None else self.limits.max_context - 1
+        room = None
+        if held is not None:
+            room = self._room(held.tokens.num_response_tokens, len(held.context_ids))
         try:
-            segment = context(room, most)
+            step = context(room, None)
         except ContextTooLong as exc:
             self._refuse(str(exc))
-        except ValueError as exc:
-            raise RequestError(400, str(exc)) from exc
-        if segment is not held and self._room(segment) <= 0:
+        if step.new and self._room(0, len(step.context_ids)) <= 0:
             self._refuse("the request's prompt leaves no room for a model turn")
-        return segment
+        return step
 
-    def _room(self, segment: Segment) -> int:
-        """Tokens ``segment`` may still take, for deltas and the turn."""
-        room = self.limits.response_length - segment.tokens.num_response_tokens
+    def _room(self, num_response_tokens: int, num_context_tokens: int) -> int:
+        """Tokens a segment holding these may still take, for deltas and the turn."""
+        room = self.limits.response_length - num_response_tokens
         if self.limits.max_context is not None:
-            room = min(room, self.limits.max_context - len(segment.context_ids))
+            room = min(room, self.limits.max_context - num_context_tokens)
         return room
 
     def _refuse(self, reason: str) -> NoReturn:
         self.budget_spent = True
-        raise RequestError(400, f"{reason}: the episode ends", "context_length_exceeded")
+        raise RequestError(400, f"{reason}: the episode ends", BUDGET_CODE)
 
-    async def _sample(self, segment: Segment, body: dict[str, Any]) -> SampledTurn:
-        budget = self._room(segment)
-        for key in ("max_completion_tokens", "max_tokens"):
-            asked = body.get(key)
-            if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0:
-                budget = min(budget, asked)
+    async def _sample(
+        self, step: Continuation, max_tokens: int | None, keep_markers: bool
+    ) -> SampledTurn:
+        budget = self._room(step.num_response_tokens, len(step.context_ids))
+        if max_tokens is not None:
+            budget = min(budget, max_tokens)
         if self.limits.max_turn_tokens is not None:
             budget = min(budget, self.limits.max_turn_tokens)
         if budget <= 0:
             self._refuse("no tokens left for a model turn")
         self.num_requests += 1
-        tokens = EpisodeTokens(list(segment.context_ids))
-        seed = None if self._seed is None else self._seed + segment.tokens.num_response_tokens
+        tokens = EpisodeTokens(step.context_ids)
+        seed = None if self._seed is None else self._seed + step.num_response_tokens
         start, start_us = time.perf_counter(), now_us()
-        end = await sample_turn(self._engine, tokens, [], budget, seed)
+        try:
+            end = await sample_turn(self._engine, tokens, [], budget, seed)
+        except EpisodeCut:
+            raise
+        except Exception as exc:  # the one call whose failure is the engine's
+            raise EngineFailure(exc) from exc
         self.model_s += time.perf_counter() - start
         self.num_sync_cuts += end.cuts
         if self._on_slice is not None:
             args = {"turn": self.num_turns + 1, "tokens": tokens.num_response_tokens}
             versions = sorted(set(tokens.versions))
             self._on_slice("turn", start_us, now_us(), args | {"versions": versions})
-        return SampledTurn(tokens, end, self._text(tokens.response_ids, body))
+        return SampledTurn(tokens, end, self._text(tokens.response_ids, keep_markers))
 
-    def _text(self, ids: list[int], body: dict[str, Any]) -> str:
+    def _text(self, ids: list[int], keep_markers: bool) -> str:
         """The turn as the client reads it: without the stop token; special tokens kept
         where the tool parser needs them (its call markers may be special tokens)."""
         renderer = self.session.renderer
         if ids and renderer.is_eos(ids[-1]):
             ids = ids[:-1]
-        skip = not body.get("tools") or self._parser.skip_special_tokens
+        skip = not keep_markers or self._parser.skip_special_tokens
         return renderer.tokenizer.decode(ids, skip_special_tokens=skip)
 
-    def _record(self, segment: Segment, turn: SampledTurn, message: Message) -> None:
+    def _record(self, step: Continuation, turn: SampledTurn, message: Message) -> None:
         sampled = turn.tokens
-        self.session.record(
-            segment, sampled.response_ids, sampled.logprobs, sampled.versions, message
-        )
+        self.session.record(step, sampled.response_ids, sampled.logprobs, sampled.versions, message)
         self.num_turns += 1
         self.last_text = message.get("content") or ""
 
@@ -251,54 +264,3 @@ def renders_tools(tokenizer: Any) -> bool:
     except Exception:  # no template, or one that rejects tools
         return False
     return "probe_tool_7f3a" in text
-
-
-def _messages(body: dict[str, Any]) -> list[Message]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RequestError(400, "'messages' must be a non-empty list")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise RequestError(400, f"messages[{i}] must be an object with a 'role'")
-    if body.get("n", 1) not in (1, None):
-        raise RequestError(400, "only n=1 is served (each request is one model turn)")
-    return messages
-
-
-def _completion(
-    kind: str, body: dict[str, Any], choice: dict[str, Any], turn: SampledTurn
-) -> dict[str, Any]:
-    """The response object; ``system_fingerprint`` names the weights version that sampled
-    the turn's last token (``policy-v<N>``), so an agent can log which policy answered."""
-    prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
-    versions = turn.tokens.versions
-    return {
-        "id": f"{prefix}-{uuid.uuid4().hex}",
-        "object": kind,
-        "created": int(time.time()),
-        "model": str(body.get("model") or "policy"),
-        "system_fingerprint": f"policy-v{versions[-1]}" if versions else None,
-        "choices": [choice],
-        "usage": turn.usage(),
-    }
-
-
-def stream_chunks(completion: dict[str, Any]) -> list[dict[str, Any]]:
-    """A ``chat.completion`` as the ``chat.completion.chunk`` events of ``stream=true``: the
-    message in one delta, then the finish reason and usage (the turn is sampled whole
-    before the first chunk, so a sync inside it is never seen)."""
-    choice = completion["choices"][0]
-    message = choice["message"]
-    delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
-    if message.get("tool_calls"):
-        delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
-    base = {k: completion[k] for k in ("id", "created", "model", "system_fingerprint")}
-    base["object"] = "chat.completion.chunk"
-    return [
-        base | {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
-        base
-        | {
-            "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}],
-            "usage": completion["usage"],
-        },
-    ]

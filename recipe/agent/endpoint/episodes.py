@@ -14,7 +14,11 @@ How an episode ends:
     no request at all                   env_error ("the agent made no model request")
     a checkpoint cut it (EpisodeCut)    aborted, without a state: it starts again
     the engine failed inside a request  the engine's error is raised (a replica failure,
-                                        not the agent's)
+    (its generate call, nothing else)   not the agent's)
+
+A request the endpoint refuses (a malformed field, messages the chat template rejects, a
+token id outside the vocabulary: 4xx, ``agent/request_errors``) ends nothing by itself: the
+agent sees the error and goes on, or fails and its episode is ``env_error``.
 
 The reward is the agent's; None: the reward function scores the final answer (the last
 turn's content).
@@ -53,6 +57,8 @@ class EndpointEpisodes:
         self.tools_rendered = renders_tools(renderer.tokenizer)
         self.max_context: int | None = None
         """Prompt and response tokens the engine takes (set once the engine started)."""
+        self.vocab_size = len(renderer.tokenizer)
+        """Token ids a ``/v1/completions`` prompt may hold: ``[0, vocab_size)``."""
 
     async def run_episode(
         self,
@@ -74,6 +80,7 @@ class EndpointEpisodes:
             ChatSession(self.renderer),
             self.parser,
             limits,
+            vocab_size=self.vocab_size,
             seed=seed,
             on_slice=on_slice,
             tools_rendered=self.tools_rendered,
@@ -145,6 +152,7 @@ class EndpointEpisodes:
             num_turns=chat.num_turns,
             num_tool_calls=chat.num_tool_calls,
             num_tool_parse_errors=chat.num_tool_parse_errors,
+            num_request_errors=chat.num_request_errors,
             env_s=[agent_s],
             error=error,
             timed_out=timed_out,

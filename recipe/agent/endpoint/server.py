@@ -1,16 +1,19 @@
 """``AgentServer``: the OpenAI-compatible HTTP endpoint of one rollout worker.
 
     GET  /v1/models               the served model
-    POST /v1/chat/completions     -> the episode's ChatEpisode.chat (stream=true: SSE)
-    POST /v1/completions          -> the episode's ChatEpisode.complete
+    POST /v1/chat/completions     -> the episode's ChatEpisode.serve (stream=true: SSE)
+    POST /v1/completions          -> the episode's ChatEpisode.serve
          Authorization: Bearer <the episode's key>   (any other key: 401)
 
 One server per worker, on the worker's event loop (its requests interleave with the
 engine's other work; none blocks it), bound to the node's own address on a free port. Each
 episode gets its own key, so the key is what routes a request to its episode's session; a
-request without it is refused. An engine failure inside a request is answered 500 and kept
-on the episode (``Credentials`` holder reads it), so the run sees the engine's error and
-not an agent's failure.
+request without it is refused.
+
+Whose failure it is (``ChatEpisode.serve`` draws the line): a request the endpoint cannot
+serve is answered 4xx and the agent goes on; an engine failure inside a request is answered
+500 and kept on the episode (``failure``), so the run sees the engine's error and not an
+agent's failure.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from recipe.agent.context import EpisodeCut
-from recipe.agent.endpoint.chat import ChatEpisode, RequestError, stream_chunks
+from recipe.agent.endpoint.bodies import RequestError
+from recipe.agent.endpoint.chat import ChatEpisode, EngineFailure
+from recipe.agent.endpoint.responses import stream_chunks
 
 logger = logging.getLogger(__name__)
 
@@ -135,29 +140,35 @@ class AgentServer:
         held = self._held(request)
         if held is None:
             return _error(_unauthorized())
+        body = await self._body(request)
+        if isinstance(body, RequestError):
+            held.episode.count_refused(body)
+            return _error(body)
         try:
-            body = await request.json()
-        except ValueError:
-            return _error(RequestError(400, "the request body is not JSON"))
-        if not isinstance(body, dict):
-            return _error(RequestError(400, "the request body must be a JSON object"))
-        try:
-            if chat:
-                result = await held.episode.chat(body)
-            else:
-                result = await held.episode.complete(body)
+            result = await held.episode.serve(body, chat=chat)
         except RequestError as exc:
             return _error(exc)
         except EpisodeCut as exc:
             held.failure = exc
             return _error(RequestError(503, "the rollout worker stopped this episode"))
-        except Exception as exc:  # the engine's failure: the run must see it, not the agent
-            held.failure = exc
-            logger.warning("agent endpoint request failed in the engine: %r", exc)
-            return _error(RequestError(500, f"the engine failed: {type(exc).__name__}"))
-        if chat and body.get("stream"):
+        except EngineFailure as exc:  # the engine's failure: the run must see it, not the agent
+            held.failure = exc.error
+            logger.warning("agent endpoint request failed in the engine: %r", exc.error)
+            return _error(RequestError(500, f"the engine failed: {type(exc.error).__name__}"))
+        if chat and body.get("stream") is True:
             return await _stream(request, result)
         return _json(result)
+
+    async def _body(self, request: Any) -> dict[str, Any] | RequestError:
+        """The request's JSON object (any content type), or why it is refused."""
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except Exception:  # ValueError, RecursionError (deep nesting), bad UTF-8
+            return RequestError(400, "the request body is not JSON")
+        if not isinstance(body, dict):
+            return RequestError(400, "the request body must be a JSON object")
+        return body
 
     def _held(self, request: Any) -> _Open | None:
         auth = request.headers.get("Authorization", "")
