@@ -3,8 +3,9 @@
 An agent written against the chat API sends its whole conversation with every request. The
 session never re-tokenises what the model generated: it keeps each segment's tokens as
 sampled, and a request whose messages *extend* the segment's conversation (the earlier
-messages equal, the assistant ones as this session returned them) only appends the new
-messages, rendered as chat-template deltas after the sampled tokens (``ObservationRenderer``)::
+messages equal, the assistant ones as this session returned them) and whose ``tools`` are
+the segment's only appends the new messages, rendered as chat-template deltas after the
+sampled tokens (``ObservationRenderer``)::
 
     request 1  [system, user]                   -> segment 0: prompt rendered (tools too)
     reply      assistant (sampled: mask 1)      -> appended as sampled
@@ -13,6 +14,9 @@ messages, rendered as chat-template deltas after the sampled tokens (``Observati
     request 3  [system, user', ...]             -> does not extend it (edited, summarised or
                                                    dropped history, a sub-agent): segment 1,
                                                    rendered from scratch, counted
+    request 4  segment 1's messages + 1, and    -> tools are part of the prompt (templates
+               tools added, removed or changed     render them first): segment 2, rendered
+                                                   from scratch with the new tools, counted
 
 ``/v1/completions`` prompts follow the same rule on text: a prompt that starts with the
 segment's text (its prompt, and each completion as returned) or with its token ids appends
@@ -53,6 +57,8 @@ class Segment:
     """The last model turn's ids (a delta after it closes that turn first)."""
     text: str | None = None
     """A ``/v1/completions`` segment: its prompt and completions as text (None: chat)."""
+    tools: list[Any] | None = None
+    """The ``tools`` rendered into the prompt (None: none)."""
 
     @property
     def context_ids(self) -> list[int]:
@@ -106,26 +112,31 @@ class ChatSession:
         room: int | None = None,
         max_prompt: int | None = None,
     ) -> Continuation:
-        """What a chat request with ``messages`` adds: its new messages after the segment it
-        extends, or a new segment (``tools`` rendered into its prompt). ``room``: the most
-        tokens it may append (exclusive: one is left for the turn), ``max_prompt``: the most
-        tokens a new segment's prompt may have (None: unbounded). The session is not
-        changed."""
+        """What a chat request with ``messages`` (and ``tools``) adds: its new messages
+        after the segment it extends, or a new segment. ``room``: the most tokens it may
+        append (exclusive: one is left for the turn), ``max_prompt``: the most tokens a new
+        segment's prompt may have (None: unbounded). The session is not changed."""
         if not messages:
             raise ValueError("a chat request needs at least one message")
+        tools = tools or None
         current = self.segments[-1] if self.segments else None
-        if current is not None and current.text is None and extends(current.messages, messages):
+        if (
+            current is not None
+            and current.text is None
+            and current.tools == tools
+            and extends(current.messages, messages)
+        ):
             new = messages[len(current.messages) :]
             ids = self.renderer.observation_ids(new, current.last_turn_ids) if new else []
             _check_room(len(ids), room)
             return Continuation(current, False, ids, [dict(m) for m in messages])
         prompt = self.renderer.encode(
             self.renderer.tokenizer.apply_chat_template(
-                messages, tools=tools or None, add_generation_prompt=True, tokenize=False
+                messages, tools=tools, add_generation_prompt=True, tokenize=False
             )
         )
         _check_prompt(len(prompt), max_prompt)
-        segment = Segment([], EpisodeTokens(prompt))
+        segment = Segment([], EpisodeTokens(prompt), tools=tools)
         return Continuation(segment, True, messages=[dict(m) for m in messages])
 
     def text_context(

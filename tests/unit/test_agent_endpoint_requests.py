@@ -204,3 +204,29 @@ def test_malformed_fields_are_refused_400_naming_them_and_never_reach_the_engine
     assert answers[-1].status == 200 and len(engine.calls) == 1
     assert episode.finish_reason == "stop", episode.error
     assert episode.num_request_errors == len(BAD_BODIES)
+
+
+def test_tools_that_change_mid_episode_start_a_segment_rendered_with_them(tokenizer):
+    more = {"role": "user", "content": "Use a tool."}
+    script = [
+        (CHAT, {"messages": [USER]}),
+        # The same conversation, extended, with tools added: a new segment shows them.
+        lambda a: (CHAT, {"messages": [USER, _reply(a), more], "tools": TOOLS}),
+        # Extended again with the same tools: that segment goes on.
+        lambda a: (
+            CHAT,
+            {"messages": [USER, _reply(a[:1]), more, _reply(a), more], "tools": TOOLS},
+        ),
+    ]
+    episode, engine, answers = _raw_episode(tokenizer, script, ["Five.", "Six.", "Seven."])
+    assert [a.status for a in answers] == [200, 200, 200]
+    assert episode.finish_reason == "stop" and episode.num_segments == 2, episode.error
+    five = {"role": "assistant", "content": "Five."}
+    prompt = tokenizer.apply_chat_template(
+        [USER, five, more], tools=TOOLS, add_generation_prompt=True, tokenize=False
+    )
+    assert episode.tokens.prompt_ids == ids_of(tokenizer, prompt)  # the tools, rendered first
+    assert engine.calls[1]["context"] == ids_of(tokenizer, prompt)
+    assert episode.num_turns == 3 and len(episode.segments) == 1
+    metrics = agent_metrics([episode.to_trajectory("p", 0)])
+    assert metrics["agent/segments_mean"] == 2.0

@@ -107,6 +107,29 @@ def test_edited_history_starts_a_new_segment_and_is_counted(tokenizer, session):
     assert not extends([*summary, message], summary[:0])
 
 
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        (None, TOOLS),  # added
+        (TOOLS, None),  # removed
+        (TOOLS, [{**TOOLS[0], "function": {**TOOLS[0]["function"], "name": "sum"}}]),  # changed
+    ],
+    ids=["added", "removed", "changed"],
+)
+def test_a_request_whose_tools_differ_starts_a_segment_rendered_with_them(
+    tokenizer, session, before, after
+):
+    messages = [{"role": "user", "content": "2+3?"}]
+    step = session.context(messages, before)
+    _, message = _turn(tokenizer, session, step, "Five.", version=0)
+    extended = [*messages, message, {"role": "user", "content": "Sure?"}]
+    same = session.context(extended, [] if before is None else before)  # [] is no tools
+    assert not same.new and same.segment is step.segment
+    other = session.context(extended, after)
+    assert other.new and other.context_ids == _render(tokenizer, extended, after)
+    assert other.segment.tools == after
+
+
 def test_messages_compare_by_what_the_api_defines():
     held = [{"role": "assistant", "content": None, "tool_calls": []}]
     assert extends(held, [{"role": "assistant", "content": ""}, {"role": "user", "content": "x"}])
