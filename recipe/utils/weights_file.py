@@ -17,8 +17,10 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch only in annotations: recipe.checkpoint.store hashes without it
+    import torch
 
 _READ_BYTES = 8 << 20
 

@@ -4,6 +4,7 @@ the state codecs (RNG, trajectories, cursor) round-tripping exactly."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -56,7 +57,10 @@ def test_a_written_checkpoint_is_complete_with_a_manifest_of_its_files(tmp_path)
     assert path == checkpoint_dir(tmp_path, 4) and is_complete(path)
     manifest = json.loads((path / MARKER).read_text())
     assert manifest["global_step"] == 4 and manifest["param_version"] == 2
-    assert manifest["files"] == {"weights.bin": 3, "run_state/optimizer.pt": 6}
+    assert manifest["format"] == 2 and manifest["files"] == {
+        "weights.bin": {"size": 3, "sha256": hashlib.sha256(b"abc").hexdigest()},
+        "run_state/optimizer.pt": {"size": 6, "sha256": hashlib.sha256(b"abcabc").hexdigest()},
+    }
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_4"]
 
 
@@ -71,6 +75,31 @@ def test_a_directory_without_its_marker_or_with_a_changed_file_is_never_taken(tm
     assert [step for step, _ in list_checkpoints(tmp_path)] == [2]
     assert latest_checkpoint(tmp_path) == checkpoint_dir(tmp_path, 2)
     assert resolve_resume("auto", tmp_path) == checkpoint_dir(tmp_path, 2)
+
+
+def test_a_checkpoint_whose_contents_changed_is_skipped_for_the_one_before(tmp_path, caplog):
+    older = write_checkpoint(tmp_path, 2, 1, _fill("abc"))
+    newest = write_checkpoint(tmp_path, 4, 2, _fill("abc"))
+    (newest / "run_state" / "optimizer.pt").write_text("abcabd")  # same size, other bytes
+    with caplog.at_level(logging.WARNING, logger="recipe.checkpoint.store"):
+        assert resolve_resume("auto", tmp_path) == older
+    assert f"checkpoint {newest} is not complete: run_state/optimizer.pt has sha256 " in caplog.text
+    assert "falling back to the checkpoint before it" in caplog.text
+    with pytest.raises(ConfigError) as caught:  # asked for by name: refused, naming the file
+        resolve_resume(str(newest), tmp_path)
+    assert "is invalid: a damaged checkpoint (run_state/optimizer.pt has sha256" in str(
+        caught.value
+    )
+
+
+def test_a_manifest_of_sizes_only_still_reads(tmp_path):
+    path = write_checkpoint(tmp_path, 2, 1, _fill("abc"))
+    manifest = json.loads((path / MARKER).read_text())
+    manifest |= {"format": 1, "files": {"weights.bin": 3, "run_state/optimizer.pt": 6}}
+    (path / MARKER).write_text(json.dumps(manifest))
+    assert is_complete(path) and resolve_resume("auto", tmp_path) == path
+    (path / "weights.bin").write_text("ab")
+    assert resolve_resume("auto", tmp_path) is None
 
 
 _CRASHING_WRITER = """
