@@ -141,6 +141,8 @@ class Episode:
     """Model turns whose tool-call text could not be parsed (returned as text)."""
     num_request_errors: int = 0
     """An agent's requests the endpoint refused as malformed (4xx; no budget refusals)."""
+    num_requests_throttled: int = 0
+    """An agent's requests refused because too many of its episode's were in flight (429)."""
     restarted: bool = False
     """This episode was cut on a paused worker without a state to continue from, and ran
     again from its prompt when its group was resumed (``agent/episodes_restarted``)."""
@@ -178,6 +180,7 @@ class Episode:
                 "segments": float(self.num_segments),
                 "tool_parse_errors": float(self.num_tool_parse_errors),
                 "request_errors": float(self.num_request_errors),
+                "requests_throttled": float(self.num_requests_throttled),
                 "restarted": float(self.restarted),
                 **{f"{INFO_PREFIX}{key}": value for key, value in self.info.items()},
             },

@@ -7,6 +7,8 @@ agent/tool_parse_errors                     model turns whose tool calls did not
 agent/request_errors                        agents' requests the endpoint refused as
                                             malformed (4xx: a bad field, messages the chat
                                             template rejects; budgets not counted)
+agent/requests_throttled                    agents' requests refused with 429 (more than
+                                            an episode may have in flight)
 agent/episodes_restarted                    members of a resumed group that were cut
                                             without a state to continue from (an agent's
                                             episode; a failed state_dict), run again
@@ -46,6 +48,7 @@ def agent_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "agent/tool_errors": sum(t.episode.get("tool_errors", 0.0) for t in episodes),
         "agent/tool_parse_errors": sum(t.episode.get("tool_parse_errors", 0.0) for t in episodes),
         "agent/request_errors": sum(t.episode.get("request_errors", 0.0) for t in episodes),
+        "agent/requests_throttled": sum(t.episode.get("requests_throttled", 0.0) for t in episodes),
         "agent/episodes_restarted": sum(t.episode.get("restarted", 0.0) for t in episodes),
         "agent/env_errors": float(sum(t.finish_reason == "env_error" for t in episodes)),
         "agent/env_timeouts": sum(t.episode.get("env_timeouts", 0.0) for t in episodes),

@@ -24,9 +24,11 @@ log-probs assume); ``max_tokens`` / ``max_completion_tokens`` only lower the tur
 Budgets: ``rollout.response_length`` bounds each segment's tokens after its prompt (the
 length the trainer pads to), ``max_assistant_turns`` the episode's turns and
 ``max_turn_tokens`` one turn; a request past a budget is refused as the API refuses a
-context that is too long (400 ``context_length_exceeded``) and the episode ends as
-``length``. One episode's requests run one at a time, in arrival order (the session is one
-conversation; concurrent sub-agent calls wait their turn).
+context that is too long (400 ``context_length_exceeded``), and so is every later request:
+the episode ends as ``length``. One episode's requests run one at a time, in arrival order
+(the session is one conversation; concurrent sub-agent calls wait their turn), at most
+``MAX_REQUESTS_PER_EPISODE`` at once (429 beyond, counted). When the episode ends, requests
+still in flight are cancelled (their engine requests aborted) and record nothing.
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ from recipe.observability.trace import now_us
 from recipe.utils.ray_errors import error_line
 
 logger = logging.getLogger(__name__)
+
+MAX_REQUESTS_PER_EPISODE = 16
+"""Requests of one episode in the endpoint at once (one is served, the rest wait their
+turn); more are refused (429, ``agent/requests_throttled``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,20 +107,64 @@ class ChatEpisode:
         """The chat template shows ``tools`` (``renders_tools``); else requests with tools
         are refused."""
         self._lock = asyncio.Lock()
+        self._requests: set[asyncio.Task[dict[str, Any]]] = set()
         self._call_ids = (f"call_{uuid.uuid4().hex[:8]}_{i}" for i in itertools.count())
         self.num_requests = self.num_turns = self.num_tool_calls = 0
         self.num_tool_parse_errors = self.num_sync_cuts = 0
-        self.num_request_errors = 0
+        self.num_request_errors = self.num_requests_throttled = 0
         self.model_s = 0.0
-        self.budget_spent = False
-        """A request was refused for a budget: the episode ends as ``length``."""
+        self.refusal: str | None = None
+        """Why a request was refused for a budget: the episode ends as ``length`` and every
+        later request is refused the same way."""
+        self.closed = False
         self.last_text = ""
         """The last model turn's content as the client saw it (what a reward scores)."""
+
+    @property
+    def budget_spent(self) -> bool:
+        return self.refusal is not None
 
     async def serve(self, body: dict[str, Any], *, chat: bool) -> dict[str, Any]:
         """The answer to a ``/v1/chat/completions`` (``chat``) or ``/v1/completions`` body.
         Raises ``RequestError`` (the agent's), ``EngineFailure`` or ``EpisodeCut`` (the
         run's): the module docstring's rule."""
+        if self.closed:
+            raise RequestError(503, "this episode has ended")
+        if len(self._requests) >= MAX_REQUESTS_PER_EPISODE:
+            self.num_requests_throttled += 1
+            raise RequestError(
+                429,
+                f"this episode has {MAX_REQUESTS_PER_EPISODE} requests in flight already "
+                "(they are served one at a time): wait for their answers",
+                "rate_limit_exceeded",
+            )
+        task = asyncio.ensure_future(self._answer(body, chat))
+        self._requests.add(task)
+        try:
+            # No deadline of its own: the episode's (agent_timeout_s) ends it through close().
+            await asyncio.wait({task})
+        finally:
+            self._requests.discard(task)
+            if not task.done():  # the handler was cancelled (its client left): the turn too
+                task.cancel()
+                task.add_done_callback(_log_unseen_failure)
+        if task.cancelled():
+            raise RequestError(503, "the episode ended while this request was served")
+        return task.result()
+
+    def count_refused(self, error: RequestError) -> None:
+        """Count a request the server refused before ``serve`` (a body it could not read)."""
+        self.num_request_errors += int(error.is_agents)
+
+    def close(self) -> None:
+        """The episode ended: no request is served from now on and those in flight are
+        cancelled (their engine requests aborted), so no turn is recorded after the
+        episode was built."""
+        self.closed = True
+        for task in list(self._requests):
+            task.cancel()
+
+    async def _answer(self, body: dict[str, Any], chat: bool) -> dict[str, Any]:
         try:
             return await (self._chat(body) if chat else self._complete(body))
         except RequestError as exc:
@@ -173,12 +223,10 @@ class ChatEpisode:
         }
         return completion("text_completion", request.model, choice, turn)
 
-    def count_refused(self, error: RequestError) -> None:
-        """Count a request the server refused before ``serve`` (a body it could not read)."""
-        self.num_request_errors += int(error.is_agents)
-
     def _continue(self, context: Callable[[int | None, int | None], Continuation]) -> Continuation:
         """What the request adds, within the budgets (nothing is changed yet)."""
+        if self.refusal is not None:
+            self._refuse(f"the episode ended on a budget ({self.refusal})")
         if self.num_turns >= self.limits.max_turns:
             self._refuse(f"the episode used its {self.limits.max_turns} model turns")
         held = self.session.segments[-1] if self.session.segments else None
@@ -201,7 +249,8 @@ class ChatEpisode:
         return room
 
     def _refuse(self, reason: str) -> NoReturn:
-        self.budget_spent = True
+        if self.refusal is None:
+            self.refusal = reason
         raise RequestError(400, f"{reason}: the episode ends", BUDGET_CODE)
 
     async def _sample(
@@ -242,10 +291,19 @@ class ChatEpisode:
         return renderer.tokenizer.decode(ids, skip_special_tokens=skip)
 
     def _record(self, step: Continuation, turn: SampledTurn, message: Message) -> None:
+        if self.closed:  # cancelled, but its turn came back first: the episode is built
+            raise RequestError(503, "the episode ended while this request was served")
         sampled = turn.tokens
         self.session.record(step, sampled.response_ids, sampled.logprobs, sampled.versions, message)
         self.num_turns += 1
         self.last_text = message.get("content") or ""
+
+
+def _log_unseen_failure(task: asyncio.Task[dict[str, Any]]) -> None:
+    """A request that failed after its handler was gone: logged, not lost."""
+    exc = None if task.cancelled() else task.exception()
+    if exc is not None and not isinstance(exc, RequestError):
+        logger.warning("agent endpoint request failed after its client left: %r", exc)
 
 
 _PROBE_TOOL = {

@@ -18,7 +18,8 @@ How an episode ends:
 
 A request the endpoint refuses (a malformed field, messages the chat template rejects, a
 token id outside the vocabulary: 4xx, ``agent/request_errors``) ends nothing by itself: the
-agent sees the error and goes on, or fails and its episode is ``env_error``.
+agent sees the error and goes on, or fails and its episode is ``env_error``. When the episode
+ends, its requests still in flight are cancelled before the episode is built.
 
 The reward is the agent's; None: the reward function scores the final answer (the last
 turn's content).
@@ -36,7 +37,7 @@ from recipe.agent.config import MultiTurnConfig
 from recipe.agent.context import SliceSink, TurnEngine
 from recipe.agent.endpoint.agents import load_agent
 from recipe.agent.endpoint.chat import ChatEpisode, EpisodeLimits, renders_tools
-from recipe.agent.endpoint.server import AgentServer, Credentials
+from recipe.agent.endpoint.server import AgentServer, Credentials, body_limit
 from recipe.agent.episode import Episode, EpisodeTokens
 from recipe.agent.render import ObservationRenderer
 from recipe.agent.tool_parsers import make_tool_parser
@@ -68,7 +69,7 @@ class EndpointEpisodes:
         seed: int | None,
         on_slice: SliceSink | None = None,
     ) -> Episode:
-        await self.server.start()
+        await self.server.start(body_limit(self.max_context))
         limits = EpisodeLimits(
             response_length=budget,
             max_turns=self.config.max_assistant_turns,
@@ -153,6 +154,7 @@ class EndpointEpisodes:
             num_tool_calls=chat.num_tool_calls,
             num_tool_parse_errors=chat.num_tool_parse_errors,
             num_request_errors=chat.num_request_errors,
+            num_requests_throttled=chat.num_requests_throttled,
             env_s=[agent_s],
             error=error,
             timed_out=timed_out,

@@ -8,7 +8,9 @@
 One server per worker, on the worker's event loop (its requests interleave with the
 engine's other work; none blocks it), bound to the node's own address on a free port. Each
 episode gets its own key, so the key is what routes a request to its episode's session; a
-request without it is refused.
+request without it is refused. Bodies are bounded by what an episode can hold
+(``body_limit``: ``BYTES_PER_TOKEN`` per token of the engine's context, at least
+``MIN_BODY_BYTES``; 413 beyond).
 
 Whose failure it is (``ChatEpisode.serve`` draws the line): a request the endpoint cannot
 serve is answered 4xx and the agent goes on; an engine failure inside a request is answered
@@ -36,13 +38,25 @@ logger = logging.getLogger(__name__)
 MODEL_NAME = "policy"
 """The model id ``/v1/models`` lists (requests may name any model: the policy answers)."""
 
+BYTES_PER_TOKEN = 64
+"""Body bytes allowed per token of context: JSON escapes (``\\u4e2d`` is 6 bytes of one
+character), tool arguments escaped twice, message keys and token ids fit several times."""
+MIN_BODY_BYTES = 2**20
+"""The body limit of an engine with a small (or unknown) context."""
+
+
+def body_limit(max_context: int | None) -> int:
+    """The largest request body an episode on an engine of ``max_context`` tokens can send
+    (None: unknown, the floor)."""
+    return max(MIN_BODY_BYTES, BYTES_PER_TOKEN * (max_context or 0))
+
 
 @dataclass(frozen=True, slots=True)
 class Credentials:
     """What an agent needs to reach its episode."""
 
     base_url: str
-    """``http://<node address>:<port>/v1``."""
+    """``http://<node address>:<port>/v1`` (``http://[<address>]:<port>/v1`` for IPv6)."""
     api_key: str
 
 
@@ -73,17 +87,20 @@ class AgentServer:
         self._runner: Any = None
         self._starting: asyncio.Future[None] | None = None
         self.base_url = ""
+        self.max_body_bytes = MIN_BODY_BYTES
 
-    async def start(self) -> None:
-        """Bind the server (once: concurrent first calls wait for the one binding)."""
+    async def start(self, max_body_bytes: int = MIN_BODY_BYTES) -> None:
+        """Bind the server, bodies over ``max_body_bytes`` refused (once: concurrent first
+        calls wait for the one binding)."""
         if self._starting is None:
+            self.max_body_bytes = max_body_bytes
             self._starting = asyncio.ensure_future(self._bind())
         await asyncio.shield(self._starting)
 
     async def _bind(self) -> None:
         from aiohttp import web
 
-        app = web.Application(client_max_size=64 * 2**20)
+        app = web.Application(client_max_size=self.max_body_bytes)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._complete)
@@ -95,7 +112,7 @@ class AgentServer:
         site = web.TCPSite(runner, host, 0, backlog=4096)
         await site.start()
         port = runner.addresses[0][1]
-        self._runner, self.base_url = runner, f"http://{host}:{port}/v1"
+        self._runner, self.base_url = runner, base_url(host, port)
         logger.info("agent endpoint serves at %s", self.base_url)
 
     def open(self, episode: ChatEpisode) -> Credentials:
@@ -110,8 +127,10 @@ class AgentServer:
         return None if held is None else held.failure
 
     def close_episode(self, credentials: Credentials) -> None:
-        """Refuse the key from now on."""
-        self._episodes.pop(credentials.api_key, None)
+        """Refuse the key from now on and cancel the episode's requests in flight."""
+        held = self._episodes.pop(credentials.api_key, None)
+        if held is not None:
+            held.episode.close()
 
     async def close(self) -> None:
         if self._starting is not None:
@@ -161,7 +180,16 @@ class AgentServer:
 
     async def _body(self, request: Any) -> dict[str, Any] | RequestError:
         """The request's JSON object (any content type), or why it is refused."""
-        raw = await request.read()
+        from aiohttp import web
+
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return RequestError(
+                413,
+                f"the request body is over {self.max_body_bytes} bytes, more than an episode "
+                f"holds ({BYTES_PER_TOKEN} bytes per token of the engine's context)",
+            )
         try:
             body = json.loads(raw)
         except Exception:  # ValueError, RecursionError (deep nesting), bad UTF-8
@@ -176,6 +204,13 @@ class AgentServer:
         if scheme.lower() != "bearer":
             return None
         return self._episodes.get(key.strip())
+
+
+def base_url(host: str, port: int) -> str:
+    """The ``/v1`` URL of ``host:port`` (an IPv6 address in brackets)."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}/v1"
 
 
 def _unauthorized() -> RequestError:
