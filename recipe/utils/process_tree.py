@@ -5,28 +5,48 @@ the workers and the engines' processes; several of them call ``setsid``, so kill
 process group leaves them alive, holding GPU memory and cores that the next run then
 measures against. ``kill_tree`` collects every descendant from ``/proc`` first, then kills
 the group and each of them.
+
+A process this one may not signal (another user's, a PermissionError) is skipped, the rest
+are still killed, and the skipped ones are logged once and returned.
 """
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import os
 import signal
 from pathlib import Path
+from typing import NamedTuple
+
+logger = logging.getLogger(__name__)
+
+
+class _Proc(NamedTuple):
+    pid: int
+    ppid: int
+    session: int
+
+
+def _processes() -> list[_Proc]:
+    """Every live process (Linux ``/proc``; empty elsewhere)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses
+        fields = text.rsplit(")", 1)[1].split()
+        found.append(_Proc(int(stat.parent.name), int(fields[1]), int(fields[3])))
+    return found
 
 
 def descendants(pid: int) -> list[int]:
     """Every live process below ``pid`` (Linux ``/proc``; empty elsewhere), whatever session
     or group it moved to."""
     children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # gone meanwhile
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-        ppid = int(text.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(stat.parent.name))
+    for proc in _processes():
+        children.setdefault(proc.ppid, []).append(proc.pid)
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -35,12 +55,32 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def kill_tree(pid: int) -> None:
+def kill_tree(pid: int) -> list[int]:
     """SIGKILL ``pid``'s process group (``pid`` leads it: ``start_new_session=True``) and every
-    process below ``pid``; processes already gone are skipped."""
-    tree = descendants(pid)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-    for child in tree:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child, signal.SIGKILL)
+    process below ``pid``; processes already gone are skipped. Returns those it may not
+    signal (logged)."""
+    return _kill(pid, descendants(pid), f"the process tree of {pid}")
+
+
+def _kill(group: int, pids: list[int], what: str) -> list[int]:
+    denied: list[int] = []
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    except PermissionError:  # no member of the group may be signalled; the others below
+        denied.append(group)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            denied.append(pid)
+    if denied:
+        logger.warning(
+            "killing %s: not permitted to signal %s (left running)",
+            what,
+            ", ".join(str(p) for p in denied),
+        )
+    return denied
