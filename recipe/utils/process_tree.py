@@ -4,7 +4,9 @@ A run of ``python -m recipe`` (or verl's trainer) starts Ray's GCS and raylet, w
 the workers and the engines' processes; several of them call ``setsid``, so killing the run's
 process group leaves them alive, holding GPU memory and cores that the next run then
 measures against. ``kill_tree`` collects every descendant from ``/proc`` first, then kills
-the group and each of them.
+the group and each of them. ``kill_session`` ends what is left of a session whose leader
+has already exited (an agent command's background jobs): its members are found by their
+session id, since the leader's pid no longer leads to them.
 
 A process this one may not signal (another user's, a PermissionError) is skipped, the rest
 are still killed, and the skipped ones are logged once and returned.
@@ -60,6 +62,14 @@ def kill_tree(pid: int) -> list[int]:
     process below ``pid``; processes already gone are skipped. Returns those it may not
     signal (logged)."""
     return _kill(pid, descendants(pid), f"the process tree of {pid}")
+
+
+def kill_session(session: int) -> list[int]:
+    """SIGKILL every process left in ``session`` (its leader may be gone: a session id is not
+    reused while a member lives) and in the process group of the same id. Returns those it
+    may not signal (logged)."""
+    members = [p.pid for p in _processes() if p.session == session and p.pid != os.getpid()]
+    return _kill(session, members, f"session {session}")
 
 
 def _kill(group: int, pids: list[int], what: str) -> list[int]:

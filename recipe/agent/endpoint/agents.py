@@ -2,10 +2,12 @@
 
     agent=FILE.py:fn        async def fn(client: openai.AsyncOpenAI, record) -> float | None
                             (one client per episode, pointed at its endpoint and key)
-    agent_command="CMD ..." one process per episode; its environment holds
+    agent_command="CMD ..." one process per episode (``agent_process``), in a session of
+                            its own that ends with it; its environment holds
                             OPENAI_BASE_URL, OPENAI_API_KEY (what the openai clients of every
                             language read) and RECIPE_RECORD (the prompt record as JSON, also
-                            on stdin); its last stdout line, when a number, is the reward
+                            on stdin, which it need not read); its last stdout line, when a
+                            number, is the reward
 
 Both are checked at startup (``load_agent``): the import path, that ``fn`` is a coroutine
 function taking (client, record), that the command's program exists. A reward must be a
@@ -16,7 +18,6 @@ agent that raises, exits non-zero or returns something else fails its episode
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import math
@@ -27,12 +28,10 @@ import ssl
 from typing import Any, Protocol
 
 from recipe.agent.config import MultiTurnConfig
+from recipe.agent.endpoint.agent_process import run_process
 from recipe.agent.endpoint.server import Credentials
 from recipe.protocol import PromptRecord
 from recipe.utils.import_path import load_attribute
-from recipe.utils.process_tree import kill_tree
-
-_STDERR_TAIL = 2000  # characters of a failed command's stderr kept for its error line
 
 
 class AgentError(Exception):
@@ -131,31 +130,11 @@ class CommandAgent:
             "OPENAI_API_KEY": credentials.api_key,
             "RECIPE_RECORD": payload,
         }
-        process = await asyncio.create_subprocess_exec(
-            *self._argv,
-            env=env,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,  # its children go with it on a timeout
-        )
-        try:
-            out, err = await process.communicate(payload.encode())
-        except BaseException:
-            _kill(process)
-            await process.wait()
-            raise
-        if process.returncode != 0:
-            tail = err.decode(errors="replace")[-_STDERR_TAIL:].strip().splitlines()
-            last = tail[-1] if tail else "no stderr"
-            raise AgentError(f"agent command exited with {process.returncode}: {last}")
-        lines = out.decode(errors="replace").strip().splitlines()
-        return _reward_line(lines[-1] if lines else "", self._command)
-
-
-def _kill(process: asyncio.subprocess.Process) -> None:
-    if process.returncode is None:
-        kill_tree(process.pid)
+        done = await run_process(self._argv, env, payload.encode())
+        if done.returncode != 0:
+            last = done.last_stderr_line or "no stderr"
+            raise AgentError(f"agent command exited with {done.returncode}: {last}")
+        return _reward_line(done.last_stdout_line, self._command)
 
 
 def _reward_line(line: str, command: str) -> float | None:
