@@ -1,5 +1,5 @@
 """Command agents (``rollout.multi_turn.agent_command``) as the endpoint runs them: their
-stdin, their end; real processes (Python and shell scripts) talking HTTP
+stdin, their reward line, their end; real processes (Python and shell scripts) talking HTTP
 to the real in-process endpoint, under the standard event loop and under uvloop (which
 rollout workers may run on). And ``kill_tree``, which ends them at a deadline."""
 
@@ -78,6 +78,37 @@ print(0.5)
     )
     errors = {episode.error for episode in episodes}
     assert errors == {"agent: the agent made no model request"}  # their only failure
+
+
+@pytest.mark.parametrize(
+    ("last", "reward"),
+    [
+        ("0.25", 0.25),
+        ('{"reward": 0.5, "note": "x"}', 0.5),
+        ("null", None),
+        ('{"reward": null}', None),
+        ("", None),  # no stdout at all
+    ],
+)
+def test_a_command_agents_reward_line_in_a_documented_form_is_its_reward(
+    tokenizer, tmp_path, last, reward
+):
+    body = f'chat("hi")\nprint("a log line", file=sys.stderr)\nprint({last!r}, end="")\n'
+    (episode,) = run_episodes(
+        tokenizer, [record("r")], agent_command=python_command(tmp_path, body)
+    )
+    _finished([episode], reward)
+
+
+@pytest.mark.parametrize("last", ["done", '"0.5"', '{"score": 1}', "true", "[1]"])
+def test_any_other_last_stdout_line_fails_the_episode_naming_it(tokenizer, tmp_path, last):
+    body = f'chat("hi")\nprint("0.5")\nprint({last!r})\n'
+    (episode,) = run_episodes(
+        tokenizer, [record("r")], agent_command=python_command(tmp_path, body)
+    )
+    assert episode.finish_reason == "env_error" and episode.reward is None
+    assert f"its last stdout line is not a reward: {last!r}" in episode.error
+    assert 'print the reward as the last line: a number, {"reward": x}, or null' in episode.error
 
 
 BACKGROUND = """

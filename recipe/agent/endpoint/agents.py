@@ -6,14 +6,15 @@
                             its own that ends with it; its environment holds
                             OPENAI_BASE_URL, OPENAI_API_KEY (what the openai clients of every
                             language read) and RECIPE_RECORD (the prompt record as JSON, also
-                            on stdin, which it need not read); its last stdout line, when a
-                            number, is the reward
+                            on stdin, which it need not read); its last stdout line is the
+                            reward
 
 Both are checked at startup (``load_agent``): the import path, that ``fn`` is a coroutine
 function taking (client, record), that the command's program exists. A reward must be a
-finite number or None (None: the reward function scores the episode's final answer). An
-agent that raises, exits non-zero or returns something else fails its episode
-(``AgentError``; the runner makes it ``env_error``).
+finite number or None (None: the reward function scores the episode's final answer); a
+command prints it as its last stdout line: a number, ``{"reward": x}``, ``null`` or nothing
+at all. An agent that raises, exits non-zero, returns something else or prints another last
+line fails its episode (``AgentError``; the runner makes it ``env_error``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from recipe.agent.endpoint.agent_process import run_process
 from recipe.agent.endpoint.server import Credentials
 from recipe.protocol import PromptRecord
 from recipe.utils.import_path import load_attribute
+
+REWARD_LINE_FORMS = 'a number, {"reward": x}, or null to let the reward function score'
+"""What a command agent may print as its last stdout line (or print nothing at all)."""
 
 
 class AgentError(Exception):
@@ -134,19 +138,26 @@ class CommandAgent:
         if done.returncode != 0:
             last = done.last_stderr_line or "no stderr"
             raise AgentError(f"agent command exited with {done.returncode}: {last}")
-        return _reward_line(done.last_stdout_line, self._command)
+        return reward_line(done.last_stdout_line, self._command)
 
 
-def _reward_line(line: str, command: str) -> float | None:
-    """The reward on a command's last stdout line: a number, ``{"reward": x}``, or None."""
+def reward_line(line: str, command: str) -> float | None:
+    """The reward a command printed as its last stdout line (``REWARD_LINE_FORMS``; "", no
+    output: None); ``AgentError`` naming the line for anything else."""
+    if not line:
+        return None
     try:
         value: Any = json.loads(line)
     except ValueError:
-        return None  # not a number: the reward function scores the answer
-    if isinstance(value, dict):
-        value = value.get("reward")
-    if isinstance(value, str) or value is None:
-        return None
+        value = line
+    if isinstance(value, dict) and "reward" in value:
+        value = value["reward"]
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+        shown = line if len(line) <= 200 else line[:200] + "..."
+        raise AgentError(
+            f"agent command {command!r}: its last stdout line is not a reward: {shown!r} "
+            f"(print the reward as the last line: {REWARD_LINE_FORMS})"
+        )
     return reward_of(value, command)
 
 
