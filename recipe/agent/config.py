@@ -9,14 +9,23 @@ model turn.
 
 from __future__ import annotations
 
+import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from recipe.utils.config_check import (
+    ConfigError,
     require,
     require_fraction,
     require_positive,
 )
+
+logger = logging.getLogger(__name__)
+
+ENDPOINT_VARIABLES = ("OPENAI_BASE_URL", "OPENAI_API_KEY")
+"""Set per episode by the endpoint; ``agent_env`` may not name them."""
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass
@@ -40,9 +49,19 @@ class MultiTurnConfig:
     See ``recipe.agent.endpoint``."""
     agent_command: str | None = None
     """An agent in another process or language: a command run once per episode (split like a
-    shell line, not run by a shell) with ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` and the prompt
-    record (``RECIPE_RECORD``, JSON) in its environment; its last stdout line, when a number,
-    is the reward."""
+    shell line, not run by a shell, in a session of its own that ends with it) with the
+    prompt record as JSON on stdin and ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` in an
+    environment of its own (``agent_env``); its last stdout line is the reward: a number,
+    ``{"reward": x}``, ``null`` or no output at all (None: the reward function scores)."""
+    agent_env: Any = None
+    """What a command agent's environment holds beyond ``PATH``, ``HOME``, ``LANG``,
+    ``LC_*``, ``TMPDIR`` and the endpoint's variables: a list of names passed through from
+    the rollout worker's environment (``[HF_TOKEN]``), or a mapping of names to values
+    (``{MODE: fast, HF_TOKEN: null}``; null passes the worker's value through)."""
+    agent_command_ground_truth: bool = False
+    """Put the record's ``ground_truth`` and ``extra_info`` (what the reward function scores
+    with) on a command agent's stdin; false: only ``uid``, ``prompt`` and ``data_source``, so
+    the model's tools cannot read the answer. A function agent always gets the whole record."""
     agent_timeout_s: float = 600.0
     """An ``agent``/``agent_command`` episode running longer ends as ``env_error``."""
     tool_parser: str = "hermes"
@@ -87,6 +106,13 @@ class MultiTurnConfig:
             f"one of environment, agent_loop, agent, agent_command (set: {', '.join(drivers)})",
         )
         require_positive("rollout.multi_turn.agent_timeout_s", self.agent_timeout_s)
+        parse_agent_env(self.agent_env)  # fails here, at startup, naming the entry
+        for key in ("agent_env", "agent_command_ground_truth"):
+            if getattr(self, key) and not self.agent_command:
+                logger.warning(
+                    "rollout.multi_turn.%s has no effect without agent_command; it is ignored",
+                    key,
+                )
         require_positive("rollout.multi_turn.max_assistant_turns", self.max_assistant_turns)
         require(
             self.max_user_turns >= 0,
@@ -111,6 +137,50 @@ class MultiTurnConfig:
         )
 
     @property
+    def agent_env_spec(self) -> dict[str, str | None]:
+        """``agent_env`` as names to values (None: the worker's value passes through)."""
+        return parse_agent_env(self.agent_env)
+
+    @property
     def endpoint_agent(self) -> bool:
         """Episodes are driven by a user's agent through the OpenAI-compatible endpoint."""
         return bool(self.agent or self.agent_command)
+
+
+def parse_agent_env(value: Any) -> dict[str, str | None]:
+    """``rollout.multi_turn.agent_env`` as a mapping of names to values (None: the worker's
+    value passes through); ``ConfigError`` naming the key and the bad entry otherwise."""
+    key = "rollout.multi_turn.agent_env"
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        raise ConfigError(
+            f"{key}={value!r} is invalid: a list of names ([{value}]) or a mapping of names "
+            "to values ({NAME: value})"
+        )
+    if isinstance(value, list | tuple):
+        for name in value:
+            if isinstance(name, str) and "=" in name:
+                head, _, tail = name.partition("=")
+                raise ConfigError(
+                    f"{key}: {name!r} is not a name (a list passes names through from the "
+                    f"worker; give values as a mapping: {{{head}: {tail}}})"
+                )
+        value = dict.fromkeys(value)
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f"{key}={value!r} is invalid: a list of names or a mapping of names to values"
+        )
+    spec: dict[str, str | None] = {}
+    for name, raw in value.items():
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise ConfigError(f"{key}: {name!r} is not an environment variable name")
+        if name in ENDPOINT_VARIABLES:
+            raise ConfigError(f"{key}: {name} is set per episode by the endpoint")
+        if isinstance(raw, bool) or not isinstance(raw, str | int | float | None):
+            raise ConfigError(
+                f"{key}.{name}={raw!r} is invalid: a string or a number (quote true/false), "
+                "or null to pass the worker's value through"
+            )
+        spec[name] = None if raw is None else str(raw)
+    return spec

@@ -1,5 +1,10 @@
-"""One command agent's process (``rollout.multi_turn.agent_command``): its input, its end.
+"""One command agent's process (``rollout.multi_turn.agent_command``): what it is given, how
+it ends.
 
+    environment  the worker's PATH, HOME, LANG, LC_*, TMPDIR; then ``agent_env``; then the
+                 episode's OPENAI_BASE_URL / OPENAI_API_KEY, and NO_PROXY / no_proxy naming
+                 the endpoint's host, so a proxy the agent's own tools use cannot reroute
+                 the endpoint's traffic
     stdin        the record as JSON, from an unlinked temporary file: the agent may read it,
                  read part of it or exit without reading it
     stdout       unlinked temporary files, read once it exited (stdout's last line: the
@@ -10,6 +15,10 @@
 
 Files, not pipes: writing the record into a pipe the agent closed by exiting fails the
 episode (uvloop raises), and reading a pipe waits for every process that inherited it.
+
+Nothing else of the worker's environment reaches it: not the W&B, HF or cloud keys a run is
+launched with, nor the worker's proxy settings, nor the record (a model running shell tools
+would read its answer there, and one environment string is limited to 128 KiB).
 """
 
 from __future__ import annotations
@@ -18,13 +27,18 @@ import asyncio
 import logging
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO
+from urllib.parse import urlsplit
 
+from recipe.agent.endpoint.server import Credentials
 from recipe.utils.process_tree import kill_session, kill_tree
 
 logger = logging.getLogger(__name__)
 
+PASSED_THROUGH = ("PATH", "HOME", "LANG", "TMPDIR")
+"""Worker variables every command agent gets (with every ``LC_*``)."""
 TAIL_BYTES = 64 * 1024
 """Bytes of stdout (and stderr) read back from their ends: the last line is all we use."""
 EXIT_WAIT_S = 10.0
@@ -41,6 +55,34 @@ class Finished:
     """Its stdout's last non-blank line ("" when it printed nothing)."""
     last_stderr_line: str
     """Its stderr's last non-blank line ("" when it printed nothing)."""
+
+
+def base_environment(spec: Mapping[str, str | None], worker: Mapping[str, str]) -> dict[str, str]:
+    """The part of every agent's environment fixed for the run: the allow-listed worker
+    variables and ``rollout.multi_turn.agent_env`` (``spec``, None: ``worker``'s value);
+    ``ValueError`` naming the key for a name to pass through that ``worker`` lacks."""
+    env = {k: v for k, v in worker.items() if k in PASSED_THROUGH or k.startswith("LC_")}
+    for name, value in spec.items():
+        if value is None and name not in worker:
+            raise ValueError(
+                f"rollout.multi_turn.agent_env: {name} is not set in this process's "
+                f"environment (set it, or give its value: agent_env={{{name}: ...}})"
+            )
+        env[name] = worker[name] if value is None else value
+    return env
+
+
+def episode_environment(base: Mapping[str, str], credentials: Credentials) -> dict[str, str]:
+    """``base`` with the episode's endpoint, which no proxy may reroute."""
+    host = urlsplit(credentials.base_url).hostname or ""
+    no_proxy = base.get("NO_PROXY") or base.get("no_proxy") or ""
+    no_proxy = f"{no_proxy},{host}" if no_proxy else host
+    return dict(base) | {
+        "OPENAI_BASE_URL": credentials.base_url,
+        "OPENAI_API_KEY": credentials.api_key,
+        "NO_PROXY": no_proxy,
+        "no_proxy": no_proxy,
+    }
 
 
 async def run_process(argv: list[str], env: dict[str, str], stdin: bytes) -> Finished:

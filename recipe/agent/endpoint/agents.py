@@ -1,20 +1,22 @@
 """The user's agent, as ``rollout.multi_turn.agent`` or ``agent_command`` names it.
 
     agent=FILE.py:fn        async def fn(client: openai.AsyncOpenAI, record) -> float | None
-                            (one client per episode, pointed at its endpoint and key)
-    agent_command="CMD ..." one process per episode (``agent_process``), in a session of
-                            its own that ends with it; its environment holds
+                            (one client per episode, pointed at its endpoint and key, deaf
+                            to proxies); the whole record, ``ground_truth`` included (the
+                            user's own code, in the worker's process)
+    agent_command="CMD ..." one process per episode (``agent_process``): the record as JSON on
+                            stdin (``ground_truth``/``extra_info`` only with
+                            ``agent_command_ground_truth``), an allow-listed environment with
                             OPENAI_BASE_URL, OPENAI_API_KEY (what the openai clients of every
-                            language read) and RECIPE_RECORD (the prompt record as JSON, also
-                            on stdin, which it need not read); its last stdout line is the
-                            reward
+                            language read); its last stdout line is the reward
 
 Both are checked at startup (``load_agent``): the import path, that ``fn`` is a coroutine
-function taking (client, record), that the command's program exists. A reward must be a
-finite number or None (None: the reward function scores the episode's final answer); a
-command prints it as its last stdout line: a number, ``{"reward": x}``, ``null`` or nothing
-at all. An agent that raises, exits non-zero, returns something else or prints another last
-line fails its episode (``AgentError``; the runner makes it ``env_error``).
+function taking (client, record), that the command's program exists, that the variables
+``agent_env`` passes through are set. A reward must be a finite number or None (None: the
+reward function scores the episode's final answer); a command prints it as its last stdout
+line: a number, ``{"reward": x}``, ``null`` or nothing at all. An agent that raises, exits
+non-zero, returns something else or prints another last line fails its episode
+(``AgentError``; the runner makes it ``env_error``).
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ import os
 import shlex
 import shutil
 import ssl
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from recipe.agent.config import MultiTurnConfig
-from recipe.agent.endpoint.agent_process import run_process
+from recipe.agent.endpoint.agent_process import base_environment, episode_environment, run_process
 from recipe.agent.endpoint.server import Credentials
 from recipe.protocol import PromptRecord
 from recipe.utils.import_path import load_attribute
@@ -84,7 +87,11 @@ class FunctionAgent:
             # per episode). Each episode keeps a pool of its own (one shared pool scans all
             # its connections on every request).
             self._ssl = ssl.create_default_context()
-        http = openai.DefaultAsyncHttpxClient(timeout=self._timeout_s, verify=self._ssl)
+        http = openai.DefaultAsyncHttpxClient(
+            timeout=self._timeout_s,
+            verify=self._ssl,
+            trust_env=False,  # no HTTP(S)_PROXY of the worker's may reroute the endpoint
+        )
         client = openai.AsyncOpenAI(
             base_url=credentials.base_url,
             api_key=credentials.api_key,
@@ -104,7 +111,12 @@ class FunctionAgent:
 class CommandAgent:
     """One process per episode (module docstring)."""
 
-    def __init__(self, command: str):
+    def __init__(
+        self,
+        command: str,
+        env: Mapping[str, str | None] | None = None,
+        ground_truth: bool = False,
+    ):
         key = "rollout.multi_turn.agent_command"
         try:
             self._argv = shlex.split(command)
@@ -114,27 +126,22 @@ class CommandAgent:
             raise ValueError(f"{key}={command!r} is empty")
         if shutil.which(self._argv[0]) is None:
             raise ValueError(f"{key}={command!r}: command not found: {self._argv[0]!r}")
-        self._command = command
+        self._command, self._ground_truth = command, ground_truth
+        self._env = base_environment(env or {}, os.environ)
 
     async def close(self) -> None:
         """Nothing is shared between episodes' processes."""
 
     async def run(self, credentials: Credentials, record: PromptRecord) -> float | None:
-        payload = json.dumps(
-            {
-                "uid": record.uid,
-                "prompt": record.prompt,
-                "ground_truth": record.ground_truth,
-                "data_source": record.data_source,
-                "extra_info": record.extra_info,
-            }
-        )
-        env = os.environ | {
-            "OPENAI_BASE_URL": credentials.base_url,
-            "OPENAI_API_KEY": credentials.api_key,
-            "RECIPE_RECORD": payload,
+        payload: dict[str, Any] = {
+            "uid": record.uid,
+            "prompt": record.prompt,
+            "data_source": record.data_source,
         }
-        done = await run_process(self._argv, env, payload.encode())
+        if self._ground_truth:
+            payload |= {"ground_truth": record.ground_truth, "extra_info": record.extra_info}
+        env = episode_environment(self._env, credentials)
+        done = await run_process(self._argv, env, json.dumps(payload).encode())
         if done.returncode != 0:
             last = done.last_stderr_line or "no stderr"
             raise AgentError(f"agent command exited with {done.returncode}: {last}")
@@ -179,5 +186,7 @@ def load_agent(config: MultiTurnConfig) -> UserAgent:
     if config.agent:
         return FunctionAgent(config.agent, config.agent_timeout_s)
     if config.agent_command:
-        return CommandAgent(config.agent_command)
+        return CommandAgent(
+            config.agent_command, config.agent_env_spec, config.agent_command_ground_truth
+        )
     raise ValueError("rollout.multi_turn: no agent or agent_command is set")
