@@ -6,7 +6,8 @@
         trainer_state.json     step, version, driver RNG, the recipe's loop state
         config.json, *.safetensors, tokenizer files     the policy, HF format
         run_state/             optimizer + LR schedule, per-process RNG, rollouter state
-      .step_12.partial/        being written, or left by a crash: never taken
+      .step_12.partial/        being written, or left by a crash: never taken (a crash's
+                               leftovers are removed at the run's next start: leftover_dirs)
       .step_4.deleting/        pruned (renamed first, then removed)
 
 Write protocol (``write_checkpoint``): fill ``.step_N.partial``; fsync every file and
@@ -35,7 +36,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -57,6 +57,7 @@ FORMAT_VERSION = 2
 """2: ``files`` maps each file to ``{"size", "sha256"}``; 1 (still read): to its size."""
 HASH_THREADS = 4
 _STEP_RE = re.compile(r"step_(\d+)")
+_LEFTOVER_RE = re.compile(r"\.step_\d+\.(partial|deleting|replaced)")
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -143,6 +144,17 @@ def write_checkpoint(
     if keep is not None:
         prune(run_dir, keep)
     return final
+
+
+def leftover_dirs(run_dir: Path) -> list[Path]:
+    """The hidden directories an interrupted write or removal leaves in ``checkpoints/``
+    (``.step_N.partial``, ``.deleting``, ``.replaced``; never ``.superseded``, which a resume
+    set aside on purpose): nothing resumes from them, and no other process writes them while a
+    run starts, so they are removed then."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    return sorted(child for child in root.iterdir() if _LEFTOVER_RE.fullmatch(child.name))
 
 
 def _remove(path: Path, suffix: str) -> None:
@@ -300,53 +312,3 @@ def set_aside_newer(run_dir: Path, step: int) -> list[Path]:
                 "checkpoint %s is newer than the resume point: moved to %s", path, target
             )
     return moved
-
-
-class DamagedRecordsError(ValueError):
-    """A per-step JSONL file of the run has a line that is not a record, other than a torn
-    last one: something other than a crash changed it."""
-
-
-def truncate_jsonl(path: Path, max_step: int) -> int:
-    """Drop the lines of a per-step JSONL file whose ``step`` is above ``max_step``, and a torn
-    last line (a crash mid-write; warned), atomically; returns the number of lines dropped.
-
-    ``DamagedRecordsError`` naming the file and line when any other line is not a record with
-    a ``step``: a crash tears only the last line, so the run's records were damaged, and they
-    are left as they are rather than rewritten without it."""
-    if not path.is_file():
-        return 0
-    lines = path.read_text(encoding="utf-8").splitlines()
-    kept, dropped = [], 0
-    for number, line in enumerate(lines, start=1):
-        try:
-            step = _step_of(line)
-        except (ValueError, KeyError, TypeError) as err:
-            if number < len(lines):
-                raise DamagedRecordsError(
-                    f"{path}: line {number} is not a record with a step ({type(err).__name__}: "
-                    f"{err}): the run's records were damaged (a crash tears only the last "
-                    "line); repair or remove that line, or start a new run"
-                ) from None
-            logger.warning("%s: its last line is torn (a crash mid-write): dropped", path)
-            dropped += 1
-            continue
-        if step > max_step:
-            dropped += 1
-        else:
-            kept.append(line)
-    if dropped:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write("".join(line + "\n" for line in kept))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    return dropped
-
-
-def _step_of(line: str) -> int:
-    step = json.loads(line)["step"]
-    if not isinstance(step, int) or isinstance(step, bool):
-        raise TypeError(f"step {step!r} is not an integer")
-    return step

@@ -11,13 +11,18 @@
     resume    load() puts the weights, optimizer, schedule and RNG back into the trainer group
               and returns trainer_state.json; the recipe takes its step and version from it
 
-The rewind runs in ``__init__``, before the Tracker opens metrics.jsonl for appending.
+The rewind runs in ``__init__``, before the Tracker opens metrics.jsonl for appending; first,
+what an earlier process of the run left half done is removed: weights files exported for
+engines (``.weights/``, written aside as ``*.partial``; gigabytes each) and interrupted
+checkpoint directories (``checkpoints/.step_N.partial``, ``.deleting``, ``.replaced``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -26,26 +31,28 @@ from typing import TYPE_CHECKING, Any
 
 from recipe.checkpoint.ledger import LEDGER_FILE, StepLedger
 from recipe.checkpoint.rng import capture_rng, restore_rng
+from recipe.checkpoint.run_logs import truncate_jsonl
 from recipe.checkpoint.store import (
     RUN_STATE_DIR,
     STATE_FILE,
+    leftover_dirs,
     read_state,
     resolve_resume,
     set_aside_newer,
-    truncate_jsonl,
     write_checkpoint,
     write_json,
 )
 from recipe.data.fingerprint import FINGERPRINTS_KEY, fingerprint_mismatch, prompt_fingerprints
 from recipe.observability.backends import METRICS_FILE
 from recipe.protocol import PromptRecord
-from recipe.utils.weights_file import WeightsFile
+from recipe.utils.weights_file import WeightsFile, leftover_weights_files
 
 if TYPE_CHECKING:
     from recipe.config import RecipeConfig
     from recipe.workers.trainer.ranks import TrainerRanks
 
 logger = logging.getLogger(__name__)
+MAX_NAMES_LOGGED = 5
 
 
 class RunCheckpointer:
@@ -69,6 +76,7 @@ class RunCheckpointer:
         """The checkpoint this run resumes from (``trainer.resume_mode``), or None."""
         self.resume_state: dict[str, Any] = {}
         """Its ``trainer_state.json`` (empty when not resuming)."""
+        self._sweep_leftovers()
         self._rewind()
         self.ledger = StepLedger(self.run_dir)
         """``ledger.jsonl``: the prompts each trainer step trained."""
@@ -146,6 +154,29 @@ class RunCheckpointer:
         logger.info("trainer state loaded in %.2f s", time.perf_counter() - start)
         return self.resume_state
 
+    def _sweep_leftovers(self) -> None:
+        """Remove what an earlier process of this run left half done: weights files it
+        exported for engines (``.weights/``, ``*.partial`` among them) and interrupted
+        checkpoint directories; logged once, with the bytes freed. Nothing is in flight yet."""
+        doomed = leftover_weights_files(self.run_dir / EXPORT_DIR) + leftover_dirs(self.run_dir)
+        if not doomed:
+            return
+        num_bytes = sum(_num_bytes(path) for path in doomed)
+        for path in doomed:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        names = [str(path.relative_to(self.run_dir)) for path in doomed]
+        logger.info(
+            "removed %d leftovers of an earlier process of this run, %d bytes (%.2f GiB) freed: %s",
+            len(doomed),
+            num_bytes,
+            num_bytes / 2**30,
+            ", ".join(names[:MAX_NAMES_LOGGED])
+            + (", ..." if len(names) > MAX_NAMES_LOGGED else ""),
+        )
+
     def _rewind(self) -> None:
         """Resolve ``trainer.resume_mode`` and rewind the run directory (module docstring).
         Raises ValueError (startup) when the checkpoint does not fit this run."""
@@ -204,6 +235,16 @@ class RunCheckpointer:
             if log.is_file() and log.stat().st_size > 0:
                 log.replace(log.with_name(f"{name}.prev"))
                 logger.warning("starting fresh: the earlier %s is now %s.prev", name, name)
+
+
+def _num_bytes(path: Path) -> int:
+    if not path.is_dir():
+        return path.stat().st_size
+    return sum(
+        (Path(dirpath) / name).stat().st_size
+        for dirpath, _, names in os.walk(path)
+        for name in names
+    )
 
 
 EXPORT_DIR = ".weights"

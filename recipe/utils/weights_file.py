@@ -1,7 +1,8 @@
 """Files of full weights that one process writes and engines on other hosts load.
 
     writer: write_weights(state_dict, path) -> WeightsFile(path, num_bytes, sha256)
-            (written aside as <path>.partial, 0600, then renamed: a reader never sees half)
+            (written aside as <path>.partial, 0600, then renamed: a reader never sees half;
+            what a crash leaves is removed at the run's next start: leftover_weights_files)
             --(Ray: the record, never the tensors)-->
     reader: verify_weights_file(path, sha256) -> the file is the one written, byte for byte,
             or WeightsFileError naming it; then load
@@ -23,6 +24,9 @@ if TYPE_CHECKING:  # torch only in annotations: recipe.checkpoint.store hashes w
     import torch
 
 _READ_BYTES = 8 << 20
+WEIGHTS_SUFFIX = ".safetensors"
+PARTIAL_SUFFIX = ".partial"
+"""A file being written: renamed to its final name once whole."""
 
 
 class WeightsFileError(ValueError):
@@ -53,7 +57,7 @@ def write_weights(state_dict: dict[str, torch.Tensor], path: str | Path) -> Weig
     these are the model's weights) and record its checksum."""
     from safetensors.torch import save_file
 
-    partial = f"{path}.partial"
+    partial = f"{path}{PARTIAL_SUFFIX}"
     save_file(state_dict, partial)
     os.chmod(partial, 0o600)
     sha256 = file_sha256(partial)
@@ -76,3 +80,14 @@ def verify_weights_file(path: str, sha256: str) -> None:
             f"weights file {path} has sha256 {seen[:16]}... here but {sha256[:16]}... as "
             "written: it was cut, changed or has not fully reached this node"
         )
+
+
+def leftover_weights_files(directory: Path) -> list[Path]:
+    """The weights files in ``directory`` (a run's exports): every ``*.safetensors`` and
+    ``*.safetensors.partial``, left by a process that crashed between write and rename or
+    before it removed a file it exported. Ask only while no export is in flight (a run's
+    start), when every such file is a leftover; other files are not ours and are left."""
+    if not directory.is_dir():
+        return []
+    suffixes = (WEIGHTS_SUFFIX, WEIGHTS_SUFFIX + PARTIAL_SUFFIX)
+    return sorted(p for p in directory.iterdir() if p.is_file() and p.name.endswith(suffixes))

@@ -23,6 +23,7 @@ import torch
 from recipe.checkpoint.codec import decode_groups, encode_groups
 from recipe.checkpoint.ledger import StepLedger, read_ledger
 from recipe.checkpoint.rng import capture_rng, restore_rng
+from recipe.checkpoint.run_logs import truncate_jsonl
 from recipe.checkpoint.store import (
     MARKER,
     checkpoint_dir,
@@ -32,7 +33,6 @@ from recipe.checkpoint.store import (
     prune,
     resolve_resume,
     set_aside_newer,
-    truncate_jsonl,
     write_checkpoint,
 )
 from recipe.config import load_config
@@ -307,6 +307,32 @@ def test_a_fresh_start_moves_the_logs_of_an_earlier_attempt_aside(tmp_path):
     assert base.resume_from is None
     assert not (tmp_path / "metrics.jsonl").exists()
     assert (tmp_path / "metrics.jsonl.prev").read_text() == '{"step": 1}\n'
+
+
+def test_a_start_removes_the_weights_files_and_checkpoint_writes_a_crash_left(tmp_path, caplog):
+    exports = tmp_path / ".weights"
+    exports.mkdir()
+    (exports / "resume-v4-0a1b.safetensors").write_bytes(b"w" * 1000)  # not removed by its owner
+    (exports / "policy-v3.safetensors.partial").write_bytes(b"w" * 2000)  # crash before rename
+    (exports / "notes.txt").write_text("the user's")
+    (tmp_path / "mine.safetensors").write_bytes(b"u")  # outside the run's layout
+    kept_checkpoint = _write_state(tmp_path, 4)
+    root = tmp_path / "checkpoints"
+    (root / ".step_8.partial").mkdir()
+    (root / ".step_8.partial" / "model.safetensors").write_bytes(b"c" * 3000)
+    (root / ".step_2.deleting").mkdir()
+    (root / ".step_6.superseded").mkdir()  # set aside by a resume on purpose
+    with caplog.at_level(logging.INFO, logger="recipe.run.checkpointing"):
+        base = _checkpointer(tmp_path, "auto")
+    assert base.resume_from == kept_checkpoint
+    assert sorted(p.name for p in exports.iterdir()) == ["notes.txt"]
+    assert (tmp_path / "mine.safetensors").exists()
+    assert sorted(p.name for p in root.iterdir()) == [".step_6.superseded", "step_4"]
+    lines = [r.getMessage() for r in caplog.records if "leftovers" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith(
+        "removed 4 leftovers of an earlier process of this run, 6000 bytes (0.00 GiB) freed: "
+    )
+    assert ".weights/policy-v3.safetensors.partial" in lines[0]
 
 
 def test_a_checkpoint_of_another_mode_is_refused(tmp_path):
