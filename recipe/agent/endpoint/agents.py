@@ -1,9 +1,11 @@
 """The user's agent, as ``rollout.multi_turn.agent`` or ``agent_command`` names it.
 
     agent=FILE.py:fn        async def fn(client: openai.AsyncOpenAI, record) -> float | None
-                            (one client per episode, pointed at its endpoint and key, deaf
-                            to proxies); the whole record, ``ground_truth`` included (the
-                            user's own code, in the worker's process)
+                            on an event loop of its own in a thread of its own (a blocking
+                            call stalls only its episode: ``loop_thread``), with one client per
+                            episode made there, pointed at its endpoint and key, deaf to
+                            proxies; the whole record, ``ground_truth`` included (the user's
+                            own code, in the worker's process)
     agent_command="CMD ..." one process per episode (``agent_process``): the record as JSON on
                             stdin (``ground_truth``/``extra_info`` only with
                             ``agent_command_ground_truth``), an allow-listed environment with
@@ -33,6 +35,7 @@ from typing import Any, Protocol
 
 from recipe.agent.config import MultiTurnConfig
 from recipe.agent.endpoint.agent_process import base_environment, episode_environment, run_process
+from recipe.agent.endpoint.loop_thread import run_on_own_loop
 from recipe.agent.endpoint.server import Credentials
 from recipe.protocol import PromptRecord
 from recipe.utils.import_path import load_attribute
@@ -80,16 +83,26 @@ class FunctionAgent:
         self._ssl: ssl.SSLContext | None = None
 
     async def run(self, credentials: Credentials, record: PromptRecord) -> float | None:
-        import openai
-
         if self._ssl is None:
             # Built once: a client's default context loads the CA certificates (~40 ms of CPU
             # per episode). Each episode keeps a pool of its own (one shared pool scans all
             # its connections on every request).
             self._ssl = ssl.create_default_context()
+        ssl_context = self._ssl
+
+        async def episode() -> float | None:  # on the episode's own loop, client and all
+            return await self._episode(credentials, record, ssl_context)
+
+        return await run_on_own_loop(episode, f"agent {self._spec} on prompt {record.uid}")
+
+    async def _episode(
+        self, credentials: Credentials, record: PromptRecord, ssl_context: ssl.SSLContext
+    ) -> float | None:
+        import openai
+
         http = openai.DefaultAsyncHttpxClient(
             timeout=self._timeout_s,
-            verify=self._ssl,
+            verify=ssl_context,
             trust_env=False,  # no HTTP(S)_PROXY of the worker's may reroute the endpoint
         )
         client = openai.AsyncOpenAI(
