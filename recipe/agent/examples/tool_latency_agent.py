@@ -12,6 +12,7 @@ the model called it, a user message otherwise. The reward function scores the la
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import openai
@@ -34,10 +35,12 @@ TOOLS: list[Any] = [
     }
 ]
 _episodes: dict[str, int] = {}
+_episodes_lock = threading.Lock()  # each episode runs in a thread of its own
 
 
 async def run(client: openai.AsyncOpenAI, record: PromptRecord) -> None:
-    rng = episode_rng(record.uid, _episodes)
+    with _episodes_lock:
+        rng = episode_rng(record.uid, _episodes)
     if isinstance(record.prompt, str):
         await _text_episode(client, record.prompt, rng)
     else:
