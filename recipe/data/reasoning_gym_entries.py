@@ -50,6 +50,8 @@ FRAME_TIMEOUT_S = 300.0
 """Longest wait for the child's next frame: its start and reasoning-gym's import (~1 s), a task's
 setup (word lists, ARC files: under 1 s here), one entry (``knight_swap``, the slowest, ~0.5 s).
 A child silent this long is stuck, and the error names the entry it was on."""
+READER_JOIN_S = 10.0
+"""Wait for the reader thread once the child has ended (its stdout is closed by then)."""
 Frame = tuple[str, int, Any]
 """(kind, job index, payload): ``entry`` (the entry), ``error`` (a message), ``done``."""
 
@@ -129,15 +131,19 @@ def _generate_in_child(jobs: Sequence[EntryJob]) -> list[list[dict[str, Any]]]:
     reader = threading.Thread(target=_read_frames, args=(proc.stdout, frames), daemon=True)
     reader.start()
     try:
-        with proc.stdin:
-            pickle.dump(list(jobs), proc.stdin)
+        try:
+            with proc.stdin:
+                pickle.dump(list(jobs), proc.stdin)
+        except BrokenPipeError:
+            pass  # the child ended at once: the end of its output says so, below
         return _collect(jobs, frames)
     finally:
         if proc.poll() is None:
             proc.kill()  # our own child: stuck, or abandoned after an error
-        proc.wait()
-        reader.join()  # it ends at the end of the child's output, which the exit closed
-        proc.stdout.close()
+        proc.wait()  # killed or exited: returns at once
+        reader.join(timeout=READER_JOIN_S)  # its input ended with the child
+        if not reader.is_alive():
+            proc.stdout.close()
 
 
 def _collect(jobs: Sequence[EntryJob], frames: queue.Queue[Frame]) -> list[list[dict[str, Any]]]:

@@ -95,3 +95,9 @@ def test_an_entry_does_not_depend_on_the_entries_made_before_it(monkeypatch) -> 
     before = random.getstate()
     generate_entries([job])  # in this process: its global random is put back
     assert random.getstate() == before
+
+
+def test_a_child_that_ends_without_its_entries_is_an_error_naming_the_set(monkeypatch) -> None:
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # exits at once, writes nothing
+    with pytest.raises(DataError, match=r"the generator process ended at entry 0 of the val set"):
+        generate_entries([EntryJob("chain_sum", {"seed": 1, "size": 2}, "val")])
