@@ -90,6 +90,9 @@ class RolloutClient:
     def engine_workers(self) -> ObjectRef[list[Any]]:
         return self.handle.engine_workers.remote()
 
+    def hold_for_sync(self) -> ObjectRef[None]:
+        return self.handle.hold_for_sync.remote()
+
     def begin_sync(self) -> ObjectRef[SyncPause]:
         return self.handle.begin_sync.remote()
 

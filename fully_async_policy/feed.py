@@ -4,11 +4,16 @@
     take(v)          R groups from the queue; while waiting, restarted replicas are given the
                      served weights (``ServedWeights.heal``); groups older than
                      ``max_staleness`` go back to the rollouter and are replaced
-    within(ref, p)   a sync phase's answer within ``checkpoint_engine.timeout_s``
+    within(ref, c)   the answer to rollouter call ``c`` within the sum of the deadlines of
+                     what the call waits for (``RolloutDeadlines.call``: a sync phase's
+                     checkpoint_engine.timeout_s, a validation's generation_timeout_s, ...)
     pull_trace()     the rollouter's and its engines' trace events, never waited on mid-run
 
 A wait past its deadline stops the run with a ``RunFailure`` naming what did not answer (the
-busy replicas, the sync phase), instead of hanging on a stuck process for good.
+busy replicas, the call and its deadline's keys), instead of hanging on a stuck process for
+good; a ``RunFailure`` the rollouter raised (one of its own waits ran out) comes back as its
+one line. ``RolloutAnswers`` is that bounded wait on its own, for the other users of the
+rollouter's client (``ServedWeights``).
 """
 
 from __future__ import annotations
@@ -18,11 +23,50 @@ from pathlib import Path
 from typing import Any
 
 from fully_async_policy.clients import QueueClient, RolloutClient
+from fully_async_policy.deadlines import RolloutDeadlines
 from fully_async_policy.messages import EndOfStream, PromptGroup
 from fully_async_policy.served_weights import ServedWeights
 from recipe.config import RecipeConfig
 from recipe.faults import RunFailure, resume_hint
 from recipe.observability.trace import Tracer, traced
+from recipe.utils.ray_errors import remote_cause
+
+
+class RolloutAnswers:
+    """The trainer's waits on rollouter calls, each within its deadline (module docstring)."""
+
+    def __init__(self, cfg: RecipeConfig, rollouter: RolloutClient, run_dir: Path) -> None:
+        self.rollouter, self.waits, self.run_dir = rollouter, rollouter.waits, run_dir
+        self.deadlines = RolloutDeadlines(cfg)
+
+    def within(self, ref: Any, call: str) -> Any:
+        """The result of ``ref``, the rollouter call ``call``, within
+        ``deadlines.call(call)``; past it the run stops (``RunFailure``) naming the call,
+        instead of waiting on a hung process for good."""
+        deadline = self.deadlines.call(call)
+        try:
+            return self.waits.get(ref, timeout=deadline.seconds)
+        except TimeoutError:  # Ray's GetTimeoutError is one
+            raise RunFailure(
+                f"the rollouter gave no answer to {call} within {deadline}: a hung rollouter "
+                f"or engine process (rollout replica(s) {self.busy_replicas()} generating; "
+                f"engine logs: RUN_DIR/engines/); {resume_hint(self.run_dir)}"
+            ) from None
+        except RunFailure as exc:
+            cause = remote_cause(exc)
+            if cause is exc:
+                raise
+            # Raised by the rollouter: its one line, not Ray's remote traceback.
+            raise RunFailure(f"{cause}; {resume_hint(self.run_dir)}") from None
+
+    def busy_replicas(self) -> str:
+        """The replicas with groups generating, as the rollouter says within 10 s ("?" when
+        it does not answer), for a deadline's message."""
+        try:
+            busy = self.waits.get(self.rollouter.busy_replicas(), timeout=10)
+        except Exception:  # the rollouter itself does not answer
+            busy = []
+        return ", ".join(map(str, busy)) or "?"
 
 
 class RolloutFeed:
@@ -41,6 +85,7 @@ class RolloutFeed:
         self.cfg, self.rollouter, self.queue, self.served = cfg, rollouter, queue, served
         self.waits = rollouter.waits
         self.tracer, self.run_dir = tracer, run_dir
+        self.answers = RolloutAnswers(cfg, rollouter, run_dir)
         self.wait_s = 0.0
         """Seconds spent waiting for groups so far."""
         self.run_ref: Any = None
@@ -104,33 +149,14 @@ class RolloutFeed:
         timeout_s = self.cfg.rollout.generation_timeout_s
         return RunFailure(
             f"no batch of {num_groups} prompt groups within rollout.generation_timeout_s="
-            f"{timeout_s:g} s (rollout replica(s) {self._busy_replicas()} still generating: "
+            f"{timeout_s:g} s (rollout replica(s) {self.answers.busy_replicas()} still generating: "
             "a hung engine process; its log is RUN_DIR/engines/replica_R.log)"
         )
 
-    def _busy_replicas(self) -> str:
-        """The replicas with groups generating, as the rollouter says within 10 s ("?" when
-        it does not answer), for a deadline's message."""
-        try:
-            busy = self.waits.get(self.rollouter.busy_replicas(), timeout=10)
-        except Exception:  # the rollouter itself does not answer
-            busy = []
-        return ", ".join(map(str, busy)) or "?"
-
-    def within(self, ref: Any, phase: str) -> Any:
-        """The result of ``ref``, a sync phase on the rollouter, within
-        ``checkpoint_engine.timeout_s``; past it the run stops (``RunFailure``) naming the
-        phase, instead of waiting on a hung process for good."""
-        timeout_s = self.cfg.checkpoint_engine.timeout_s
-        try:
-            return self.waits.get(ref, timeout=timeout_s)
-        except TimeoutError:  # Ray's GetTimeoutError is one
-            raise RunFailure(
-                f"the rollouter gave no answer to {phase} (a weight sync) within "
-                f"checkpoint_engine.timeout_s={timeout_s:g} s: a hung rollouter or engine "
-                f"process (rollout replica(s) {self._busy_replicas()} generating; engine "
-                f"logs: RUN_DIR/engines/); {resume_hint(self.run_dir)}"
-            ) from None
+    def within(self, ref: Any, call: str) -> Any:
+        """The answer to the rollouter call ``call`` within its deadline
+        (``RolloutAnswers.within``)."""
+        return self.answers.within(ref, call)
 
     def pull_trace(self, *, wait: bool) -> list[dict[str, Any]]:
         """Events of the drain asked for at the previous step, if it is done, and the next

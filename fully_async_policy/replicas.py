@@ -341,7 +341,7 @@ class ReplicaSupervisor:
             if isinstance(result, TimeoutError):
                 from recipe.checkpoint_engine.base import WeightSyncError
 
-                detail = f"no answer within {self.timeout_s:.1f} s"
+                detail = f"no answer within checkpoint_engine.timeout_s={self.timeout_s:g} s"
                 raise WeightSyncError(what, f"rollout replica {index}", detail)
             if isinstance(result, Exception) and not await self.on_failure(index, worker, result):
                 raise result

@@ -7,9 +7,11 @@ The rollouter's ``ReplicaSupervisor`` is the one owner of its engines' serving s
     push: workers() ------------------------> engine_workers()  handles of the replicas not
                                                                 retired
           transfer + verify (engines decode)
-          pause() --------------------------> begin_sync()      admission held, validation
-                                                                done, engines paused (partial
-                                                                rollout) or drained and paused
+          pause() --------------------------> hold_for_sync()   admission held, validation
+                                                                done, (no partial rollout)
+                                                                groups in flight drained
+                  --------------------------> begin_sync()      engines paused (in-flight
+                                                                groups come back cut)
                   heal(v) ------------------> recover_replicas, install_weights: a replica
                                                                 that died is back, paused, on v
           load, agree-after
@@ -18,7 +20,9 @@ The rollouter's ``ReplicaSupervisor`` is the one owner of its engines' serving s
           repair(e) ------------------------> heal(v)           a dead replica cut the push
     then: snapshot() (a checkpoint is due), end_sync(v + 1, trained): the window opens
 
-Every call has the deadline ``checkpoint_engine.timeout_s`` (``within``).
+Every call has the deadline of what it waits for (``within``, deadlines.py): the sync
+phases proper ``checkpoint_engine.timeout_s`` per wait, ``hold_for_sync`` the validation's
+and the drained groups' ``rollout.generation_timeout_s``.
 """
 
 from __future__ import annotations
@@ -28,16 +32,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fully_async_policy.deadlines import Within
 from fully_async_policy.messages import SyncPause
 from fully_async_policy.served_weights import ServedWeights
 from recipe.checkpoint_engine.base import WeightSyncError
 
 if TYPE_CHECKING:
     from fully_async_policy.clients import RolloutClient
-
-Within = Callable[[Any, str], Any]
-"""``within(ref, phase)``: the call's result within ``checkpoint_engine.timeout_s``, else a
-``RunFailure`` naming the phase (``RolloutFeed.within``, feed.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +69,11 @@ class RolloutEngines:
         self._last: PauseRecord | None = None
 
     def workers(self) -> list[Any]:
-        return self._rollouter.waits.get(self._rollouter.engine_workers())
+        return self._within(self._rollouter.engine_workers(), "engine_workers")
 
     def pause(self) -> None:
         start = time.perf_counter()
+        self._within(self._rollouter.hold_for_sync(), "hold_for_sync")
         pause = self._within(self._rollouter.begin_sync(), "begin_sync")
         self._last = PauseRecord(start, pause)
         self._served.heal(self._version())  # replicas that died since the last sync: pushed too

@@ -5,32 +5,37 @@ and the prompt cursor. One event loop drives everything, so no state needs a loc
 streaming loop (admit, generate, score, release into the queue) is ``GroupStream``
 (stream.py); this class holds the state machine around it and the trainer's calls::
 
-    trainer: begin_sync()                    end_sync(v, trained)
-               stop admitting                  open window v (allowance = B - carried)
-               wait for running validation     resume engines
-               partial_rollout=true:           resubmit cut groups with their tokens so far
-                 pause engines (in-flight      (the remaining budget; new tokens carry v)
-                 groups come back "aborted")   start validation of v (every test_freq)
-               partial_rollout=false:          admit again
-                 wait for in-flight groups to
-                 finish on the old weights,
-                 then pause
+    trainer: hold_for_sync()          begin_sync()             end_sync(v, trained)
+               stop admitting           partial_rollout=true:    open window v (allowance =
+               wait for running           pause engines (in-       B - carried)
+               validation                 flight groups come     resume engines
+               partial_rollout=false:     back "aborted")        resubmit cut groups with
+                 wait for in-flight     partial_rollout=false:     their tokens so far (new
+                 groups to finish on      pause (nothing in        tokens carry v)
+                 the old weights          flight)                start validation of v
+                                                                   (every test_freq)
+                                                                 admit again
                multi-turn episodes (partial_rollout=true) are not returned at a pause: the
                engines stop serving them, their turns wait in the workers and continue on
                the new weights (per-token versions); environment steps run on
 
-State machine (``state``, its steps checked: states.py): RUNNING --begin_sync--> PAUSED
+The long waits of a sync (a validation: ``rollout.generation_timeout_s``; groups finishing on
+the old weights: the same) are ``hold_for_sync``'s, so ``begin_sync``, the pause proper, waits
+only on the engines (``checkpoint_engine.timeout_s``). Every wait here has the deadline of
+what it waits for and fails naming it (deadlines.py).
+
+State machine (``state``, its steps checked: states.py): RUNNING --hold_for_sync--> PAUSED
 --end_sync--> RUNNING; any --stop()--> STOPPED.
-Invariant: while PAUSED no engine request runs, so the trainer may change the engines'
-weights (episodes in flight wait inside the workers; single-turn groups came back as
-partials).
+Invariant: from the end of ``begin_sync`` to the push's resume no engine request runs, so the
+trainer may change the engines' weights (episodes in flight wait inside the workers;
+single-turn groups came back as partials and wait for ``end_sync``).
 Checkpoints use the same pause: ``snapshot()`` (after the push, before ``end_sync``) is then
 the rollouter's whole state; ``restore()`` loads it before ``run()``, and the trainer replays
 ``end_sync`` (fully_async_policy/snapshot.py).
 
 Validation runs here, on the engines, at the start of a window and next to the window's
-training generation, so the trainer never waits for it; the next ``begin_sync`` waits for it
-to end so that every val answer comes from one version.
+training generation, so the trainer never waits for it; the next ``hold_for_sync`` waits for
+it to end so that every val answer comes from one version.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fully_async_policy.admission import AdmissionController, Ticket
+from fully_async_policy.deadlines import RolloutDeadlines, bounded
 from fully_async_policy.engine_replicas import EngineReplicas
 from fully_async_policy.messages import PromptGroup, RolloutLedger, RolloutProgress, SyncPause
 from fully_async_policy.replicas import ReplicaSupervisor
@@ -117,8 +123,12 @@ class FullyAsyncRollouter:
         self.book = StreamBook(self.cursor, self.admission)
         """Partials, resumes, deferred re-admissions, releases: what a checkpoint carries."""
         self.state = RolloutState.RUNNING
-        """RUNNING --begin_sync--> PAUSED --end_sync--> RUNNING, any --stop--> STOPPED
+        """RUNNING --hold_for_sync--> PAUSED --end_sync--> RUNNING, any --stop--> STOPPED
         (fully_async_policy/states.py)."""
+        self.deadlines = RolloutDeadlines(cfg)
+        """What each wait here may take (deadlines.py)."""
+        self._hold = (0.0, 0)
+        """When the sync's hold began (``time.perf_counter()``) and the groups it drained."""
         self.stream = GroupStream(
             cfg,
             self.inputs,
@@ -149,7 +159,10 @@ class FullyAsyncRollouter:
         )
         self.stream.serve_on(engines, self.replicas)
         self.validation = VersionValidation(
-            self._validate_here, self.replicas, self.cfg.trainer.test_freq
+            self._validate_here,
+            self.replicas,
+            self.cfg.trainer.test_freq,
+            self.deadlines.generation,
         )
 
     @property
@@ -180,24 +193,41 @@ class FullyAsyncRollouter:
 
     # ---- syncs ------------------------------------------------------------------------------
 
-    @traced("begin_sync (pause)", tid=ROLLOUTER_TIDS["sync"], cat="sync")
-    async def begin_sync(self) -> SyncPause:
-        """Stop generating so the weights can change (see the module docstring)."""
+    @traced("hold_for_sync (drain)", tid=ROLLOUTER_TIDS["sync"], cat="sync")
+    async def hold_for_sync(self) -> None:
+        """A sync's long waits, before ``begin_sync`` pauses the engines: stop admitting, let
+        the running validation end and, with ``partial_rollout=false``, the groups in flight
+        finish on the old weights; each within ``rollout.generation_timeout_s``, past which
+        ``RunFailure`` names the wait."""
         start = time.perf_counter()
         self._enter(RolloutState.PAUSED)
         self.replicas.hold(True)
-        await self.validation.finish()
+        await self.validation.finish("hold_for_sync")
         num_drained = 0
-        if self.cfg.async_training.partial_rollout:
-            await self.replicas.pause_all()
-            if not self.cfg.rollout.multi_turn.enable:
-                await self.stream.quiet()
+        if not self.cfg.async_training.partial_rollout:
+            num_drained = len(self.stream.in_flight)
+            busy = ", ".join(map(str, self.busy_replicas())) or "?"
+            what = (
+                f"hold_for_sync: {num_drained} prompt groups in flight on version "
+                f"{self.version} (rollout replica(s) {busy}; engine logs: RUN_DIR/engines/)"
+            )
+            await bounded(self.stream.quiet(), self.deadlines.generation, what)
+        self._hold = (start, num_drained)
+
+    @traced("begin_sync (pause)", tid=ROLLOUTER_TIDS["sync"], cat="sync")
+    async def begin_sync(self) -> SyncPause:
+        """Pause the engines so the weights can change (after ``hold_for_sync``): each replica
+        within ``checkpoint_engine.timeout_s``, and the groups the pause cut come back within
+        the same."""
+        if self.state is not RolloutState.PAUSED:
+            raise RuntimeError(f"begin_sync() while {self.state.name}: hold_for_sync() first")
+        start, num_drained = self._hold
+        await self.replicas.pause_all()
+        if self.cfg.async_training.partial_rollout and not self.cfg.rollout.multi_turn.enable:
             # Episodes (recipe.agent) stay in flight: their engine requests ended with the
             # pause, their turns continue on the new weights, environment steps go on.
-        else:
-            num_drained = len(self.stream.in_flight)
-            await self.stream.quiet()
-            await self.replicas.pause_all()
+            what = f"begin_sync: {len(self.stream.in_flight)} prompt groups cut by the pause"
+            await bounded(self.stream.quiet(), self.deadlines.cut_back, what)
         num_partial = len(self.book.partials)
         if self.cfg.rollout.multi_turn.enable and self.cfg.async_training.partial_rollout:
             num_partial += len(self.stream.in_flight)  # episodes waiting in the workers
@@ -286,7 +316,8 @@ class FullyAsyncRollouter:
             # again so that every episode comes to wait for them, then cut it there.
             await self.replicas.pause_all()
             await self.replicas.cut_episodes_all()
-            await self.stream.quiet()
+            what = f"snapshot: {len(self.stream.in_flight)} prompt groups of episodes being cut"
+            await bounded(self.stream.quiet(), self.deadlines.cut_back, what)
         if self.state is not RolloutState.PAUSED:
             raise RuntimeError(f"snapshot() while {self.state.name}: take it inside a sync")
         in_flight = self.stream.in_flight
@@ -294,7 +325,8 @@ class FullyAsyncRollouter:
             raise RuntimeError(f"snapshot() with {len(in_flight)} groups generating")
         async with self.stream.puts_held():
             seen = list(self.book.releases)  # the head may be put (and popped) meanwhile
-            queued = await self.queue.snapshot.remote()
+            read: Any = self.queue.snapshot.remote()
+            queued = await bounded(read, self.deadlines.answer, "snapshot: reading the queue")
             live = {t.ticket: t for t in self.admission.unreleased()}
             restart = [live[k] for k in sorted(in_flight)]
             return self.book.state_dict(queued, seen, restart) | {"rng": capture_rng()}
@@ -353,7 +385,7 @@ class FullyAsyncRollouter:
         self._enter(RolloutState.STOPPED)
         self.replicas.hold(True)
         self.stream.wake()
-        await self.validation.finish()
+        await self.validation.finish("stop")
         await self.replicas.pause_all()
         if self.cfg.rollout.multi_turn.enable:  # episodes wait in paused workers: end them
             await self.replicas.cut_episodes_all()

@@ -10,6 +10,11 @@
 The slot is needed only while the trainer's own weights differ from the served ones (between
 the first update of a window and the next push), which is when a restarted replica must
 still be given version v.
+
+Every wait on the rollouter has its call's deadline (``within``, deadlines.py): loading a
+weights file into the engines is bounded by ``rollout.start_timeout_s`` (the engines read a
+whole model from disk and check its sha256, as at their start; a sync phase's 120 s is sized
+for one bucket of a push, not a model), a restart by its bundle's, start's and pause's.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fully_async_policy.deadlines import Within
 from recipe.observability.tracking import MetricsAccumulator
 from recipe.run.checkpointing import exported_weights
 
@@ -33,9 +39,13 @@ read it, and a restarted rollout worker is loaded from it (``rollout.max_restart
 class ServedWeights:
     """The served version's weights, kept in every trainer rank (module docstring)."""
 
-    def __init__(self, ranks: TrainerRanks, rollouter: RolloutClient, run_dir: Path) -> None:
-        """``run_dir``: where files of weights for the engines go (every node reads it)."""
+    def __init__(
+        self, ranks: TrainerRanks, rollouter: RolloutClient, run_dir: Path, within: Within
+    ) -> None:
+        """``run_dir``: where files of weights for the engines go (every node reads it);
+        ``within(ref, call)``: the answer to a rollouter call within its deadline."""
         self.ranks, self.rollouter, self.run_dir = ranks, rollouter, run_dir
+        self._within = within
         self.kept_version: int | None = None
         """The version held in ``PUSHED_SLOT`` (None: nothing kept yet)."""
 
@@ -51,22 +61,21 @@ class ServedWeights:
     def serve_resumed(self, version: int) -> None:
         """A resumed run: every engine loads the trainer's weights as ``version`` (they
         start from ``model.path`` at version 0); they are then also the kept copy."""
-        get = self.rollouter.waits.get
         tag = f"resume-v{version}"
         with exported_weights(self.ranks, self.run_dir, tag) as weights:
-            get(self.rollouter.load_weights(weights, version))
+            self._within(self.rollouter.load_weights(weights, version), "load_weights")
         self.keep(version)
 
     def heal(self, version: int) -> bool:
         """Have the rollouter restart dead replicas and load the served weights (``version``)
         into every restarted one. True when a replica runs on a new worker since the call
         (a push then reaches it over a rebuilt transport)."""
-        get = self.rollouter.waits.get
-        before = get(self.rollouter.engine_workers())
-        waiting = get(self.rollouter.recover_replicas())
+        rollouter, within = self.rollouter, self._within
+        before = within(rollouter.engine_workers(), "engine_workers")
+        waiting = within(rollouter.recover_replicas(), "recover_replicas")
         for replica in waiting:
             if version == 0:  # nothing pushed yet: the model on disk is what is served
-                get(self.rollouter.install_weights(replica, None, 0))
+                within(rollouter.install_weights(replica, None, 0), "install_weights")
                 continue
             if self.kept_version != version:
                 raise RuntimeError(
@@ -76,5 +85,5 @@ class ServedWeights:
             tag = f"restart-v{version}"
             kept = exported_weights(self.ranks, self.run_dir, tag, slot=PUSHED_SLOT)
             with kept as weights:
-                get(self.rollouter.install_weights(replica, weights, version))
-        return get(self.rollouter.engine_workers()) != before
+                within(rollouter.install_weights(replica, weights, version), "install_weights")
+        return within(rollouter.engine_workers(), "engine_workers") != before

@@ -2,11 +2,11 @@
 
 The rollouter (rollouter.py), driven by the trainer's syncs::
 
-    RUNNING --begin_sync--> PAUSED --end_sync--> RUNNING        any --stop--> STOPPED
+    RUNNING --hold_for_sync--> PAUSED --end_sync--> RUNNING     any --stop--> STOPPED
 
-(a resumed run replays ``end_sync`` while RUNNING: staying in a state is no step). While
-PAUSED no engine request of a training group runs, so the weights may change, and
-``snapshot`` reads the whole state.
+(a resumed run replays ``end_sync`` while RUNNING: staying in a state is no step). Once
+PAUSED (and ``begin_sync`` paused the engines) no engine request of a training group runs, so
+the weights may change, and ``snapshot`` reads the whole state.
 
 One rollout replica under the ``ReplicaSupervisor`` (replicas.py)::
 

@@ -5,7 +5,8 @@
                                                     rollouter is behind (feed.py)
         old_lp = pushed-version forward             bypass_mode=false (see below)
         adv    = grpo(rewards); trainer.update_actor(batch)
-        if local == T:  rollouter.begin_sync()      generation paused (partials kept)
+        if local == T:  rollouter.hold_for_sync()   admission held, validation done
+                        rollouter.begin_sync()      generation paused (partials kept)
                         push weights -> version + 1 (the one place weights move)
                         rollouter.end_sync(version, trained)
 
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fully_async_policy.clients import QueueClient, RolloutClient, Waits
-from fully_async_policy.feed import RolloutFeed
+from fully_async_policy.feed import RolloutAnswers, RolloutFeed
 from fully_async_policy.messages import RolloutProgress
 from fully_async_policy.metrics import group_metrics
 from fully_async_policy.rollout_engines import RolloutEngines
@@ -112,14 +113,15 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         engines serve the checkpoint's weights and restores the rollouter."""
         self.ranks.wait_ready()
         self.rollouter, self.queue, self.waits = rollouter, queue, rollouter.waits
-        self.served = ServedWeights(self.ranks, rollouter, self.run_dir)
+        answers = RolloutAnswers(self.cfg, rollouter, self.run_dir)
+        self.served = ServedWeights(self.ranks, rollouter, self.run_dir, answers.within)
         self.feed = feed = RolloutFeed(
             self.cfg, rollouter, queue, self.served, tracer=self.tracer, run_dir=self.run_dir
         )
         self.engines = RolloutEngines(rollouter, self.served, lambda: self.version, feed.within)
         if self.run.resume_from is not None:
             self.served.serve_resumed(self.version)
-            self.waits.get(self.rollouter.restore(str(self.run.resume_from)))
+            feed.within(self.rollouter.restore(str(self.run.resume_from)), "restore")
 
     def _serving_engines(self) -> RolloutEngines:
         """The rollouter's engines, paused and resumed by its supervisor (it owns them and
@@ -183,7 +185,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
 
     def _progress_metrics(self, interval_s: float, wait_s: float) -> dict[str, float]:
         """Idle ratios over the step, queue state, and validation results that came in."""
-        progress = self.waits.get(self.rollouter.poll())
+        progress = self._feed.within(self.rollouter.poll(), "poll")
         stats = self.waits.get(self.queue.stats())
         elapsed = progress.elapsed_s - self._progress.elapsed_s
         out = {
@@ -213,10 +215,10 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         """Train ``plan.total_steps`` steps; returns the summary (also in summary.json)."""
         run = self.run
         start = run.begin()
-        run.initial_validation(lambda: self.waits.get(self.rollouter.validate()))
-        if run.resume_from is not None:  # the sync the checkpoint was taken in ends here
-            self.waits.get(self.rollouter.end_sync(self.version, len(self.trained_uids)))
         feed = self._feed
+        run.initial_validation(lambda: feed.within(self.rollouter.validate(), "validate"))
+        if run.resume_from is not None:  # the sync the checkpoint was taken in ends here
+            feed.within(self.rollouter.end_sync(self.version, len(self.trained_uids)), "end_sync")
         feed.start()
         bar = step_bar(self.plan.total_steps, self.cfg.mode, quiet=self.cfg.logger.quiet)
         last_end = time.perf_counter()
@@ -299,9 +301,10 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
 
     def _finish(self, start: float) -> dict[str, Any]:
         """Stop the rollouter, validate the final version, account for every prompt."""
-        ledger = self.waits.get(self.rollouter.stop())
-        self.waits.get(self._feed.run_ref)
-        final = self.waits.get(self.rollouter.validate())
+        feed = self._feed
+        ledger = feed.within(self.rollouter.stop(), "stop")
+        self.waits.get(feed.run_ref)
+        final = feed.within(self.rollouter.validate(), "validate")
         leftover = self.waits.get(self.queue.drain())
         self.waits.get(self.queue.close())
         queue_stats = self.waits.get(self.queue.stats())

@@ -2,8 +2,9 @@
 
     end_sync(v), v % trainer.test_freq == 0  -->  start(v): a task validates v on the serving
                                                   replicas while training generation goes on
-    begin_sync / stop                        -->  finish(): wait for it, so every val answer
-                                                  comes from one version
+    hold_for_sync / stop                     -->  finish(): wait for it (within
+                                                  rollout.generation_timeout_s), so every val
+                                                  answer comes from one version
     the trainer's poll                       -->  take_unreported(): results not sent yet
     validate(v) (initial and final weights)  -->  once per version: a result already there
                                                   is reused
@@ -20,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from fully_async_policy.deadlines import Deadline, bounded
 from fully_async_policy.engine_replicas import EngineReplicas
 from fully_async_policy.replicas import ReplicaSupervisor
 from recipe.faults import RolloutWorkerError, RunFailure
@@ -39,12 +41,16 @@ class VersionValidation:
         validate: Callable[[], Awaitable[dict[str, float]]],
         replicas: ReplicaSupervisor,
         test_freq: int,
+        deadline: Deadline,
     ) -> None:
         """``await validate()``: generate and score the val set on the engines, on the
         rollouter's event loop (no thread: the supervisor and a user's async reward function
-        see one loop)."""
+        see one loop); ``deadline``: how long a wait for a running validation may take
+        (``rollout.generation_timeout_s``, which bounds a validation's generation)."""
         self._validate, self.replicas, self.test_freq = validate, replicas, test_freq
+        self.deadline = deadline
         self._task: asyncio.Task | None = None
+        self._task_version = 0
         self._results: dict[int, dict[str, float]] = {}
         self._unreported: dict[int, dict[str, float]] = {}
 
@@ -52,17 +58,23 @@ class VersionValidation:
         """Begin validating ``version`` if ``trainer.test_freq`` says so."""
         if self.test_freq > 0 and version % self.test_freq == 0:
             self._task = asyncio.create_task(self._run(version))
+            self._task_version = version
 
-    async def finish(self) -> None:
-        """Wait for the running validation, if any."""
-        if self._task is not None:
-            await self._task
+    async def finish(self, phase: str) -> None:
+        """Wait for the running validation, if any, within ``deadline``; past it
+        ``RunFailure`` names ``phase`` (the rollouter call waiting) and the version."""
+        if self._task is None:
+            return
+        try:
+            what = f"{phase}: the validation of version {self._task_version}"
+            await bounded(self._task, self.deadline, what)
+        finally:
             self._task = None
 
     async def result(self, version: int) -> dict[str, float]:
         """Validation metrics of ``version`` (the one served now), validating it if no
         result exists yet; it is then reported here, not by ``take_unreported``."""
-        await self.finish()
+        await self.finish("validate")
         if version not in self._results:
             await self._run(version)
         self._unreported.pop(version, None)

@@ -18,6 +18,7 @@ import pytest
 from fully_async_policy.clients import QueueClient, RolloutClient
 from fully_async_policy.feed import RolloutFeed
 from recipe.faults import RunFailure
+from tests.helpers.in_process import fully_async_config
 
 pytestmark = pytest.mark.integration
 
@@ -46,10 +47,7 @@ class _Silent:
 
 def _feed_waiting_on(silent, timeout_s: float) -> RolloutFeed:
     """The fully async trainer's feed (fully_async_policy/feed.py) on the silent actor."""
-    cfg = SimpleNamespace(
-        rollout=SimpleNamespace(generation_timeout_s=timeout_s),
-        async_training=SimpleNamespace(max_staleness=None),
-    )
+    cfg = fully_async_config(**{"rollout.generation_timeout_s": timeout_s})
     tracer = SimpleNamespace(span=lambda *a, **k: contextlib.nullcontext())
     feed = RolloutFeed(
         cfg, RolloutClient(silent), QueueClient(silent), None, tracer=tracer, run_dir=Path(".")

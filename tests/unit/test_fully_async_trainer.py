@@ -270,3 +270,51 @@ def test_an_async_reward_bound_to_its_first_loop_scores_training_and_validation(
     assert "initial/val_accuracy" in summary and "final/val_accuracy" in summary
     assert rows[0]["step"] == 0 and "val/accuracy" in rows[0]  # before training
     assert max(r["reward/mean"] for r in rows[1:]) > 0  # the judge found some answers
+
+
+def test_a_sync_waits_for_a_validation_longer_than_the_sync_phase_deadline(tmp_path):
+    """The sync waits for the running validation (every val answer from one version) within
+    the validation's deadline, rollout.generation_timeout_s, not the pause's 0.6 s."""
+    cfg = fully_async_config(
+        **{
+            "checkpoint_engine.timeout_s": 0.6,
+            "trainer.test_freq": 1,
+            "trainer.total_training_steps": 4,
+        }
+    )
+    inputs = scripted_inputs(cfg, val=4)
+    # Training answers take one token, validation's twelve (1.8 s): version 1's validation
+    # still runs when the sync after step 4 begins.
+    slow_val = lambda p, i: 12 if p > len(inputs.train_records) else 1  # noqa: E731
+    run = Run(cfg, tmp_path, inputs=inputs, tick_s=0.15, stop_after=slow_val)
+    summary = run.fit()
+    assert summary["status"] == "completed"
+    val_rows = [r for r in _rows(tmp_path) if "val/param_version" in r]
+    assert val_rows and all("val/accuracy" in r for r in val_rows)
+    pause = next(r for r in _rows(tmp_path) if r["step"] == 4)["sync/quiesce_s"]
+    assert pause > cfg.checkpoint_engine.timeout_s  # it did wait for the validation
+
+
+def test_a_sync_without_partial_rollout_drains_groups_longer_than_the_sync_phase_deadline(
+    tmp_path,
+):
+    """partial_rollout=false: the sync waits for the groups in flight to finish on the old
+    weights within rollout.generation_timeout_s, not the pause's 0.4 s."""
+    cfg = fully_async_config(
+        **{
+            "async_training.partial_rollout": False,
+            "checkpoint_engine.timeout_s": 0.4,
+            "trainer.total_training_steps": 4,
+            "data.shuffle": False,
+        }
+    )
+    # Prompts 9-12, admitted with steps 1-2's eight but not trained with them, take twelve
+    # tokens (1.2 s): they are still generating when the first sync begins.
+    slow_tail = lambda p, i: 12 if 9 <= p <= 12 else 1  # noqa: E731
+    run = Run(cfg, tmp_path, tick_s=0.1, stop_after=slow_tail)
+    summary = run.fit()
+    assert summary["status"] == "completed"
+    first_sync = next(r for r in _rows(tmp_path) if r["step"] == 2)
+    assert first_sync["sync/drained_groups"] > 0
+    assert first_sync["sync/quiesce_s"] > cfg.checkpoint_engine.timeout_s
+    _balanced(run.trainer.ledger)

@@ -17,6 +17,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from fully_async_policy.message_queue import MessageQueue
 from fully_async_policy.messages import PromptGroup
 from fully_async_policy.rollouter import FullyAsyncRollouter
@@ -24,6 +26,7 @@ from fully_async_policy.run_plan import RunPlan, plan_run
 from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE
 from recipe.checkpoint.store import RUN_STATE_DIR
 from recipe.config import RecipeConfig
+from recipe.faults import RunFailure
 from recipe.utils.weights_file import WeightsFile, file_sha256
 from tests.helpers.fake_engines import LocalHandle, ScriptedEngines, ScriptedWorker
 from tests.helpers.in_process import NUM_PROMPTS, fully_async_config, scripted_inputs
@@ -66,7 +69,9 @@ class Trainer:
         return got
 
     async def sync(self, *, snapshot: bool = False) -> dict[str, Any] | None:
-        """begin_sync, the push's pause-load-resume on every engine, (snapshot), end_sync."""
+        """hold_for_sync and begin_sync, the push's pause-load-resume on every engine,
+        (snapshot), end_sync."""
+        await self.rollouter.hold_for_sync()
         self.pauses.append(await self.rollouter.begin_sync())
         self.version += 1
         for handle in self.rollouter.engine_workers():
@@ -220,5 +225,32 @@ def test_a_snapshot_taken_in_a_sync_restores_a_rollouter_that_loses_no_prompt(tm
         _balanced(ledger)  # the resumed ledger counts the checkpoint's admissions too
         assert len(ledger["trained"]) == second.plan.total_steps * second.plan.prompts_per_step
         _check_tokens(second.trained, second)
+
+    asyncio.run(scenario())
+
+
+async def _generating(rollouter: FullyAsyncRollouter, num_groups: int) -> None:
+    while len(rollouter.stream.in_flight) < num_groups:
+        await asyncio.sleep(0.005)
+
+
+def test_a_drain_past_the_generation_deadline_fails_naming_the_groups_in_flight(tmp_path):
+    async def scenario() -> None:
+        cfg = fully_async_config(
+            **{"async_training.partial_rollout": False, "rollout.generation_timeout_s": 0.3}
+        )
+        trainer = Trainer(cfg, tmp_path, tick_s=60.0)  # a hung engine: nothing finishes
+        rollouter = await trainer.start()
+        run = asyncio.create_task(rollouter.run())
+        await _generating(rollouter, trainer.plan.budget)
+        with pytest.raises(RunFailure) as caught:
+            await asyncio.wait_for(rollouter.hold_for_sync(), 5)
+        assert str(caught.value) == (
+            "hold_for_sync: 12 prompt groups in flight on version 0 (rollout replica(s) 0, 1; "
+            "engine logs: RUN_DIR/engines/) did not finish within "
+            "rollout.generation_timeout_s=0.3 s"
+        )
+        run.cancel()
+        rollouter.close()
 
     asyncio.run(scenario())
