@@ -212,7 +212,7 @@ def _check_prompt(num_tokens: int, max_prompt: int | None) -> None:
     if max_prompt is not None and num_tokens > max_prompt:
         raise ContextTooLong(
             f"the request starts a new segment with a prompt of {num_tokens} tokens, over the "
-            f"{max_prompt} a prompt may have"
+            f"run's prompt budget of {max_prompt} (data.max_prompt_length)"
         )
 
 

@@ -74,6 +74,9 @@ def _agent_overrides(model_path: Path) -> dict[str, Any]:
         "rollout.n": 4,
         "rollout.max_num_seqs": 4,
         "rollout.response_length": 200,
+        # The agent's first prompt (few-shot messages and tools) is ~430 tokens: a new
+        # segment's prompt is bounded by data.max_prompt_length (256 by default).
+        "data.max_prompt_length": 512,
         "rollout.multi_turn.enable": True,
         "rollout.multi_turn.agent": f"{openai_agents.__file__}:run",
         "rollout.multi_turn.max_turn_tokens": TURN_TOKENS,

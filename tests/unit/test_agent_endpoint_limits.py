@@ -1,7 +1,7 @@
 """The agent endpoint's limits (recipe/agent/endpoint): request bodies bounded by what an
 episode holds, requests in flight per episode, requests cancelled when their episode ends,
-budgets that end an episode for good, and IPv6 node addresses. Through the real HTTP server
-(tests/helpers/agent_endpoint.py)."""
+budgets that end an episode for good, a new segment's prompt within the run's prompt budget,
+and IPv6 node addresses. Through the real HTTP server (tests/helpers/agent_endpoint.py)."""
 
 from __future__ import annotations
 
@@ -151,6 +151,22 @@ def test_after_a_budget_refusal_every_request_of_the_episode_is_refused(tokenize
     assert "the episode ended on a budget" in answers[2].message
     assert episode.finish_reason == "length" and len(engine.calls) == 1
     assert episode.num_request_errors == 0  # budgets are not malformed requests
+
+
+def test_a_new_segments_prompt_over_the_runs_prompt_budget_is_refused(tokenizer):
+    long = {"role": "user", "content": "What is 2 + 3? " * 8}
+    script = [(CHAT, {"messages": [long]}), (COMPLETE, {"prompt": long["content"]})]
+    replies = ["Five.", "Six."]
+    episode, engine, answers = _raw(tokenizer, script, replies, max_prompt_length=64)
+    assert [a.status for a in answers] == [400, 400]
+    assert answers[0].code == "context_length_exceeded"
+    assert "over the run's prompt budget of 64 (data.max_prompt_length)" in answers[0].message
+    assert not engine.calls
+    RAW.reset([(CHAT, {"messages": [USER]})])  # a short one fits the same budget
+    endpoint = make_endpoint(tokenizer, RAW_AGENT)
+    endpoint.max_prompt_length = 64
+    episode = run_episode(endpoint, ScriptedEngine(tokenizer, ["Five."]))
+    assert [a.status for a in RAW.answers] == [200] and episode.finish_reason == "stop"
 
 
 def _ipv6_loopback() -> bool:

@@ -22,11 +22,12 @@ The run samples, not the agent: ``temperature``, ``top_p``, ``seed`` and the oth
 fields a request carries are ignored in favour of the run's settings (what the trainer's
 log-probs assume); ``max_tokens`` / ``max_completion_tokens`` only lower the turn's budget.
 Budgets: ``rollout.response_length`` bounds each segment's tokens after its prompt (the
-length the trainer pads to), ``max_assistant_turns`` the episode's turns and
-``max_turn_tokens`` one turn; a request past a budget is refused as the API refuses a
-context that is too long (400 ``context_length_exceeded``), and so is every later request:
-the episode ends as ``length``. One episode's requests run one at a time, in arrival order
-(the session is one conversation; concurrent sub-agent calls wait their turn), at most
+length the trainer pads to), ``data.max_prompt_length`` a new segment's prompt,
+``max_assistant_turns`` the episode's turns and ``max_turn_tokens`` one turn; a request
+past a budget is refused as the API refuses a context that is too long (400
+``context_length_exceeded``), and so is every later request: the episode ends as
+``length``. One episode's requests run one at a time, in arrival order (the session is one
+conversation; concurrent sub-agent calls wait their turn), at most
 ``MAX_REQUESTS_PER_EPISODE`` at once (429 beyond, counted). When the episode ends, requests
 still in flight are cancelled (their engine requests aborted) and record nothing.
 """
@@ -75,6 +76,9 @@ class EpisodeLimits:
     """Tokens of one turn (None: what is left of ``response_length``)."""
     max_context: int | None = None
     """Prompt and response tokens the engine takes in one request (None: unbounded)."""
+    max_prompt: int | None = None
+    """Tokens of a new segment's prompt: the run's ``data.max_prompt_length`` (None:
+    bounded by ``max_context`` only)."""
 
 
 class EngineFailure(Exception):
@@ -234,7 +238,7 @@ class ChatEpisode:
         if held is not None:
             room = self._room(held.tokens.num_response_tokens, len(held.context_ids))
         try:
-            step = context(room, None)
+            step = context(room, self.limits.max_prompt)
         except ContextTooLong as exc:
             self._refuse(str(exc))
         if step.new and self._room(0, len(step.context_ids)) <= 0:

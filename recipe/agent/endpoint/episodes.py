@@ -58,6 +58,9 @@ class EndpointEpisodes:
         self.tools_rendered = renders_tools(renderer.tokenizer)
         self.max_context: int | None = None
         """Prompt and response tokens the engine takes (set once the engine started)."""
+        self.max_prompt_length: int | None = None
+        """Tokens of a new segment's prompt: the run's ``data.max_prompt_length`` (set by
+        the rollout worker; None: bounded by ``max_context`` only)."""
         self.vocab_size = len(renderer.tokenizer)
         """Token ids a ``/v1/completions`` prompt may hold: ``[0, vocab_size)``."""
 
@@ -75,6 +78,7 @@ class EndpointEpisodes:
             max_turns=self.config.max_assistant_turns,
             max_turn_tokens=self.config.max_turn_tokens,
             max_context=self.max_context,
+            max_prompt=self.max_prompt_length,
         )
         chat = ChatEpisode(
             engine,
