@@ -170,8 +170,9 @@ class RolloutConfig:
     did not answer (a hung engine process) instead of waiting for good."""
     start_timeout_s: float = 1800.0
     """Deadline of an engine's start (model load, KV cache, CUDA graphs), at launch and after a
-    restart, and of a restarted replica's weights load: past it the start fails naming the
-    replica instead of waiting for good."""
+    restart, and of loading a whole weights file into the engines (a restarted replica, a
+    resumed run): past it the start or load fails naming the replica instead of waiting for
+    good."""
     tensor_parallel_size: int = 1
     """GPUs per engine replica."""
     n_gpus_per_node: int = 1

@@ -1,7 +1,8 @@
-"""fully_async's wait for a batch has a deadline: real Ray actors that never answer stand in for
-a queue with no groups and a rollouter whose engines hang (seconds; no engine starts).
+"""Waits on Ray actors that never answer end at their deadlines: fully_async's wait for a batch
+(a queue with no groups, a rollouter whose engines hang) and the engines' load of a resumed
+run's weights (seconds; no engine starts).
 
-The engine-level version of this fault (a SIGSTOPped vLLM core) is the nightly
+The engine-level version of these faults (a SIGSTOPped vLLM core) is the nightly
 tests/integration/test_hangs.py, where the stop usually lands in a push instead.
 """
 
@@ -18,6 +19,8 @@ import pytest
 from fully_async_policy.clients import QueueClient, RolloutClient
 from fully_async_policy.feed import RolloutFeed
 from recipe.faults import RunFailure
+from recipe.utils.weights_file import WeightsFile
+from recipe.workers.rollout.replicas import RolloutReplicas
 from tests.helpers.in_process import fully_async_config
 
 pytestmark = pytest.mark.integration
@@ -82,3 +85,35 @@ def test_a_batch_that_never_comes_stops_the_run_within_the_deadline_naming_the_r
     # the deadline, plus at most the 10 s the trainer gives the rollouter to name replicas
     assert took_s < (4.0 if answers else 15.0), took_s
     ray_for_module.kill(silent)
+
+
+class _Loader:
+    """A rollout worker's weights load: done at once, or never (a hung engine)."""
+
+    def __init__(self, hangs: bool) -> None:
+        self.hangs = hangs
+
+    async def update_weights_from_file(self, path: str, version: int, *, sha256: str) -> None:
+        if self.hangs:
+            await asyncio.sleep(3600)
+
+
+@pytest.mark.timeout(120)
+def test_a_resumed_runs_weights_load_that_never_ends_fails_within_the_deadline_naming_it(
+    ray_for_module,
+):
+    loaders = [ray_for_module.remote(_Loader).remote(hangs) for hangs in (False, True)]
+    ray_for_module.get([w.__ray_ready__.remote() for w in loaders], timeout=60)
+    replicas = RolloutReplicas.__new__(RolloutReplicas)  # the actors above as its replicas
+    replicas.workers = loaders
+    replicas.cfg = SimpleNamespace(start_timeout_s=1.0)
+    start = time.monotonic()
+    with pytest.raises(RunFailure) as caught:
+        replicas.update_weights_from_file(WeightsFile("/run/.weights/v3", 4, "ab12"), 3)
+    assert time.monotonic() - start < 10
+    assert str(caught.value).startswith(
+        "rollout replica(s) 1 did not load the weights of version 3 within "
+        "rollout.start_timeout_s=1 s"
+    )
+    for loader in loaders:
+        ray_for_module.kill(loader)

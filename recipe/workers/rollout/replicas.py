@@ -18,6 +18,7 @@ judged dead. A group's request and its seed: requests.py (``group_request``).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -316,15 +317,29 @@ class RolloutReplicas:
         return ref
 
     def update_weights_from_file(self, weights: WeightsFile, version: int) -> None:
-        """Every replica verifies and loads ``weights`` and serves ``version``; raises if any
-        fails."""
+        """Every replica verifies and loads ``weights`` and serves ``version`` (a resumed
+        run); the first load that fails raises at once. Within ``rollout.start_timeout_s``:
+        each engine reads a whole model from disk and checks its sha256, the work of its start
+        (a restarted replica's load has the same deadline); past it ``RunFailure`` names the
+        replicas still loading."""
         import ray
 
         loads = [
             w.update_weights_from_file.remote(weights.path, version, sha256=weights.sha256)
             for w in self.workers
         ]
-        ray.get(loads)
+        timeout_s = self.cfg.start_timeout_s
+        end, pending = time.monotonic() + timeout_s, list(loads)
+        while pending:
+            ready, pending = ray.wait(pending, timeout=max(end - time.monotonic(), 0.0))
+            if not ready:
+                loading = ", ".join(str(loads.index(ref)) for ref in pending)
+                raise RunFailure(
+                    f"rollout replica(s) {loading} did not load the weights of version "
+                    f"{version} within rollout.start_timeout_s={timeout_s:g} s (a hung engine "
+                    "process; its log is RUN_DIR/engines/replica_R.log)"
+                )
+            ray.get(ready)  # a load that failed raises here
 
     def drain_trace(
         self, timeout_s: float = 30.0, skip: Sequence[int] = ()
