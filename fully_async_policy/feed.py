@@ -135,11 +135,11 @@ class RolloutFeed:
             self.served.heal(version)
         self.wait_s += time.perf_counter() - start
         if ref not in ready:
-            self.waits.get(self.run_ref)  # raises the rollouter's error
+            self.within(self.run_ref, "run")  # raises the rollouter's error
             raise RuntimeError("the rollouter stopped while the trainer waited for groups")
         got = self.waits.get(ref)
-        if isinstance(got, EndOfStream):
-            self.waits.get(self.run_ref)
+        if isinstance(got, EndOfStream):  # the rollouter failed: its run() raises (its end
+            self.within(self.run_ref, "run")  # is bounded: stream.py)
             raise RuntimeError(f"the message queue closed with {got.num_left} groups left")
         return got
 

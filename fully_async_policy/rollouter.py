@@ -381,14 +381,16 @@ class FullyAsyncRollouter:
         )
 
     async def stop(self) -> RolloutLedger:
-        """Stop admitting and cut what is generating; the engines stay up for validation."""
+        """Stop admitting and cut what is generating; the engines stay up for validation.
+        The stream ends once the engines are paused, so its bounded wait for the groups in
+        flight (stream.py) waits only for them to come back cut."""
         self._enter(RolloutState.STOPPED)
         self.replicas.hold(True)
-        self.stream.wake()
         await self.validation.finish("stop")
         await self.replicas.pause_all()
         if self.cfg.rollout.multi_turn.enable:  # episodes wait in paused workers: end them
             await self.replicas.cut_episodes_all()
+        self.stream.end()
         await self.stream.finished()
         await self.replicas.resume_all()
         unreleased = [t.uid for t in self.admission.unreleased()]

@@ -5,11 +5,17 @@
     release:  release deque --put (blocks when full)--> MessageQueue   (one put at a time: FIFO)
 
 The rollouter (rollouter.py) owns the state machine and the syncs: the stream admits only
-while the rollouter is RUNNING and ends once it is STOPPED. A group cut by a pause goes to
-the book's partials, one that waited for a replica through a sync to its deferred tickets;
-the rollouter starts both again at ``end_sync`` (``start``). A dead replica's groups are
-admitted again (``admit_again``); any other failure closes the queue and is raised from
-``run()``.
+while the rollouter is RUNNING and ends when the rollouter's ``stop`` says so (``end``), once
+it paused the engines. A group cut by a pause goes to the book's partials, one that waited for
+a replica through a sync to its deferred tickets; the rollouter starts both again at
+``end_sync`` (``start``). A dead replica's groups are admitted again (``admit_again``); any
+other failure closes the queue, cuts the groups in flight (nothing of them will be trained)
+and is raised from ``run()``.
+
+The end is bounded (deadlines.py): the groups in flight come back within
+``checkpoint_engine.timeout_s`` (plus an episode's environment step); past it, the run ends
+anyway with one line naming what was left (counted in the ledger as in flight, never lost
+silently).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from fully_async_policy.admission import AdmissionController, Ticket
+from fully_async_policy.deadlines import RolloutDeadlines, bounded
 from fully_async_policy.engine_replicas import EngineReplicas
 from fully_async_policy.messages import PromptGroup
 from fully_async_policy.replicas import ReplicaSupervisor
@@ -84,6 +91,7 @@ class GroupStream:
         self.reward_fn, self.prompt_ids = inputs.reward_fn, inputs.prompt_ids
         self.records = {r.uid: r for r in inputs.train_records}
         self._state, self._version = state, version
+        self.deadlines = RolloutDeadlines(cfg)
         self.in_flight: dict[int, asyncio.Task] = {}
         """Tickets generating now and their tasks."""
         self.replica_of: dict[int, int] = {}
@@ -92,6 +100,7 @@ class GroupStream:
         self._engines: EngineReplicas | None = None
         self._replicas: ReplicaSupervisor | None = None
         self._error: BaseException | None = None
+        self._ending = False  # the rollouter stopped: run() ends (end())
         self._wake = asyncio.Event()
         self._released = asyncio.Event()
         self._puts_open = asyncio.Event()  # cleared while a snapshot reads the queue
@@ -108,12 +117,13 @@ class GroupStream:
     # ---- what the rollouter calls -------------------------------------------------------
 
     async def run(self) -> None:
-        """Admit, generate and release until the rollouter is STOPPED (module docstring)."""
+        """Admit, generate and release until ``end()`` or a failure (module docstring)."""
         self.clock = IdleClock()
         self._loop_done.clear()
         release_task = asyncio.create_task(self._release_loop())
+        failed = True
         try:
-            while self._state() is not RolloutState.STOPPED:
+            while not self._ending:
                 if self._error is not None:
                     raise self._error
                 self._admit_available()
@@ -121,16 +131,26 @@ class GroupStream:
                 await self._wake.wait()
             if self._error is not None:
                 raise self._error
+            failed = False
         except BaseException:
-            await self.queue.close.remote()
+            await self._close_queue()
             raise
         finally:
-            await self._quiet.wait()  # stop() cut what was generating
+            if failed:  # nothing in flight will be trained: end the groups' waits now
+                for task in self.in_flight.values():
+                    task.cancel()
+            await self._settle()
             await self._flush_releases(release_task)
             self._loop_done.set()
 
     def wake(self) -> None:
         """Look again: admission may have room, or the state changed."""
+        self._wake.set()
+
+    def end(self) -> None:
+        """The rollouter stopped and paused its engines: ``run()`` ends once the groups they
+        cut came back and the last releases are in the queue."""
+        self._ending = True
         self._wake.set()
 
     def fail(self, error: BaseException) -> None:
@@ -284,6 +304,34 @@ class GroupStream:
             self.tracer.complete(
                 "put blocked", start_us, end_us, tid=ROLLOUTER_TIDS["queue"], cat="queue"
             )
+
+    async def _close_queue(self) -> None:
+        """Close the queue, so the trainer's batch wait ends at once (within
+        ``checkpoint_engine.timeout_s``: the queue actor may be what failed)."""
+        try:
+            await bounded(self.queue.close.remote(), self.deadlines.answer, "closing the queue")
+        except Exception as exc:  # the run's own error is the one to raise
+            logger.error("the message queue was not closed: %s", exc)
+
+    async def _settle(self) -> None:
+        """Wait for the groups in flight to end (cut by the stop's pause, or cancelled after
+        a failure) within ``deadlines.cut_back``; past it the run ends anyway, naming them."""
+        tasks = dict(self.in_flight)
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks.values(), timeout=self.deadlines.cut_back.seconds)
+        if pending:
+            uids = {t.ticket: t.uid for t in self.admission.unreleased()}
+            left = sorted(uids.get(k, str(k)) for k, task in tasks.items() if task in pending)
+            logger.error(
+                "the rollouter ends with %d prompt groups still in flight (%s): they did not "
+                "come back within %s of being cut; they count as in flight",
+                len(left),
+                ", ".join(left),
+                self.deadlines.cut_back,
+            )
+            for task in pending:
+                task.cancel()
 
     async def _flush_releases(self, release_task: asyncio.Task) -> None:
         while self.book.releases and not release_task.done():

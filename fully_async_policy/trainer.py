@@ -303,7 +303,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         """Stop the rollouter, validate the final version, account for every prompt."""
         feed = self._feed
         ledger = feed.within(self.rollouter.stop(), "stop")
-        self.waits.get(feed.run_ref)
+        feed.within(feed.run_ref, "run")
         final = feed.within(self.rollouter.validate(), "validate")
         leftover = self.waits.get(self.queue.drain())
         self.waits.get(self.queue.close())

@@ -1,6 +1,7 @@
 """Every wait of the fully async recipe under the deadline of what it waits for
 (fully_async_policy/deadlines.py): the trainer's deadline of each rollouter call, a
-validation waited for, a resumed run's weights load. Fakes stand in for the rollouter and
+validation waited for, the trainer's wait for a failed rollouter's end, a resumed run's
+weights load. Fakes stand in for the rollouter and
 its engines; the same waits run against Ray in tests/integration/test_batch_deadline.py.
 """
 
@@ -16,12 +17,13 @@ import pytest
 
 from fully_async_policy.clients import QueueClient, RolloutClient
 from fully_async_policy.deadlines import Deadline, RolloutDeadlines
-from fully_async_policy.feed import RolloutAnswers
+from fully_async_policy.feed import RolloutAnswers, RolloutFeed
 from fully_async_policy.messages import EndOfStream
 from fully_async_policy.served_weights import ServedWeights
 from fully_async_policy.states import ReplicaState, ReplicaStates
 from fully_async_policy.validation import VersionValidation
 from recipe.faults import RunFailure
+from recipe.observability.trace import Tracer
 from tests.helpers import agent_envs
 from tests.helpers.fake_ranks import ScriptedRanks
 from tests.helpers.in_process import fully_async_config
@@ -153,6 +155,24 @@ def failed_rollouter():
     handle = ThreadHandle(_FailedRollouter(), loop)
     yield RolloutClient(handle, FutureWaits()), QueueClient(handle, FutureWaits())
     loop.close()
+
+
+def test_the_trainer_waits_for_a_failed_rollouters_end_within_its_deadline(
+    tmp_path, failed_rollouter
+):
+    cfg = fully_async_config(**{"checkpoint_engine.timeout_s": 0.1})
+    rollouter, queue = failed_rollouter
+    feed = RolloutFeed(cfg, rollouter, queue, None, tracer=Tracer(0, None), run_dir=tmp_path)  # type: ignore[arg-type]
+    feed.start()
+    start = time.monotonic()
+    with pytest.raises(RunFailure) as caught:
+        feed.take(4, version=0)
+    assert time.monotonic() - start < 5
+    message = str(caught.value)
+    assert message.startswith(
+        "the rollouter gave no answer to run within 4 x checkpoint_engine.timeout_s=0.1 s"
+    )
+    assert "rollout replica(s) 1 generating" in message
 
 
 def test_a_resumed_runs_weights_load_that_hangs_stops_the_run_naming_it(

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -53,11 +56,11 @@ class Trainer:
         self.pauses: list[Any] = []
         self.rollouter: FullyAsyncRollouter
 
-    async def start(self) -> FullyAsyncRollouter:
+    async def start(self, engines: type[ScriptedEngines] = ScriptedEngines) -> FullyAsyncRollouter:
         rollouter = FullyAsyncRollouter(
             self.cfg, self.run_dir, self.queue, self.plan, None, inputs=self.inputs
         )
-        self.engines = ScriptedEngines(self.cfg.rollout, lambda: ScriptedWorker(**self.worker))
+        self.engines = engines(self.cfg.rollout, lambda: ScriptedWorker(**self.worker))
         await rollouter.start(self.engines)
         self.rollouter = rollouter
         return rollouter
@@ -232,6 +235,59 @@ def test_a_snapshot_taken_in_a_sync_restores_a_rollouter_that_loses_no_prompt(tm
 async def _generating(rollouter: FullyAsyncRollouter, num_groups: int) -> None:
     while len(rollouter.stream.in_flight) < num_groups:
         await asyncio.sleep(0.005)
+
+
+def test_a_failed_run_cuts_its_groups_in_flight_instead_of_waiting_for_them(tmp_path):
+    async def scenario() -> None:
+        trainer = Trainer(fully_async_config(), tmp_path, tick_s=60.0)  # nothing finishes
+        rollouter = await trainer.start()
+        run = asyncio.create_task(rollouter.run())
+        await _generating(rollouter, trainer.plan.budget)
+        rollouter.stream.fail(RuntimeError("the reward service is gone"))
+        with pytest.raises(RuntimeError, match="the reward service is gone"):
+            await asyncio.wait_for(run, 5)
+        assert not rollouter.stream.in_flight
+        assert trainer.queue_obj.stats().closed  # the trainer's batch wait ends at once
+        rollouter.close()
+
+    asyncio.run(scenario())
+
+
+class _DeafEngines(ScriptedEngines):
+    """Engines whose requests ignore the first cancellation: a wait that does not end when
+    the rollouter cuts it."""
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        async def deaf() -> None:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                await asyncio.sleep(3600)  # a second cancellation ends it
+
+        return deaf()
+
+
+def test_a_group_that_ignores_its_cut_ends_the_failed_run_at_the_deadline_naming_it(
+    tmp_path, caplog
+):
+    async def scenario() -> None:
+        cfg = fully_async_config(**{"checkpoint_engine.timeout_s": 0.3})
+        trainer = Trainer(cfg, tmp_path)
+        rollouter = await trainer.start(_DeafEngines)
+        run = asyncio.create_task(rollouter.run())
+        await _generating(rollouter, trainer.plan.budget)
+        rollouter.stream.fail(RuntimeError("an engine failed"))
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="an engine failed"):
+            await asyncio.wait_for(run, 10)
+        assert 0.3 <= time.monotonic() - start < 5
+        rollouter.close()
+
+    with caplog.at_level(logging.ERROR, logger="fully_async_policy.stream"):
+        asyncio.run(scenario())
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert re.match(r"the rollouter ends with 12 prompt groups still in flight \(p\d{3}, ", line)
+    assert "within checkpoint_engine.timeout_s=0.3 s of being cut" in line and "\n" not in line
 
 
 def test_a_drain_past_the_generation_deadline_fails_naming_the_groups_in_flight(tmp_path):
