@@ -13,9 +13,9 @@ other failure closes the queue, cuts the groups in flight (nothing of them will 
 and is raised from ``run()``.
 
 The end is bounded (deadlines.py): the groups in flight come back within
-``checkpoint_engine.timeout_s`` (plus an episode's environment step); past it, the run ends
-anyway with one line naming what was left (counted in the ledger as in flight, never lost
-silently).
+``checkpoint_engine.timeout_s`` (plus an episode's environment step), the last releases go
+into the queue within ``checkpoint_engine.timeout_s``; past either, the run ends anyway with
+one line naming what was left (counted in the ledger as in flight, never lost silently).
 """
 
 from __future__ import annotations
@@ -101,6 +101,7 @@ class GroupStream:
         self._replicas: ReplicaSupervisor | None = None
         self._error: BaseException | None = None
         self._ending = False  # the rollouter stopped: run() ends (end())
+        self._flushing = False  # run() is ending: the release loop returns once it is empty
         self._wake = asyncio.Event()
         self._released = asyncio.Event()
         self._puts_open = asyncio.Event()  # cleared while a snapshot reads the queue
@@ -291,6 +292,8 @@ class GroupStream:
                         return  # queue closed: what is left stays unreleased in the ledger
                     self._trace_put(start_us)
                     self.book.releases.popleft()
+                if self._flushing:
+                    return
                 self._released.clear()
                 await self._released.wait()
         except Exception as exc:  # surfaces from run()
@@ -334,6 +337,17 @@ class GroupStream:
                 task.cancel()
 
     async def _flush_releases(self, release_task: asyncio.Task) -> None:
-        while self.book.releases and not release_task.done():
-            await asyncio.sleep(0.01)
-        release_task.cancel()
+        """Let the release loop put what is released and return (at once when the queue is
+        closed), within ``checkpoint_engine.timeout_s``; past it what is left stays
+        unreleased (the ledger's in flight) and one line says so."""
+        self._flushing = True
+        self._released.set()
+        done, _ = await asyncio.wait({release_task}, timeout=self.deadlines.answer.seconds)
+        if not done:
+            logger.error(
+                "%d finished prompt groups were not put into the message queue within %s (a "
+                "full queue nobody takes from, or a hung queue actor); they count as in flight",
+                len(self.book.releases),
+                self.deadlines.answer,
+            )
+            release_task.cancel()

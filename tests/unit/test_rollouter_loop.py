@@ -290,6 +290,47 @@ def test_a_group_that_ignores_its_cut_ends_the_failed_run_at_the_deadline_naming
     assert "within checkpoint_engine.timeout_s=0.3 s of being cut" in line and "\n" not in line
 
 
+class _FullQueue:
+    """A message queue nobody takes from any more: every put waits for good."""
+
+    def __init__(self) -> None:
+        self.puts = 0
+
+    async def put(self, group: PromptGroup) -> bool:
+        self.puts += 1
+        await asyncio.sleep(3600)
+        return True
+
+    async def close(self) -> None:
+        return None
+
+
+def test_a_stop_with_releases_the_queue_never_takes_ends_at_the_deadline_and_keeps_them(
+    tmp_path, caplog
+):
+    async def scenario() -> None:
+        cfg = fully_async_config(**{"checkpoint_engine.timeout_s": 0.3})
+        trainer = Trainer(cfg, tmp_path, tick_s=0.001)
+        trainer.queue = LocalHandle(_FullQueue())
+        rollouter = await trainer.start()
+        run = asyncio.create_task(rollouter.run())
+        while len(rollouter.book.releases) < 2:  # the first is stuck in its put
+            await asyncio.sleep(0.005)
+        start = time.monotonic()
+        ledger = await asyncio.wait_for(rollouter.stop(), 10)
+        assert time.monotonic() - start < 5
+        await asyncio.wait_for(run, 1)
+        unreleased = len(rollouter.book.releases)
+        assert unreleased >= 2 and ledger.num_released == 0  # none was put: all in flight
+        assert Counter(ledger.unreleased_uids) == Counter(ledger.admitted_uids)
+        rollouter.close()
+
+    with caplog.at_level(logging.ERROR, logger="fully_async_policy.stream"):
+        asyncio.run(scenario())
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert "finished prompt groups were not put into the message queue within" in line
+
+
 def test_a_drain_past_the_generation_deadline_fails_naming_the_groups_in_flight(tmp_path):
     async def scenario() -> None:
         cfg = fully_async_config(
