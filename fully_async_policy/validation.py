@@ -9,8 +9,11 @@
     validate(v) (initial and final weights)  -->  once per version: a result already there
                                                   is reused
 
-A replica that dies during validation skips that version's result (logged, an empty dict) and
-is restarted by the supervisor; training is not held up by it.
+A validation that cannot run (no replica in service: they are restarting) or that a dying
+replica cut is skipped: one warning names the version and why, and its result is
+``{"val/skipped": 1.0}`` (a validation that ran has ``val/skipped`` 0), never an empty dict
+that looks like one ran. A dead replica is restarted by the supervisor; training is not held
+up by it.
 """
 
 from __future__ import annotations
@@ -86,14 +89,24 @@ class VersionValidation:
         return results
 
     async def _run(self, version: int) -> None:
-        results: dict[str, float] = {}
-        try:
-            if any(self.replicas.in_service):
+        states = self.replicas.states
+        if not any(self.replicas.in_service):
+            named = ", ".join(f"replica {i} {states[i].value}" for i in range(len(states)))
+            results = _skipped(version, f"no rollout replica is in service ({named})")
+        else:
+            try:
                 results = await self._validate()
-        except RolloutWorkerError as exc:  # skipped; a dead replica is restarted
-            logger.warning("validation of version %d skipped: %s", version, exc)
-            await self.replicas.check_all()
+                results |= {"val/skipped": 0.0} if results else {}  # {}: no val set
+            except RolloutWorkerError as exc:  # a dead replica is restarted
+                results = _skipped(version, str(exc))
+                await self.replicas.check_all()
         self._results[version] = self._unreported[version] = results
+
+
+def _skipped(version: int, why: str) -> dict[str, float]:
+    """The result of a validation that did not run: said once, and marked in the metrics."""
+    logger.warning("validation of version %d skipped: %s", version, why)
+    return {"val/skipped": 1.0}
 
 
 async def score_val_set(

@@ -1,13 +1,14 @@
 """Every wait of the fully async recipe under the deadline of what it waits for
 (fully_async_policy/deadlines.py): the trainer's deadline of each rollouter call, a
-validation waited for, the trainer's wait for a failed rollouter's end, a resumed run's
-weights load. Fakes stand in for the rollouter and
+validation waited for, a skipped validation said and marked, the trainer's wait for a
+failed rollouter's end, a resumed run's weights load. Fakes stand in for the rollouter and
 its engines; the same waits run against Ray in tests/integration/test_batch_deadline.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -106,6 +107,30 @@ class _Replicas:
 def _validation(states: list[ReplicaState], validate: Any, deadline_s: float = 5.0):
     deadline = Deadline.of("rollout.generation_timeout_s", deadline_s)
     return VersionValidation(validate, _Replicas(states), 1, deadline)  # type: ignore[arg-type]
+
+
+def test_a_validation_with_no_replica_in_service_is_skipped_said_and_marked(caplog):
+    async def validate() -> dict[str, float]:
+        raise AssertionError("no replica serves: nothing may be validated")
+
+    states = [ReplicaState.RESTARTING, ReplicaState.WAITING_WEIGHTS]
+    validation = _validation(states, validate)
+    with caplog.at_level(logging.WARNING, logger="fully_async_policy.validation"):
+        result = asyncio.run(validation.result(3))
+    assert result == {"val/skipped": 1.0}
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning == (
+        "validation of version 3 skipped: no rollout replica is in service (replica 0 "
+        "restarting, replica 1 waiting_weights)"
+    )
+
+
+def test_a_validation_that_ran_is_marked_as_not_skipped():
+    async def validate() -> dict[str, float]:
+        return {"val/accuracy": 0.5}
+
+    validation = _validation([ReplicaState.SERVING], validate)
+    assert asyncio.run(validation.result(2)) == {"val/accuracy": 0.5, "val/skipped": 0.0}
 
 
 def test_waiting_for_a_validation_past_its_deadline_names_the_call_and_the_version():
