@@ -7,6 +7,7 @@
     within(ref, c)   the answer to rollouter call ``c`` within the sum of the deadlines of
                      what the call waits for (``RolloutDeadlines.call``: a sync phase's
                      checkpoint_engine.timeout_s, a validation's generation_timeout_s, ...)
+    from_queue(r, c) the message queue's answer to ``c`` within checkpoint_engine.timeout_s
     pull_trace()     the rollouter's and its engines' trace events, never waited on mid-run
 
 A wait past its deadline stops the run with a ``RunFailure`` naming what did not answer (the
@@ -112,7 +113,7 @@ class RolloutFeed:
             }
             if stale:
                 back = [(g.ticket, g.prompt_uid) for g in got if g.ticket in stale]
-                self.waits.get(self.rollouter.readmit(back))
+                self.within(self.rollouter.readmit(back), "readmit")
             groups += [g for g in got if g.ticket not in stale]
         return groups
 
@@ -157,6 +158,19 @@ class RolloutFeed:
         """The answer to the rollouter call ``call`` within its deadline
         (``RolloutAnswers.within``)."""
         return self.answers.within(ref, call)
+
+    def from_queue(self, ref: Any, call: str) -> Any:
+        """The answer to the message queue's ``call`` (one that never waits: stats, drain,
+        close) within ``checkpoint_engine.timeout_s``; past it ``RunFailure`` names the
+        queue and the call."""
+        deadline = self.answers.deadlines.answer
+        try:
+            return self.waits.get(ref, timeout=deadline.seconds)
+        except TimeoutError:
+            raise RunFailure(
+                f"the message queue gave no answer to {call} within {deadline}: a hung queue "
+                f"actor; {resume_hint(self.run_dir)}"
+            ) from None
 
     def pull_trace(self, *, wait: bool) -> list[dict[str, Any]]:
         """Events of the drain asked for at the previous step, if it is done, and the next

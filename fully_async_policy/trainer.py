@@ -186,7 +186,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
     def _progress_metrics(self, interval_s: float, wait_s: float) -> dict[str, float]:
         """Idle ratios over the step, queue state, and validation results that came in."""
         progress = self._feed.within(self.rollouter.poll(), "poll")
-        stats = self.waits.get(self.queue.stats())
+        stats = self._feed.from_queue(self.queue.stats(), "stats")
         elapsed = progress.elapsed_s - self._progress.elapsed_s
         out = {
             "trainer/idle_ratio": wait_s / max(interval_s, 1e-9),
@@ -305,9 +305,9 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         ledger = feed.within(self.rollouter.stop(), "stop")
         feed.within(feed.run_ref, "run")
         final = feed.within(self.rollouter.validate(), "validate")
-        leftover = self.waits.get(self.queue.drain())
-        self.waits.get(self.queue.close())
-        queue_stats = self.waits.get(self.queue.stats())
+        leftover = feed.from_queue(self.queue.drain(), "drain")
+        feed.from_queue(self.queue.close(), "close")
+        queue_stats = feed.from_queue(self.queue.stats(), "stats")
         wall_s = time.perf_counter() - start
         self.ledger = {
             "admitted": ledger.admitted_uids,

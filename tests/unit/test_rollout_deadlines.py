@@ -1,8 +1,9 @@
 """Every wait of the fully async recipe under the deadline of what it waits for
 (fully_async_policy/deadlines.py): the trainer's deadline of each rollouter call, a
-validation waited for, a skipped validation said and marked, the trainer's wait for a
-failed rollouter's end, a resumed run's weights load. Fakes stand in for the rollouter and
-its engines; the same waits run against Ray in tests/integration/test_batch_deadline.py.
+validation waited for, a skipped validation said and marked, the trainer's waits for a failed
+rollouter's end and for the message queue, a resumed run's weights load. Fakes stand in for
+the rollouter and its engines; the same waits run against Ray in
+tests/integration/test_batch_deadline.py.
 """
 
 from __future__ import annotations
@@ -173,6 +174,9 @@ class _FailedRollouter:
     async def load_weights(self, weights: Any, version: int) -> None:
         await asyncio.sleep(3600)  # an engine that never finishes loading
 
+    async def stats(self) -> None:
+        await asyncio.sleep(3600)  # a hung queue actor
+
 
 @pytest.fixture
 def failed_rollouter():
@@ -198,6 +202,17 @@ def test_the_trainer_waits_for_a_failed_rollouters_end_within_its_deadline(
         "the rollouter gave no answer to run within 4 x checkpoint_engine.timeout_s=0.1 s"
     )
     assert "rollout replica(s) 1 generating" in message
+
+
+def test_a_message_queue_that_does_not_answer_stops_the_run_naming_it(tmp_path, failed_rollouter):
+    cfg = fully_async_config(**{"checkpoint_engine.timeout_s": 0.1})
+    rollouter, queue = failed_rollouter
+    feed = RolloutFeed(cfg, rollouter, queue, None, tracer=Tracer(0, None), run_dir=tmp_path)  # type: ignore[arg-type]
+    with pytest.raises(RunFailure) as caught:
+        feed.from_queue(queue.stats(), "stats")
+    assert str(caught.value).startswith(
+        "the message queue gave no answer to stats within checkpoint_engine.timeout_s=0.1 s"
+    )
 
 
 def test_a_resumed_runs_weights_load_that_hangs_stops_the_run_naming_it(
