@@ -10,6 +10,10 @@ By prompt uid (crc32 % 8):
     2, 3    one-message conversations back to back (a segment each) until the weights
             version answering changes (``system_fingerprint``), at most ``SHORT_REQUESTS``:
             groups still running when a sync comes, whose requests it finds mid-turn
+    4       one conversation, with ``HOSTILE_REQUESTS`` bad requests on the way (a token id
+            past any vocabulary, an assistant message whose ``tool_calls`` holds a string):
+            each is refused with 400 and the conversation goes on (before the endpoint's
+            rule, either ended the whole run)
     others  one conversation
 
 The reward is a digest of the last turn's content as the agent received it, so a test can
@@ -21,8 +25,11 @@ from __future__ import annotations
 
 import zlib
 
+import openai
+
 TURNS = 3
 SHORT_REQUESTS = 40
+HOSTILE_REQUESTS = 2
 TOOLS = [
     {
         "type": "function",
@@ -64,6 +71,8 @@ async def run(client, record) -> float:
         return await _short_requests(client, record)
     messages = [*FEW_SHOT, {"role": "user", "content": record.prompt}]
     content = ""
+    if kind(record.uid) == 4:
+        await _refused(client.completions.create(model="policy", prompt=[1, 10**12]))
     for turn in range(TURNS):
         if turn == TURNS - 1 and kind(record.uid) == 0:
             messages = [{"role": "user", "content": f"So far: {content[:20]!r}. Finish."}]
@@ -74,12 +83,28 @@ async def run(client, record) -> float:
         content = message.content or ""
         if kind(record.uid) == 1:
             raise RuntimeError("the agent's tool server is down")
+        if kind(record.uid) == 4 and turn == 0:
+            bad = {"role": "assistant", "content": "x", "tool_calls": ["x"]}
+            await _refused(
+                client.chat.completions.create(
+                    model="policy", messages=[*messages, message.model_dump(), bad]
+                )
+            )
         messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls or []:
             messages.append({"role": "tool", "tool_call_id": call.id, "content": "0"})
         if not message.tool_calls:
             messages.append({"role": "user", "content": "Use the tool."})
     return digest(content)
+
+
+async def _refused(request) -> None:
+    """``request`` is answered 400 (the agent's mistake), and the episode goes on."""
+    try:
+        await request
+    except openai.BadRequestError:
+        return
+    raise AssertionError("a malformed request was served")
 
 
 async def _short_requests(client, record) -> float:

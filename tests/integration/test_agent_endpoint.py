@@ -104,7 +104,7 @@ def test_an_openai_client_agent_trains_through_syncs_that_cut_its_requests(
     assert_ledger_balances(ledger)
     tokenizer = HFModelConfig(tools_model_path).tokenizer
     trajs = [t for _, groups in seen for g in groups for t in g.trajectories]
-    by_kind = {k: [t for t in trajs if openai_agents.kind(t.prompt_uid) == k] for k in (0, 1)}
+    by_kind = {k: [t for t in trajs if openai_agents.kind(t.prompt_uid) == k] for k in (0, 1, 4)}
     cut_turns, short_versions = 0, []
     for traj in trajs:
         if traj.finish_reason == "env_error":
@@ -128,12 +128,15 @@ def test_an_openai_client_agent_trains_through_syncs_that_cut_its_requests(
             assert traj.episode["turns"] == openai_agents.TURNS
     assert any(short_versions), "no back-to-back agent ran across a sync"
     assert cut_turns > 0, "no request of the agent was cut by a sync"
-    assert by_kind[1] and by_kind[0], "the prompts drawn did not cover both branch kinds"
+    assert by_kind[1] and by_kind[0] and by_kind[4], "the prompts drawn missed a branch kind"
     assert summary["staleness/max"] <= summary["staleness/bound"]
     steps = [r for r in read_metrics(run_dir) if r["step"] > 0]
     assert len(steps) == NUM_STEPS
     assert max(r["agent/segments_mean"] for r in steps) > 1.0
     assert sum(r["agent/env_errors"] for r in steps) == len(by_kind[1])
+    # Bad requests were the agent's (400, counted), never the run's: it went on to the end.
+    refused = sum(r["agent/request_errors"] for r in steps)
+    assert refused == openai_agents.HOSTILE_REQUESTS * len(by_kind[4])
 
 
 def _turns(ids, mask, versions) -> list[tuple[list[int], list[int]]]:
