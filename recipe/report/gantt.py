@@ -41,6 +41,7 @@ PHASE_COLORS = {
     "advantages": "#8c564b",
     "update": "#1f77b4",
     "sync": "#ffbb78",
+    "hold_for_sync (drain)": "#f7b6d2",
     "begin_sync (pause)": "#e377c2",
     "end_sync (resume)": "#aec7e8",
     "weight_push": "#ff7f0e",
