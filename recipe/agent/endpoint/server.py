@@ -4,13 +4,15 @@
     POST /v1/chat/completions     -> the episode's ChatEpisode.serve (stream=true: SSE)
     POST /v1/completions          -> the episode's ChatEpisode.serve
          Authorization: Bearer <the episode's key>   (any other key: 401)
+    any other path or method      404 / 405
 
 One server per worker, on the worker's event loop (its requests interleave with the
 engine's other work; none blocks it), bound to the node's own address on a free port. Each
 episode gets its own key, so the key is what routes a request to its episode's session; a
 request without it is refused. Bodies are bounded by what an episode can hold
 (``body_limit``: ``BYTES_PER_TOKEN`` per token of the engine's context, at least
-``MIN_BODY_BYTES``; 413 beyond).
+``MIN_BODY_BYTES``; 413 beyond). Every refusal, aiohttp's own (404, 405) included, is an
+OpenAI error object (``{"error": {"message", "type", "param", "code"}}``).
 
 Whose failure it is (``ChatEpisode.serve`` draws the line): a request the endpoint cannot
 serve is answered 4xx and the agent goes on; an engine failure inside a request is answered
@@ -100,7 +102,9 @@ class AgentServer:
     async def _bind(self) -> None:
         from aiohttp import web
 
-        app = web.Application(client_max_size=self.max_body_bytes)
+        app = web.Application(
+            client_max_size=self.max_body_bytes, middlewares=[web.middleware(_openai_errors)]
+        )
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._complete)
@@ -211,6 +215,24 @@ def base_url(host: str, port: int) -> str:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"http://{host}:{port}/v1"
+
+
+async def _openai_errors(request: Any, handler: Any) -> Any:
+    """aiohttp's own refusals (a path it does not serve, a method it does not allow) in the
+    OpenAI error shape of every other answer, so an agent's client reads them as API errors."""
+    from aiohttp import web
+
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        served = "/v1/chat/completions, /v1/completions (POST) and /v1/models (GET)"
+        message = f"{request.method} {request.path}: {exc.reason} (this endpoint serves {served})"
+        response = _error(RequestError(exc.status, message))
+        if "Allow" in exc.headers:
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
 
 
 def _unauthorized() -> RequestError:
