@@ -1,11 +1,12 @@
 """The agent endpoint's HTTP layer (recipe/agent/endpoint/server.py) on requests no OpenAI client
-sends: paths and methods it does not serve. Every refusal is answered
+sends: paths and methods it does not serve, compressed bodies. Every refusal is answered
 in the OpenAI error shape and, once it reached an episode, counted there; nothing is left to
 aiohttp's own plain-text answers. A stand-in episode keeps what the server hands it."""
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 from typing import Any
 
@@ -84,3 +85,27 @@ def test_paths_and_methods_the_endpoint_does_not_serve_are_answered_as_openai_er
     assert not_found["message"].startswith("POST /v1/embeddings: Not Found")
     assert "/v1/chat/completions, /v1/completions (POST)" in not_found["message"]
     assert episode.refused == []  # no episode's request
+
+
+def test_a_body_with_a_content_encoding_is_read_as_sent_and_refused_as_not_json():
+    chat = json.dumps({"messages": [USER]}).encode()
+    auth = {"Authorization": "Bearer KEY"}
+    answers, episode = _answers(
+        [
+            ("POST", "/chat/completions", b"garbage", auth | {"Content-Encoding": "gzip"}),
+            ("POST", "/completions", b"\x00", auth | {"Content-Encoding": "deflate"}),
+            ("POST", "/chat/completions", gzip.compress(chat), auth | {"Content-Encoding": "gzip"}),
+            ("POST", "/chat/completions", b"garbage", auth | {"Content-Encoding": "br"}),
+        ]
+    )
+    # aiohttp's own answers before: a 500, a plain-text 400 "deflate", the body decoded, a
+    # plain-text 400 (no brotli)
+    assert [status for status, _, _ in answers] == [400, 400, 400, 400]
+    for (_, body, _), encoding in zip(answers, ["gzip", "deflate", "gzip", "br"], strict=True):
+        error = _error(body)
+        assert error["message"] == (
+            f"the request body is not JSON (its Content-Encoding '{encoding}' is not decoded: "
+            "send the JSON as it is)"
+        )
+        assert error["type"] == "invalid_request_error"
+    assert len(episode.refused) == 4  # counted on the episode

@@ -9,10 +9,11 @@
 One server per worker, on the worker's event loop (its requests interleave with the
 engine's other work; none blocks it), bound to the node's own address on a free port. Each
 episode gets its own key, so the key is what routes a request to its episode's session; a
-request without it is refused. Bodies are bounded by what an episode can hold
-(``body_limit``: ``BYTES_PER_TOKEN`` per token of the engine's context, at least
-``MIN_BODY_BYTES``; 413 beyond). Every refusal, aiohttp's own (404, 405) included, is an
-OpenAI error object (``{"error": {"message", "type", "param", "code"}}``).
+request without it is refused. Bodies are read as sent (a ``Content-Encoding`` is not
+decoded) and bounded by what an episode can hold (``body_limit``: ``BYTES_PER_TOKEN`` per
+token of the engine's context, at least ``MIN_BODY_BYTES``; 413 beyond). Every refusal,
+aiohttp's own (404, 405) included, is an OpenAI error object (``{"error": {"message", "type",
+"param", "code"}}``).
 
 Whose failure it is (``ChatEpisode.serve`` draws the line): a request the endpoint cannot
 serve is answered 4xx and the agent goes on; an engine failure inside a request is answered
@@ -108,7 +109,9 @@ class AgentServer:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._complete)
-        runner = web.AppRunner(app, access_log=None)
+        # Bodies are read as sent: aiohttp's decoding of a Content-Encoding fails in its own
+        # protocol code (a plain-text 400, or its 500 when the handler reads), never in ours.
+        runner = web.AppRunner(app, access_log=None, auto_decompress=False)
         await runner.setup()
         host = self._host or node_address()
         # Every episode of a worker may connect at once: a short accept queue drops
@@ -197,6 +200,13 @@ class AgentServer:
         try:
             body = json.loads(raw)
         except Exception:  # ValueError, RecursionError (deep nesting), bad UTF-8
+            encoding = request.headers.get("Content-Encoding", "identity")
+            if encoding.lower() != "identity":
+                return RequestError(
+                    400,
+                    f"the request body is not JSON (its Content-Encoding {encoding!r} is not "
+                    "decoded: send the JSON as it is)",
+                )
             return RequestError(400, "the request body is not JSON")
         if not isinstance(body, dict):
             return RequestError(400, "the request body must be a JSON object")
