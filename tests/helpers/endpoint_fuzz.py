@@ -41,6 +41,7 @@ from tests.helpers.endpoint_fuzz_checks import (
     LogCapture,
     check_answer,
     check_tokens,
+    check_turn,
     snapshot,
 )
 
@@ -143,16 +144,21 @@ class FuzzCase:
         and the counters are checked here (the tokens after the case)."""
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         sent = {"Content-Type": "application/json"} | ep.auth | (headers or {})
-        before = snapshot(ep.chat)
+        before, refusal = snapshot(ep.chat), ep.chat.refusal
         errors_before, failed_before = ep.chat.num_request_errors, ep.engine.num_failed
+        calls_before = len(ep.engine.calls)
         answer = await self.harness.send("POST", path, data, sent)
         self.statuses[answer.status] += 1
         engine_failed = ep.engine.num_failed > failed_before
         check_answer(answer, path, body, engine_error=ep.engine.error if engine_failed else None)
         if answer.status == 200:
             ep.num_ok += 1
+            if not concurrent:
+                check_turn(answer, body, ep.engine.calls[calls_before:], ep.chat)
         elif not concurrent:
             assert snapshot(ep.chat) == before, f"a {answer.status} answer changed the episode"
+            budget = _code(answer) == BUDGET_CODE
+            assert (ep.chat.refusal is not None) == (budget or refusal is not None), answer.text
         if _is_agents(answer):
             ep.num_agent_errors += 1
         if not concurrent:
@@ -230,6 +236,8 @@ class FuzzHarness:
         self.logs = LogCapture(self.loop)
         self.server = AgentServer("127.0.0.1")
         self.tally: dict[str, dict[str, ClassTally]] = {}
+        self.seeds: dict[str, int] = {}
+        """The hypothesis seed of each tier that was not derandomized (for the report)."""
         self._http: aiohttp.ClientSession | None = None
         self.loop.run_until_complete(self._start())
 
@@ -307,6 +315,7 @@ class FuzzHarness:
             for name, row in rows.items():
                 logger.info("endpoint fuzz %s/%s: %s", tier, name, json.dumps(row))
             out[tier] = {
+                "seed": self.seeds.get(tier),
                 "cases": sum(r["cases"] for r in rows.values()),
                 "run_failures": sum(r["run_failures"] for r in rows.values()),
                 "wall_s": round(sum(r["wall_s"] for r in rows.values()), 1),

@@ -209,6 +209,35 @@ def _check_chunks(events: Any, where: str) -> None:
     assert isinstance(chunks[-1].get("usage"), dict), where
 
 
+def check_turn(answer: Any, body: Any, calls: list[Call], chat: ChatEpisode) -> None:
+    """A 200 answer against the turn the engine sampled for it (``calls``): ``usage`` counts
+    its context and tokens, the finish reason is how it ended, and, without tools, the text
+    is its tokens decoded (the stop token and special tokens left out)."""
+    where = answer.text[:300]
+    assert calls and all(c.output is not None for c in calls), where
+    ids = [t for c in calls for t in c.output.ids]  # type: ignore[union-attr]
+    events = isinstance(answer.body, list)
+    final = answer.body[-2] if events else answer.body
+    usage = final["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (len(calls[0].context), len(ids))
+    first = answer.body[0]["choices"][0] if events else answer.body["choices"][0]
+    message = first.get("delta") if events else first.get("message")
+    finish = final["choices"][0]["finish_reason"]
+    stopped = chat.session.renderer.is_eos(ids[-1])
+    if message is None:  # a text completion
+        assert finish == ("stop" if stopped else "length"), where
+        text = first["text"]
+    elif message.get("tool_calls"):
+        return
+    else:
+        assert finish == ("stop" if stopped else "length"), where
+        if isinstance(body, dict) and body.get("tools"):  # a parser's content: not the text
+            return
+        text = message["content"]
+    shown = ids[:-1] if stopped else ids
+    assert text == chat.session.renderer.tokenizer.decode(shown, skip_special_tokens=True), where
+
+
 # ---- the episode's tokens ----------------------------------------------------------------------
 
 
