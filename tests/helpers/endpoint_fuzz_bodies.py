@@ -178,8 +178,20 @@ odd_id = st.one_of(
     st.none(),
 )
 valid_ids = st.lists(valid_id, min_size=1, max_size=64)
+
+
+@st.composite
+def one_bad_id(draw: Any) -> list[Any]:
+    """Valid ids but one: the mistake a client makes (an id of another vocabulary, a float)."""
+    ids = draw(valid_ids)
+    bad = draw(st.sampled_from([VOCAB_SIZE, VOCAB_SIZE + 1, 2 * VOCAB_SIZE, -1, 10**12, 1.0]))
+    ids.insert(draw(st.integers(0, len(ids))), bad)
+    return ids
+
+
 prompts = st.one_of(
     valid_ids,
+    one_bad_id(),
     valid_ids.map(lambda ids: [ids]),  # a batch of one
     st.lists(weighted(valid_id, odd_id), max_size=12),
     st.lists(st.lists(weighted(valid_id, odd_id), max_size=4), max_size=3),
