@@ -20,11 +20,13 @@ tallied per case class (cases, answers by status, run failures) and written to
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import sys
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +51,10 @@ logger = logging.getLogger(__name__)
 
 LIMITS = EpisodeLimits(response_length=384, max_turns=6, max_context=4096, max_prompt=1024)
 """Every fuzzed episode's budgets: small, so that cases reach them."""
+RECURSION_LIMIT = 1000
+"""CPython's default, what a worker serves with. Hypothesis raises the limit by 2,000 while
+a test runs, which would let nesting that fails in a worker (a model's 1,000 brackets, a
+body's deep JSON) pass here: each case runs under this one."""
 CASE_DEADLINE_S = 120.0
 REQUEST_DEADLINE_S = 30.0
 FOLLOW_UP = {"model": "m", "messages": [{"role": "user", "content": "Follow-up 7f3a: 2 + 3?"}]}
@@ -262,9 +268,10 @@ class FuzzHarness:
         fuzz = FuzzCase(self, tally.statuses)
         self.logs.clear()
         try:
-            self.loop.run_until_complete(
-                asyncio.wait_for(self._case(fuzz, case, tally.follow_ups), CASE_DEADLINE_S)
-            )
+            with _recursion_limit(RECURSION_LIMIT):
+                self.loop.run_until_complete(
+                    asyncio.wait_for(self._case(fuzz, case, tally.follow_ups), CASE_DEADLINE_S)
+                )
             self.logs.check(engine_failed=any(ep.engine.num_failed for ep in fuzz.episodes))
         except BaseException:
             tally.run_failures += 1
@@ -335,6 +342,16 @@ def _row(tally: ClassTally) -> dict[str, Any]:
         "follow_up_statuses": {str(k): v for k, v in sorted(tally.follow_ups.items())},
         "wall_s": round(tally.wall_s, 2),
     }
+
+
+@contextlib.contextmanager
+def _recursion_limit(limit: int) -> Iterator[None]:
+    saved = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(saved)
 
 
 def _decode(text: str, content_type: str) -> Any:

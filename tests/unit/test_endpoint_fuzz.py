@@ -42,7 +42,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import HealthCheck, example, given, seed, settings
 from hypothesis import strategies as st
 
 from recipe.agent.context import EpisodeCut
@@ -90,6 +90,24 @@ CI_EXAMPLES = {
 NIGHTLY_SCALE = 25
 NIGHTLY_SEED = int(os.environ.get("RECIPE_FUZZ_SEED") or random.randrange(2**32))
 TIERS = [pytest.param("ci"), pytest.param("nightly", marks=pytest.mark.nightly)]
+DEEP = "[" * 1000 + "]" * 1000
+KNOWN_CASES = {
+    "messages": [
+        ("tools/hermes", ([USER, {"role": "assistant", "tool_calls": ["x"]}], [], False, [])),
+        ("strict/hermes", ([USER, USER], [], False, [])),  # the template's raise_exception
+    ],
+    "token_ids": [("tools/hermes", ([1, 10**12], [], "", []))],
+    "tool_schemas": [  # tools that vLLM's request model rejects (strict is not a bool)
+        ("tools/pythonic", ([{"function": {"name": "add", "strict": [1]}}], None, ["[add(a=1)]"]))
+    ],
+    "model_output": [
+        ("tools/hermes", ([f"<tool_call>{DEEP}</tool_call>"], True, False, None)),
+        ("tools/pythonic", ([f"[add(a={DEEP})]"], True, False, None)),
+    ],
+}
+"""Cases run in both tiers, (setup, drawn) of their class: those that ended a whole run
+before the rule (tool_calls that are not objects, a template's raise_exception, a token id
+of 10**12, a model's 1,000 nested brackets) and tools only vLLM's parser rejects."""
 
 
 @pytest.fixture(scope="module")
@@ -122,9 +140,12 @@ def _fuzz(harness: FuzzHarness, tier: str, name: str, strategy: Any, case: Case)
     setups = st.sampled_from(harness.setups)
 
     @given(setups, strategy)
-    def example(setup: Setup, drawn: Any) -> None:
+    def one(setup: Setup, drawn: Any) -> None:
         harness.run(name, tier, lambda fuzz: case(fuzz, (setup, drawn)))
 
+    by_name = {setup.name: setup for setup in harness.setups}
+    for setup_name, drawn in KNOWN_CASES.get(name, []):
+        one = example(by_name[setup_name], drawn)(one)
     nightly = tier == "nightly"
     test = settings(
         max_examples=CI_EXAMPLES[name] * (NIGHTLY_SCALE if nightly else 1),
@@ -136,7 +157,7 @@ def _fuzz(harness: FuzzHarness, tier: str, name: str, strategy: Any, case: Case)
             HealthCheck.data_too_large,
             HealthCheck.large_base_example,
         ],
-    )(example)
+    )(one)
     if nightly:
         print(f"endpoint fuzz {name}: RECIPE_FUZZ_SEED={NIGHTLY_SEED}")
         harness.seeds[tier] = NIGHTLY_SEED
