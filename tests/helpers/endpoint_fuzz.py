@@ -6,8 +6,9 @@ on an event loop of the test's, real HTTP through aiohttp's client, episodes ove
     harness.run("fields", tier, case)     one hypothesis example: case(FuzzCase) sends its
                                           requests; each answer is checked as it comes
       ep = case.open(setup)               a ChatEpisode on the server (its key, its engine)
-      await case.post(ep, path, body)     checked: 200 (one turn more) or 4xx with an
-                                          OpenAI error body (the episode unchanged, counted)
+      await case.post(ep, path, body)     checked: 200 (one turn more, showing what the
+                                          engine sampled) or 4xx with an OpenAI error body
+                                          (the episode unchanged, counted)
     -> then, per episode: failure() None unless the engine failed, the recorded tokens are
        the engine's in order (lengths agree), a valid request is still served; and a
        fresh episode on the same server is served
@@ -100,8 +101,11 @@ class OpenEpisode:
 
 @dataclass(slots=True)
 class ClassTally:
+    """One case class's figures in one tier."""
+
     cases: int = 0
     run_failures: int = 0
+    """Cases that broke a property (hypothesis replays a failing case while it shrinks it)."""
     statuses: Counter[int] = field(default_factory=Counter)
     """The case's own requests' answers."""
     follow_ups: Counter[int] = field(default_factory=Counter)

@@ -6,7 +6,8 @@ recorded tokens against it.
 
     check_answer   200 in the OpenAI shape of its path (chat.completion, SSE chunks,
                    text_completion, model list); 4xx with {"error": {"message", "type"}};
-                   5xx only when the engine itself failed (and then 500; 503 for a worker stopping)
+                   5xx only when the engine itself failed (500; 503: the worker stopped)
+    check_turn     a 200 shows the turn the engine sampled: usage, finish reason, text
     check_tokens   every recorded model token is one the engine sampled, in order, with its
                    log-prob and version; lengths agree; each turn follows its context
     LogCapture     no exception escaped to aiohttp or the loop; no endpoint warning unless
