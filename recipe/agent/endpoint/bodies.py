@@ -1,7 +1,7 @@
 """Request bodies of the agent endpoint, checked field by field before anything is rendered.
 
     /v1/chat/completions  -> ChatRequest        messages, tools, tool_choice, max_tokens, stream
-    /v1/completions       -> CompletionRequest  prompt (text or token ids), max_tokens
+    /v1/completions       -> CompletionRequest  prompt (text or token ids), max_tokens, stream
 
 A field the endpoint cannot serve is refused here with a 400 that names it
 (``messages[2].tool_calls[0].function: ...``), so the common malformed bodies never reach the
@@ -64,6 +64,7 @@ class CompletionRequest:
     prompt: str | list[int]
     """Text, or token ids of this model's vocabulary."""
     max_tokens: int | None
+    stream: bool
     model: str
 
 
@@ -84,15 +85,12 @@ def chat_request(body: dict[str, Any]) -> ChatRequest:
     choice = body.get("tool_choice")
     if choice is not None and not isinstance(choice, str | dict):
         raise _bad("'tool_choice' must be a string or an object")
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise _bad("'stream' must be true or false")
     return ChatRequest(
         messages=messages,
         tools=tools or None,
         parse_tools=bool(tools) and choice != "none",
         max_tokens=_max_tokens(body),
-        stream=bool(stream),
+        stream=_stream(body),
         model=_model(body),
     )
 
@@ -115,7 +113,9 @@ def completion_request(body: dict[str, Any], vocab_size: int) -> CompletionReque
         raise _bad("'prompt' must be one string or one list of token ids")
     if not prompt:
         raise _bad("'prompt' is empty")
-    return CompletionRequest(prompt=prompt, max_tokens=_max_tokens(body), model=_model(body))
+    return CompletionRequest(
+        prompt=prompt, max_tokens=_max_tokens(body), stream=_stream(body), model=_model(body)
+    )
 
 
 def _check_message(message: Any, where: str) -> None:
@@ -195,6 +195,13 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
             raise _bad(f"'{key}' must be a positive integer")
         asked.append(value)
     return min(asked) if asked else None
+
+
+def _stream(body: dict[str, Any]) -> bool:
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _bad("'stream' must be true or false")
+    return bool(stream)
 
 
 def _model(body: dict[str, Any]) -> str:

@@ -1,5 +1,6 @@
 """What an agent endpoint request gets back: ``chat.completion`` / ``text_completion`` objects
-as the OpenAI API shapes them, and the ``chat.completion.chunk`` events of ``stream=true``.
+as the OpenAI API shapes them, and their events under ``stream=true`` (``chat.completion.chunk``
+/ ``text_completion`` chunks).
 
 ``system_fingerprint`` names the weights version that sampled the turn's last token
 (``policy-v<N>``), so an agent can log which policy answered; ``usage`` counts the turn's
@@ -54,15 +55,21 @@ def completion(kind: str, model: str, choice: dict[str, Any], turn: SampledTurn)
 
 
 def stream_chunks(completion: dict[str, Any]) -> list[dict[str, Any]]:
-    """A ``chat.completion`` as the ``chat.completion.chunk`` events of ``stream=true``: the
-    message in one delta, then the finish reason and usage (the turn is sampled whole
-    before the first chunk, so a sync inside it is never seen)."""
+    """A completion as the events of ``stream=true``: the message (of a ``chat.completion``:
+    ``chat.completion.chunk`` deltas) or the text (of a ``text_completion``: its chunks) in
+    one, then the finish reason and usage (the turn is sampled whole before the first chunk,
+    so a sync inside it is never seen)."""
     choice = completion["choices"][0]
+    base = {k: completion[k] for k in ("id", "created", "model", "system_fingerprint")}
+    if completion["object"] == "text_completion":
+        base["object"] = "text_completion"
+        text = {"index": 0, "text": choice["text"], "finish_reason": None, "logprobs": None}
+        end = {"index": 0, "text": "", "finish_reason": choice["finish_reason"], "logprobs": None}
+        return [base | {"choices": [text]}, base | {"choices": [end], "usage": completion["usage"]}]
     message = choice["message"]
     delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
     if message.get("tool_calls"):
         delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
-    base = {k: completion[k] for k in ("id", "created", "model", "system_fingerprint")}
     base["object"] = "chat.completion.chunk"
     return [
         base | {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]},

@@ -2,7 +2,7 @@
 
     GET  /v1/models               the served model
     POST /v1/chat/completions     -> the episode's ChatEpisode.serve (stream=true: SSE)
-    POST /v1/completions          -> the episode's ChatEpisode.serve
+    POST /v1/completions          -> the episode's ChatEpisode.serve (stream=true: SSE)
          Authorization: Bearer <the episode's key>   (any other key: 401)
     any other path or method      404 / 405
 
@@ -181,7 +181,7 @@ class AgentServer:
             held.failure = exc.error
             logger.warning("agent endpoint request failed in the engine: %r", exc.error)
             return _error(RequestError(500, f"the engine failed: {type(exc.error).__name__}"))
-        if chat and body.get("stream") is True:
+        if body.get("stream") is True:
             return await _stream(request, result)
         return _json(result)
 
