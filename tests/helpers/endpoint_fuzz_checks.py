@@ -4,9 +4,10 @@ cut to the turn's budget, optionally aborted once by a weight sync, optionally f
 keeps what it was asked and what it sampled, so ``check_tokens`` can hold the episode's
 recorded tokens against it.
 
-    check_answer   200 in the OpenAI shape of its path (chat.completion, SSE chunks,
-                   text_completion, model list); 4xx with {"error": {"message", "type"}};
-                   5xx only when the engine itself failed (500; 503: the worker stopped)
+    check_answer   200 in the OpenAI shape of its path (chat.completion, text_completion,
+                   their SSE chunks under stream=true, the model list); 4xx with
+                   {"error": {"message", "type"}}; 5xx only when the engine itself failed
+                   (500; 503: the worker stopped)
     check_turn     a 200 shows the turn the engine sampled: usage, finish reason, text
     check_tokens   every recorded model token is one the engine sampled, in order, with its
                    log-prob and version; lengths agree; each turn follows its context
@@ -150,16 +151,12 @@ def check_answer(
         assert isinstance(error.get("message"), str) and error["message"], where
         assert isinstance(error.get("type"), str), where
         return
-    streamed = (
-        isinstance(body, dict) and body.get("stream") is True and path.endswith("chat/completions")
-    )
-    if streamed:
+    kind = {"/chat/completions": "chat.completion", "/completions": "text_completion"}
+    if path in kind and isinstance(body, dict) and body.get("stream") is True:
         assert answer.content_type == "text/event-stream", where
-        _check_chunks(answer.body, where)
-    elif path.endswith("chat/completions"):
-        _check_completion(answer.body, "chat.completion", where)
-    elif path.endswith("/completions"):
-        _check_completion(answer.body, "text_completion", where)
+        _check_chunks(answer.body, kind[path], where)
+    elif path in kind:
+        _check_completion(answer.body, kind[path], where)
     else:
         assert isinstance(answer.body, dict) and answer.body.get("object") == "list", where
 
@@ -197,17 +194,21 @@ def _check_call(call: Any, where: str) -> None:
     assert isinstance(json.loads(function["arguments"]), dict), where
 
 
-def _check_chunks(events: Any, where: str) -> None:
+def _check_chunks(events: Any, kind: str, where: str) -> None:
     assert isinstance(events, list) and len(events) >= 2 and events[-1] == "[DONE]", where
     chunks = events[:-1]
+    chunk_kind = "chat.completion.chunk" if kind == "chat.completion" else kind
     for chunk in chunks:
-        assert isinstance(chunk, dict) and chunk.get("object") == "chat.completion.chunk", where
+        assert isinstance(chunk, dict) and chunk.get("object") == chunk_kind, where
+    assert chunks[-1]["choices"][0]["finish_reason"] in FINISH[kind], where
+    assert isinstance(chunks[-1].get("usage"), dict), where
+    if kind == "text_completion":
+        assert all(isinstance(c["choices"][0]["text"], str) for c in chunks), where
+        return
     first = chunks[0]["choices"][0]["delta"]
     assert first.get("role") == "assistant", where
     for call in first.get("tool_calls") or []:
         _check_call({k: v for k, v in call.items() if k != "index"}, where)
-    assert chunks[-1]["choices"][0]["finish_reason"] in FINISH["chat.completion"], where
-    assert isinstance(chunks[-1].get("usage"), dict), where
 
 
 def check_turn(answer: Any, body: Any, calls: list[Call], chat: ChatEpisode) -> None:

@@ -96,7 +96,7 @@ KNOWN_CASES = {
         ("tools/hermes", ([USER, {"role": "assistant", "tool_calls": ["x"]}], [], False, [])),
         ("strict/hermes", ([USER, USER], [], False, [])),  # the template's raise_exception
     ],
-    "token_ids": [("tools/hermes", ([1, 10**12], [], "", []))],
+    "token_ids": [("tools/hermes", ([1, 10**12], [], "", False, []))],
     "tool_schemas": [  # tools that vLLM's request model rejects (strict is not a bool)
         ("tools/pythonic", ([{"function": {"name": "add", "strict": [1]}}], None, ["[add(a=1)]"]))
     ],
@@ -179,6 +179,13 @@ def _reply(answer: Answer) -> dict[str, Any]:
     return answer.body["choices"][0]["message"]
 
 
+def _text(answer: Answer) -> str:
+    """The text of a 200 ``/v1/completions`` answer (a stream: its chunks joined)."""
+    if isinstance(answer.body, list):
+        return "".join(e["choices"][0]["text"] for e in answer.body if e != "[DONE]")
+    return str(answer.body["choices"][0]["text"])
+
+
 def _results(reply: dict[str, Any]) -> list[dict[str, Any]]:
     """What an agent sends after ``reply``: a result per tool call, or a user turn."""
     calls = reply.get("tool_calls") or []
@@ -210,15 +217,13 @@ async def _messages(fuzz: FuzzCase, drawn: Any) -> None:
 
 
 async def _token_ids(fuzz: FuzzCase, drawn: Any) -> None:
-    setup, (prompt, more_ids, more_text, outputs) = drawn
+    setup, (prompt, more_ids, more_text, stream, outputs) = drawn
     ep = fuzz.open(setup, _engine(setup, outputs))
-    answer = await fuzz.post(ep, COMPLETE, {"prompt": prompt})
+    answer = await fuzz.post(ep, COMPLETE, {"prompt": prompt, "stream": stream})
     if answer.status != 200:
         return
     if isinstance(prompt, str):  # the text so far, extended: a delta of the same segment
-        await fuzz.post(
-            ep, COMPLETE, {"prompt": prompt + answer.body["choices"][0]["text"] + more_text}
-        )
+        await fuzz.post(ep, COMPLETE, {"prompt": prompt + _text(answer) + more_text})
     elif isinstance(prompt, list):
         await fuzz.post(ep, COMPLETE, {"prompt": [*prompt, *more_ids]})
 
@@ -308,8 +313,8 @@ class Conversation:
             body["tools"] = self.tools
         await self._post(CHAT, body)
 
-    async def complete(self, prompt: Any) -> None:
-        await self._post(COMPLETE, {"model": "m", "prompt": prompt})
+    async def complete(self, prompt: Any, **extra: Any) -> None:
+        await self._post(COMPLETE, {"model": "m", "prompt": prompt} | extra)
 
     async def _post(self, path: str, body: dict[str, Any]) -> None:
         self.last = (path, body)
@@ -322,7 +327,7 @@ class Conversation:
         if path == CHAT:
             self.history = [*body["messages"], _reply(answer)]
         elif isinstance(body["prompt"], str):
-            self.text = body["prompt"] + answer.body["choices"][0]["text"]
+            self.text = body["prompt"] + _text(answer)
 
     def next_messages(self) -> list[dict[str, Any]]:
         if not self.history:
@@ -350,7 +355,7 @@ class Conversation:
         elif action == "complete_new":
             await self.complete("Q: 2 + 3 =")
         elif action == "complete_extended" and self.text is not None:
-            await self.complete(self.text + " Q: 4 + 4 =")
+            await self.complete(self.text + " Q: 4 + 4 =", stream=number % 2 == 0)
         elif action == "complete_ids":
             await self.complete(list(range(60, 60 + number)))
         elif action == "bad" and self.bad:
@@ -380,7 +385,7 @@ STRATEGIES: dict[str, tuple[Any, Case]] = {
         _messages,
     ),
     "token_ids": (
-        st.tuples(bodies.prompts, bodies.valid_ids, bodies.text, MODEL_OUTPUTS),
+        st.tuples(bodies.prompts, bodies.valid_ids, bodies.text, st.booleans(), MODEL_OUTPUTS),
         _token_ids,
     ),
     "tool_schemas": (
