@@ -20,7 +20,6 @@ waited for.
 
 from __future__ import annotations
 
-import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
@@ -31,8 +30,6 @@ import torch
 
 from recipe.checkpoint_engine.checksums import ChecksumBatch
 from recipe.checkpoint_engine.layout import BucketLayout
-
-logger = logging.getLogger(__name__)
 
 SENDER_PEER = "trainer rank 0 (sender)"
 ENGINE_BACKENDS = ("shm", "gloo", "nccl", "cuda_ipc")
@@ -154,9 +151,6 @@ class CheckpointEngine(ABC):
         self.plan, self.layout, self.rank, self.device = plan, plan.layout, rank, device
         self.peer = SENDER_PEER if rank == 0 else f"receiver rank {rank}"
         self.fingerprint = self.layout.fingerprint()  # once: it hashes every slot
-        self.fault_corrupt_bucket: int | None = None
-        """Fault injection for tests: the next send flips a byte of this bucket after
-        checksumming it, as a corrupting transport would."""
 
     @abstractmethod
     def prepare(self) -> dict[str, Any]:
@@ -191,14 +185,9 @@ class CheckpointEngine(ABC):
     # ---- helpers shared by the backends -----------------------------------------------
 
     def _seal_bucket(self, index: int, bucket: torch.Tensor, sums: ChecksumBatch) -> None:
-        """Sender: queue a packed bucket's checksum (then apply the test fault, if armed)."""
+        """Sender: queue a packed bucket's checksum."""
         if self.plan.verify:
             sums.add(index, bucket)
-        if self.fault_corrupt_bucket == index:
-            self.fault_corrupt_bucket = None
-            middle = bucket.numel() // 2
-            bucket[middle : middle + 1].bitwise_xor_(0x5A)  # stream-ordered after the checksum
-            logger.warning("fault injection: corrupted bucket %d after checksumming it", index)
 
     @staticmethod
     def _record_sums(sums: ChecksumBatch, report: TransferReport) -> list[tuple[int, list[int]]]:

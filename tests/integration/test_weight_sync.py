@@ -278,10 +278,20 @@ def test_corrupted_bucket_is_caught_and_every_engine_keeps_its_old_weights(
         trainer.load_hf(_perturbed_dir(rollout_model_path, tmp_path / "model", seed=7))
 
         def corrupt_next_push(worker, bucket: int) -> None:
-            # Runs in trainer rank 0's actor (nested, so Ray ships it by value): the
-            # engine's test fault flips a byte of ``bucket`` after its checksum, as a
-            # corrupting network would. The product's sender offers no such call.
-            worker._weight_sender._engine.fault_corrupt_bucket = bucket
+            # Runs in trainer rank 0's actor (nested, so Ray ships it by value): the next
+            # push flips a byte of ``bucket`` after its checksum, as a corrupting network
+            # would (tests/helpers/weight_faults.py, which the actor cannot import). The
+            # product carries no such hook.
+            engine = worker._weight_sender._engine
+            seal = engine._seal_bucket
+
+            def seal_then_corrupt(index, data, sums):
+                seal(index, data, sums)
+                if index == bucket:
+                    del engine._seal_bucket
+                    data[data.numel() // 2].bitwise_xor_(0x5A)
+
+            engine._seal_bucket = seal_then_corrupt
 
         ray.get(trainer.workers[0].__ray_call__.remote(corrupt_next_push, 3))
         with pytest.raises(ChecksumMismatchError, match="bucket 3 of") as caught:

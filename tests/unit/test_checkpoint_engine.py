@@ -35,6 +35,7 @@ from recipe.checkpoint_engine.placement import (
     resolve_backend,
     resolve_bucket_bytes,
 )
+from tests.helpers.weight_faults import corrupt_next_send
 
 BUCKET_BYTES = 2 * PAGE_BYTES  # 8 KiB: the 24 KiB weight spans three buckets
 
@@ -292,7 +293,7 @@ def test_grouped_stamps_and_deferred_verification_stage_bitwise_and_catch_corrup
         assert outcome["report"].checksums == sent.checksums
         assert len(sent.checksums) == sender.layout.num_buckets
         _assert_bitwise(dict(receiver.staged_tensors()), _tensors())
-        sender.fault_corrupt_bucket = 2
+        corrupt_next_send(sender, 2)
         _, outcome = _grouped_push(sender, receiver, 2)
         assert isinstance(outcome["error"], ChecksumMismatchError)
         assert "bucket 2 of" in str(outcome["error"])
@@ -366,7 +367,7 @@ def test_gloo_broadcast_stages_every_tensor_bitwise_on_every_receiver_twice():
 def test_gloo_receivers_catch_a_bucket_corrupted_after_its_checksum():
     ends = _gloo_ranks(num_receivers=1)
     try:
-        ends[0].fault_corrupt_bucket = 1
+        corrupt_next_send(ends[0], 1)
         jobs = [lambda: ends[0].send(_tensors().items(), 1), lambda: ends[1].receive(1)]
         _, received = _run_ranks(jobs)
         assert isinstance(received, ChecksumMismatchError), received

@@ -19,6 +19,7 @@ from recipe.checkpoint_engine.layout import PAGE_BYTES, BucketLayout
 from recipe.model import ModelConfig
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout.hf_worker import HFRolloutWorker
+from tests.helpers.weight_faults import corrupt_next_send
 
 
 def _push_source(worker: HFRolloutWorker, seed: int) -> dict[str, torch.Tensor]:
@@ -64,7 +65,7 @@ def test_hf_worker_stages_while_running_commits_only_paused_and_refuses_a_corrup
             assert torch.equal(served[name], tensor), name
         assert torch.equal(served["lm_head.weight"], first["model.embed_tokens.weight"])
 
-        sender.fault_corrupt_bucket = 2
+        corrupt_next_send(sender, 2)
         sender.send(second.items(), 2)
         with pytest.raises(ChecksumMismatchError, match="bucket 2 of"):
             await worker.weight_receiver_call("receive", 2)
