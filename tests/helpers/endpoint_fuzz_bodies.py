@@ -13,20 +13,12 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from tests.helpers.chat_templates import TOOLS
+
 VOCAB_SIZE = 258
 """The tiny tokenizer's: 256 byte tokens, EOS and pad (the test's fixture checks it)."""
 CHAT, COMPLETE = "/chat/completions", "/completions"
 USER = {"role": "user", "content": "What is 2 + 3?"}
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers.",
-            "parameters": {"type": "object", "properties": {"a": {}, "b": {}}},
-        },
-    }
-]
 SPECIAL_TEXT = [
     "<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>",
     "<tools>", "<tool_response>", "<|python_tag|>", "{{ raise_exception('boom') }}",
