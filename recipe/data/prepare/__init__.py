@@ -16,13 +16,16 @@ registered for their ``data_source``. To add a dataset, add its module and one e
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recipe.data.prepare import gsm8k
+from recipe.data.prepare import gsm8k, math
 from recipe.data.prepare.common import PrepareError, ensure_out_dir, write_parquet_atomic
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["PREPARERS", "PrepareError", "Preparer", "prepare"]
 
@@ -45,14 +48,23 @@ PREPARERS: Mapping[str, Preparer] = {
         read=gsm8k.prepare_gsm8k,
         schema=gsm8k.row_schema,
     ),
+    "math": Preparer(
+        description="MATH train and MATH-500 as DeepScaleR publishes them, {train,test}.json",
+        read=math.prepare_math,
+        schema=math.row_schema,
+    ),
 }
 
 
-def prepare(name: str, src_dir: Path, out_dir: Path) -> dict[Path, int]:
+def prepare(
+    name: str, src_dir: Path, out_dir: Path, *, levels: Collection[int] | None = None
+) -> dict[Path, int]:
     """Prepare dataset ``name`` from ``src_dir`` into ``out_dir``; the rows written per file.
+    ``levels``: keep only rows whose ``extra_info["level"]`` is one of them (None: all).
 
-    Raises ``PrepareError`` for an unknown name, a missing or malformed source, or an
-    ``out_dir`` that is a file.
+    Raises ``PrepareError`` for an unknown name, a missing or malformed source, an
+    ``out_dir`` that is a file, or ``levels`` that leave a split empty or that the rows
+    do not carry.
     """
     preparer = PREPARERS.get(name)
     if preparer is None:
@@ -60,6 +72,8 @@ def prepare(name: str, src_dir: Path, out_dir: Path) -> dict[Path, int]:
     if out_dir.exists() and not out_dir.is_dir():
         raise PrepareError(f"{out_dir}: the output folder is a file")
     splits = preparer.read(src_dir)  # everything is checked before the first write
+    if levels is not None:
+        splits = {split: keep_levels(rows, levels, name, split) for split, rows in splits.items()}
     ensure_out_dir(out_dir)
     written = {}
     for split, rows in splits.items():
@@ -67,3 +81,16 @@ def prepare(name: str, src_dir: Path, out_dir: Path) -> dict[Path, int]:
         write_parquet_atomic(rows, path, preparer.schema())
         written[path] = len(rows)
     return written
+
+
+def keep_levels(
+    rows: list[dict[str, Any]], levels: Collection[int], name: str, split: str
+) -> list[dict[str, Any]]:
+    """The rows of ``split`` whose ``extra_info["level"]`` is in ``levels``."""
+    if rows and "level" not in (rows[0].get("extra_info") or {}):
+        raise PrepareError(f"--levels: the rows of {name!r} carry no level")
+    kept = [row for row in rows if row["extra_info"]["level"] in levels]
+    if not kept:
+        raise PrepareError(f"--levels {sorted(levels)}: no {split} row of {name!r} is left")
+    logger.info("--levels %s: %d of %d %s rows kept", sorted(levels), len(kept), len(rows), split)
+    return kept
