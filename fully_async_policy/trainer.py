@@ -246,6 +246,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
                 self.trained_uids[num_trained_before:],
                 sources=self._trace_sources(),
                 checkpoint=self._checkpoint if self._rollouter_state is not None else None,
+                ranks=self.ranks,
             )
             update_bar(bar, metrics, self.version, self._last_val.get("val/accuracy"))
             if out_of_time:

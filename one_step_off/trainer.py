@@ -118,6 +118,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
                     from_trace=functools.partial(self._idle_ratios, out),
                     validate=self._validate,
                     checkpoint=functools.partial(self._checkpoint, pending) if save else None,
+                    ranks=self.ranks,
                 )
                 or last_val
             )

@@ -102,6 +102,10 @@ class TrainerConfig:
     """``auto`` (cuda when available), ``cpu`` or ``cuda``."""
     max_wall_s: float | None = None
     """Stop cleanly after this many seconds of training (a budget for CI and benchmarks)."""
+    snapshot_samples: int = 0
+    """Export the policy's weights to ``snapshots/`` each time the trained samples reach a
+    multiple of this, with the training clock at that point, to evaluate after the run, off
+    the clock (``python -m recipe.study``; recipe/run/snapshots.py). 0: never."""
 
     def __post_init__(self) -> None:
         require_positive("trainer.total_epochs", self.total_epochs)
@@ -116,6 +120,7 @@ class TrainerConfig:
         require_choice("trainer.device", self.device, DEVICES)
         if self.max_wall_s is not None:
             require_positive("trainer.max_wall_s", self.max_wall_s)
+        require_non_negative("trainer.snapshot_samples", self.snapshot_samples)
 
 
 @dataclass

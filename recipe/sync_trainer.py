@@ -78,6 +78,7 @@ class SyncTrainer(SeparateRayPPOTrainer):
                     filtered_uids=self._filtered_now,
                     validate=self._validate,
                     checkpoint=self._checkpoint if save else None,
+                    ranks=self.ranks,
                 )
                 or last_val
             )

@@ -10,6 +10,9 @@
       skips          trainer steps whose every optimizer step had a non-finite gradient norm:
                      their prompts go to the ledger as skipped, and actor.max_skipped_steps
                      of them in a row stop the run (the count in a row is kept across resumes)
+      snapshots      WeightSnapshots: the policy every trainer.snapshot_samples samples, with
+                     the training clock (seconds trained minus those blocked in validations,
+                     exports and checkpoints; kept across resumes) for evaluation off the clock
 
 One per run, opened by the recipe whose driver owns the trainer (sync, one_step_off, the fully
 async trainer); the fully async rollouter runs beside it and writes none of these. The recipe
@@ -18,9 +21,10 @@ keeps the step and the weights version and passes them in; the run object keeps 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +36,7 @@ from recipe.observability.tracking import Tracker
 from recipe.protocol import PromptRecord
 from recipe.run.checkpointing import RunCheckpointer
 from recipe.run.metrics import RunTotals, run_summary
+from recipe.run.snapshots import WeightSnapshots
 
 if TYPE_CHECKING:
     from recipe.config import RecipeConfig
@@ -78,6 +83,14 @@ class TrainingRun:
         self.consecutive_skips = int(self.checkpointer.resume_state.get("consecutive_skips", 0))
         """Trainer steps skipped in a row up to now (``actor.max_skipped_steps``); kept across
         resumes, so a run cannot skip forever by being restarted (older checkpoints: 0)."""
+        self.blocked_s = float(self.checkpointer.resume_state.get("blocked_s", 0.0))
+        """Seconds the trainer spent blocked in validations, snapshot exports and checkpoints
+        inside the loop, over the run: the training clock leaves them out."""
+        self.snapshots = WeightSnapshots(
+            cfg.trainer.snapshot_samples,
+            Path(run_dir),
+            resumed_step=self.checkpointer.resumed_step,
+        )
 
     @property
     def tracer(self) -> Tracer:
@@ -98,7 +111,8 @@ class TrainingRun:
         """``validate()`` the initial weights (``trainer.val_before_train``), logged as step
         0; a resumed run keeps the result its checkpoint holds."""
         if self.resume_from is None and self.cfg.trainer.val_before_train:
-            self.initial_val = validate()
+            with self._blocking():
+                self.initial_val = validate()
             self.tracker.log({**self.initial_val, "trainer/param_version": 0}, step=0)
         return self.initial_val
 
@@ -122,6 +136,10 @@ class TrainingRun:
         since = 0.0 if self._start is None else time.perf_counter() - self._start
         return self.prior_wall_s + since
 
+    def clock_s(self) -> float:
+        """The training clock: ``elapsed_s`` minus ``blocked_s`` (recipe/run/snapshots.py)."""
+        return self.elapsed_s() - self.blocked_s
+
     def out_of_time(self, start: float) -> bool:
         """``trainer.max_wall_s`` has passed over the whole run (this process since
         ``start``, ``time.perf_counter()``, plus the processes before a resume)."""
@@ -140,6 +158,7 @@ class TrainingRun:
         from_trace: Callable[[list[dict[str, Any]]], dict[str, float]] | None = None,
         validate: Callable[[], dict[str, float]] | None = None,
         checkpoint: Callable[[], object] | None = None,
+        ranks: TrainerRanks | None = None,
     ) -> dict[str, float]:
         """Everything a recipe writes once step ``step`` (which made ``version``) trained, in
         this order, the same in every mode:
@@ -149,6 +168,7 @@ class TrainingRun:
             validation   ``validate()`` when ``version`` is due (``trainer.test_freq``; the
                          fully async rollouter validates on its own: None)
             metrics.jsonl, then ledger.jsonl (``log_step``: skipped steps, their limit)
+            snapshot     the weights of ``ranks``, when trainer.snapshot_samples is due
             checkpoint   ``checkpoint()``, when the recipe decided this step saves
 
         ``metrics`` is updated in place; returns the validation results (empty when none)."""
@@ -157,12 +177,33 @@ class TrainingRun:
             metrics.update(from_trace(events))
         val: dict[str, float] = {}
         if validate is not None and self.should_validate(version):
-            val = validate()
+            with self._blocking():
+                val = validate()
             metrics.update(val)
         self.log_step(step, version, metrics, trained_uids, filtered_uids)
+        if ranks is not None and self.snapshots.due(self.totals.num_samples):
+            clock_s = self.clock_s()
+            with self._blocking():
+                self.snapshots.take(
+                    ranks.export_weights,
+                    samples=self.totals.num_samples,
+                    step=step,
+                    version=version,
+                    clock_s=clock_s,
+                )
         if checkpoint is not None:
-            checkpoint()
+            with self._blocking():
+                checkpoint()
         return val
+
+    @contextlib.contextmanager
+    def _blocking(self) -> Iterator[None]:
+        """Time the trainer spends in the block goes to ``blocked_s``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.blocked_s += time.perf_counter() - start
 
     def trace_step(
         self, step: int, version: int, metrics: dict[str, float], sources: list[TraceSource]
@@ -228,6 +269,7 @@ class TrainingRun:
             "initial_val": self.initial_val,
             "totals": self.totals.state_dict(),
             "wall_s": self.elapsed_s(),
+            "blocked_s": self.blocked_s,
             "consecutive_skips": self.consecutive_skips,
             **state,
         }
