@@ -7,4 +7,7 @@ table.py      the study's aggregation: the printed table, results.json and the p
 modes.py      the same task in several modes: time to sync's final accuracy (runs, resumable)
 accuracy.py   that study's records, table and accuracy plot
 runs.py       one run of a study in a subprocess, logged, under a deadline
+lengths.py    before a study: the response-length histogram of a workload per level (the run's
+              config, prompts, engine and reward); length_stats.py its statistics and table
+graders.py    our MATH grader against math-verify, on responses and on the reference answers
 """
