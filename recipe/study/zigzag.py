@@ -55,10 +55,11 @@ COLUMNS: dict[str, str] = {
     "resumed": "partial/resumed_group_ratio",
     "queue": "queue/size",
     "wait_s": "",  # trainer/idle_ratio * timing/step_s: the step's wait for its batch
+    "grad_norm": "actor/grad_norm",
 }
 """Per-step columns and the metrics.jsonl key each comes from."""
 
-GROUP_COLUMNS = ("group_max_len", "carried")
+GROUP_COLUMNS = ("group_len", "carried")
 """Per-step columns from ledger.jsonl and trace.json: the mean over the step's groups of the
 longest response, and the share of groups whose generation began before the window opened."""
 
@@ -177,7 +178,9 @@ def group_columns(
                 if e.get("name") == "step" and "step" in e.get("args", {})}  # fmt: skip
     opened = sorted(e["ts"] + e["dur"] for e in trace if e.get("name") == "end_sync (resume)")
     segments: dict[str, list[dict[str, Any]]] = defaultdict(list)  # uid -> by end time
-    requests = [e for e in trace if e.get("name") == "generate" and "prompt_uid" in e["args"]]
+    requests = [
+        e for e in trace if e.get("name") == "generate" and "prompt_uid" in e.get("args", {})
+    ]
     for event in sorted(requests, key=lambda e: e["ts"] + e["dur"]):  # looked up by trained uid
         segments[event["args"]["prompt_uid"]].append(event)
     out: dict[str, list[float]] = {name: [] for name in GROUP_COLUMNS}
@@ -192,7 +195,7 @@ def group_columns(
             lengths.append(max(mine[-1]["args"].get("lengths") or [0]))
             began = next((e for e in reversed(mine) if not e["args"].get("resumed")), mine[0])
             carried.append(float(began["ts"] < window_start))
-        out["group_max_len"].append(_nanmean(lengths))
+        out["group_len"].append(_nanmean(lengths))
         out["carried"].append(_nanmean(carried))
         window += did_push
     return out
@@ -284,18 +287,23 @@ def run_table(run: RunSteps, *, width: int, permutations: int, seed: int) -> lis
     rng = np.random.default_rng(seed)
     names = [c for c in run.columns if any(math.isfinite(v) for v in run.columns[c])]
     lines = [f"{run.name}  ({run.mode}, T={run.sync_every}, {len(run.steps)} steps)"]
-    lines.append("  position  steps " + " ".join(f"{n:>13}" for n in names))
+    lines.append(f"  {'position':<16}" + "".join(f"{n:>10}" for n in names))
     for position in range(1, run.sync_every + 1):
         rows = [i for i, p in enumerate(run.positions) if p == position]
         means = [_nanmean([run.columns[n][i] for i in rows]) for n in names]
-        lines.append(f"  {position:>8} {len(rows):>6} " + " ".join(f"{m:>13.4g}" for m in means))
+        label = f"{position} ({len(rows)} steps)"
+        lines.append(f"  {label:<16}" + "".join(f"{m:>10.4g}" for m in means))
     for position in range(2, run.sync_every + 1):
         cells = [
             contrast(by_window(run, n), position, run.sync_every, rng, permutations) for n in names
         ]
-        lines.append(f"  {position}-1 detr.      " + " ".join(f"{c.mean:>+13.4g}" for c in cells))
-        lines.append("    p (windows) " + " ".join(
-            f"{c.p_value:>8.3g} n={c.num_windows:<3}" for c in cells))  # fmt: skip
+        num = max(c.num_windows for c in cells)
+        lines.append(
+            f"  {f'{position} - 1, detr.':<16}" + "".join(f"{c.mean:>+10.3g}" for c in cells)
+        )
+        lines.append(
+            f"  {f'p ({num} windows)':<16}" + "".join(f"{c.p_value:>10.2g}" for c in cells)
+        )
     ac = reward_autocorrelation(run.columns["reward"], width, rng, permutations)
     lines.append(
         f"  reward lag-1 autocorrelation (minus a {width}-step moving average): {ac.lag1:+.3f}; "

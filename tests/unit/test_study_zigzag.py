@@ -93,7 +93,7 @@ def test_a_run_directory_gives_every_recorded_column_by_position(tmp_path, capsy
     assert run.columns["wait_s"][0] == 1.0 and math.isnan(run.columns["queue"][0])
     assert main([str(run_dir), "permutations=200"]) == 0
     out = capsys.readouterr().out
-    assert "(fully_async, T=2, 20 steps)" in out and "2-1 detr." in out
+    assert "(fully_async, T=2, 20 steps)" in out and "2 - 1, detr." in out
     assert "stale" in out and "partial" in out and "queue" not in out  # never recorded
     assert "reward lag-1 autocorrelation" in out
 
@@ -135,7 +135,7 @@ def test_the_ledger_and_trace_say_how_long_and_how_old_each_positions_groups_are
     ]
     (run_dir / "trace.json").write_text(json.dumps({"traceEvents": events}))
     run = read_run(run_dir)
-    assert run.columns["group_max_len"] == [5.0, 3.0, 12.0, 2.0]
+    assert run.columns["group_len"] == [5.0, 3.0, 12.0, 2.0]
     assert run.columns["carried"] == [0.0, 0.0, 1.0, 0.0]
 
 
