@@ -213,7 +213,7 @@ def test_module_entry_point_exits_2_with_one_line(tmp_path: Path) -> None:
         timeout=120,
     )
     assert proc.returncode == 2
-    assert proc.stderr.splitlines() == ["error: unknown dataset 'nope'; known: gsm8k"]
+    assert proc.stderr.splitlines() == ["error: unknown dataset 'nope'; known: gsm8k, math"]
 
 
 def test_real_gsm8k_has_its_published_row_counts_and_numeric_answers(tmp_path: Path) -> None:
