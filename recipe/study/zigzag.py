@@ -13,8 +13,9 @@ groups a run's steps by that position and compares them::
                       trend in the run (learning) cancels; sign-flip permutation p-value
                       over the windows (two-sided)
     ledger.jsonl + trace.json (when both are there): per position, the longest response of
-        each trained group (its engine requests' lengths) and the share of groups whose
-        generation began before the window opened
+        each trained group (its engine requests' lengths), the share of groups whose
+        generation began before the window opened, and the groups' finish rank among those
+        that began in the same window (0 = first to finish, 1 = last)
     reward series: lag-1 autocorrelation (negative = zigzag) of the reward minus its
         centred moving average (``trend=`` steps wide), against the same statistic of the
         run's own residuals shuffled (the permutation null: what the detrending alone gives)
@@ -29,6 +30,7 @@ zigzag is measured against. A study record (``docs/study/*/<mode>-seed<N>.json``
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import math
@@ -59,9 +61,10 @@ COLUMNS: dict[str, str] = {
 }
 """Per-step columns and the metrics.jsonl key each comes from."""
 
-GROUP_COLUMNS = ("group_len", "carried")
-"""Per-step columns from ledger.jsonl and trace.json: the mean over the step's groups of the
-longest response, and the share of groups whose generation began before the window opened."""
+GROUP_COLUMNS = ("group_len", "carried", "finish_rank")
+"""Per-step columns from ledger.jsonl and trace.json, means over the step's groups: the longest
+response of a group, whether it began before the step's window opened (carried over), and its
+place in the order in which the trained groups that began in its window finished (0 first)."""
 
 SYNC_MODES = ("sync", "one_step_off")
 
@@ -131,7 +134,7 @@ def read_run(path: Path, sync_every: int | None = None) -> RunSteps:
     columns["wait_s"] = [
         _value(r, "trainer/idle_ratio") * _value(r, "timing/step_s") for r in records
     ]
-    columns |= group_columns(path, run.trace, steps, pushed)
+    columns |= group_columns(trained_groups(path, run.trace), steps, pushed)
     return RunSteps(str(path), run.mode, every, steps, positions_of(pushed), columns)
 
 
@@ -165,13 +168,26 @@ def _value(record: dict[str, Any], key: str) -> float:
     return float(value) if isinstance(value, int | float) else math.nan
 
 
-def group_columns(
-    path: Path, trace: list[dict[str, Any]], steps: list[int], pushed: list[bool]
-) -> dict[str, list[float]]:
-    """``GROUP_COLUMNS`` from ledger.jsonl and the trace (empty when either is missing)."""
+@dataclass(frozen=True, slots=True)
+class TrainedGroup:
+    """One trained group as the engines' trace shows it (times: the trace's µs)."""
+
+    step: int
+    began_us: float
+    """Start of its first engine request (a resumed request continues the group)."""
+    ended_us: float
+    """End of its last engine request before the step."""
+    max_len: int
+    """Its longest response (tokens)."""
+    began_window: int
+    """Pushes before it began: the window it was admitted in."""
+
+
+def trained_groups(path: Path, trace: list[dict[str, Any]]) -> list[TrainedGroup]:
+    """Every group of ledger.jsonl with its engine requests in the trace (none without)."""
     ledger_file = path / "ledger.jsonl"
     if not ledger_file.is_file() or not trace:
-        return {}
+        return []
     lines = filter(None, ledger_file.read_text(encoding="utf-8").splitlines())
     trained = {int(r["step"]): r.get("trained", []) for r in map(json.loads, lines)}
     step_end = {int(e["args"]["step"]): e["ts"] + e["dur"] for e in trace
@@ -181,23 +197,49 @@ def group_columns(
     requests = [
         e for e in trace if e.get("name") == "generate" and "prompt_uid" in e.get("args", {})
     ]
-    for event in sorted(requests, key=lambda e: e["ts"] + e["dur"]):  # looked up by trained uid
+    for event in sorted(requests, key=lambda e: e["ts"] + e["dur"]):
         segments[event["args"]["prompt_uid"]].append(event)
-    out: dict[str, list[float]] = {name: [] for name in GROUP_COLUMNS}
-    window = 0  # pushes before the step: its window opened at the end of end_sync #window
-    for step, did_push in zip(steps, pushed, strict=True):
-        window_start = opened[window - 1] if 0 < window <= len(opened) else -math.inf
-        lengths, carried = [], []
-        for uid in trained.get(step, []):
+    out = []
+    for step, uids in sorted(trained.items()):
+        for uid in uids:  # its requests up to the step (a uid comes again in a later epoch)
             mine = [e for e in segments[uid] if e["ts"] + e["dur"] <= step_end.get(step, math.inf)]
             if not mine:
                 continue
-            lengths.append(max(mine[-1]["args"].get("lengths") or [0]))
             began = next((e for e in reversed(mine) if not e["args"].get("resumed")), mine[0])
-            carried.append(float(began["ts"] < window_start))
-        out["group_len"].append(_nanmean(lengths))
+            max_len = max(mine[-1]["args"].get("lengths") or [0])
+            window = bisect.bisect_right(opened, began["ts"])
+            out.append(
+                TrainedGroup(step, began["ts"], mine[-1]["ts"] + mine[-1]["dur"], max_len, window)
+            )
+    return out
+
+
+def group_columns(
+    groups: list[TrainedGroup], steps: list[int], pushed: list[bool]
+) -> dict[str, list[float]]:
+    """``GROUP_COLUMNS`` per step (empty without groups): finish_rank is a group's place in
+    the order its window's trained groups finished generating (0 first, 1 last)."""
+    if not groups:
+        return {}
+    members: dict[int, list[int]] = defaultdict(list)  # window -> indices into groups
+    for index, group in enumerate(groups):
+        members[group.began_window].append(index)
+    rank = [0.0] * len(groups)
+    for indices in members.values():
+        ordered = sorted(indices, key=lambda i: groups[i].ended_us)
+        for place, index in enumerate(ordered):
+            rank[index] = place / max(len(ordered) - 1, 1)
+    window_of = dict(zip(steps, itertools.accumulate([0, *map(int, pushed[:-1])]), strict=True))
+    by_step: dict[int, list[int]] = defaultdict(list)
+    for index, group in enumerate(groups):
+        by_step[group.step].append(index)
+    out: dict[str, list[float]] = {name: [] for name in GROUP_COLUMNS}
+    for step in steps:
+        mine = by_step.get(step, [])
+        out["group_len"].append(_nanmean([groups[i].max_len for i in mine]))
+        carried = [float(groups[i].began_window < window_of[step]) for i in mine]
         out["carried"].append(_nanmean(carried))
-        window += did_push
+        out["finish_rank"].append(_nanmean([rank[i] for i in mine]))
     return out
 
 
@@ -287,22 +329,22 @@ def run_table(run: RunSteps, *, width: int, permutations: int, seed: int) -> lis
     rng = np.random.default_rng(seed)
     names = [c for c in run.columns if any(math.isfinite(v) for v in run.columns[c])]
     lines = [f"{run.name}  ({run.mode}, T={run.sync_every}, {len(run.steps)} steps)"]
-    lines.append(f"  {'position':<16}" + "".join(f"{n:>10}" for n in names))
+    lines.append(f"  {'position':<16}" + "".join(f"{n:>11}" for n in names))
     for position in range(1, run.sync_every + 1):
         rows = [i for i, p in enumerate(run.positions) if p == position]
         means = [_nanmean([run.columns[n][i] for i in rows]) for n in names]
         label = f"{position} ({len(rows)} steps)"
-        lines.append(f"  {label:<16}" + "".join(f"{m:>10.4g}" for m in means))
+        lines.append(f"  {label:<16}" + "".join(f"{m:>11.4g}" for m in means))
     for position in range(2, run.sync_every + 1):
         cells = [
             contrast(by_window(run, n), position, run.sync_every, rng, permutations) for n in names
         ]
         num = max(c.num_windows for c in cells)
         lines.append(
-            f"  {f'{position} - 1, detr.':<16}" + "".join(f"{c.mean:>+10.3g}" for c in cells)
+            f"  {f'{position} - 1, detr.':<16}" + "".join(f"{c.mean:>+11.3g}" for c in cells)
         )
         lines.append(
-            f"  {f'p ({num} windows)':<16}" + "".join(f"{c.p_value:>10.2g}" for c in cells)
+            f"  {f'p ({num} windows)':<16}" + "".join(f"{c.p_value:>11.2g}" for c in cells)
         )
     ac = reward_autocorrelation(run.columns["reward"], width, rng, permutations)
     lines.append(

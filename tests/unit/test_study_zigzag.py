@@ -137,6 +137,8 @@ def test_the_ledger_and_trace_say_how_long_and_how_old_each_positions_groups_are
     run = read_run(run_dir)
     assert run.columns["group_len"] == [5.0, 3.0, 12.0, 2.0]
     assert run.columns["carried"] == [0.0, 0.0, 1.0, 0.0]
+    # window 0 began a, b, c: they finished a (10), b (15), c (45); window 1 began d
+    assert run.columns["finish_rank"] == [0.0, 0.5, 1.0, 0.0]
 
 
 @pytest.mark.parametrize(
