@@ -179,8 +179,9 @@ class TrainedGroup:
     """End of its last engine request before the step."""
     max_len: int
     """Its longest response (tokens)."""
-    began_window: int
-    """Pushes before it began: the window it was admitted in."""
+    began_window: int | None
+    """Pushes before it began: the window it was admitted in (None: the trace shows no
+    window openings, the rollouter's ``end_sync``, as in sync and one_step_off)."""
 
 
 def trained_groups(path: Path, trace: list[dict[str, Any]]) -> list[TrainedGroup]:
@@ -207,7 +208,7 @@ def trained_groups(path: Path, trace: list[dict[str, Any]]) -> list[TrainedGroup
                 continue
             began = next((e for e in reversed(mine) if not e["args"].get("resumed")), mine[0])
             max_len = max(mine[-1]["args"].get("lengths") or [0])
-            window = bisect.bisect_right(opened, began["ts"])
+            window = bisect.bisect_right(opened, began["ts"]) if opened else None
             out.append(
                 TrainedGroup(step, began["ts"], mine[-1]["ts"] + mine[-1]["dur"], max_len, window)
             )
@@ -223,8 +224,9 @@ def group_columns(
         return {}
     members: dict[int, list[int]] = defaultdict(list)  # window -> indices into groups
     for index, group in enumerate(groups):
-        members[group.began_window].append(index)
-    rank = [0.0] * len(groups)
+        if group.began_window is not None:
+            members[group.began_window].append(index)
+    rank = [math.nan] * len(groups)
     for indices in members.values():
         ordered = sorted(indices, key=lambda i: groups[i].ended_us)
         for place, index in enumerate(ordered):
@@ -237,10 +239,14 @@ def group_columns(
     for step in steps:
         mine = by_step.get(step, [])
         out["group_len"].append(_nanmean([groups[i].max_len for i in mine]))
-        carried = [float(groups[i].began_window < window_of[step]) for i in mine]
+        carried = [_before(groups[i].began_window, window_of[step]) for i in mine]
         out["carried"].append(_nanmean(carried))
         out["finish_rank"].append(_nanmean([rank[i] for i in mine]))
     return out
+
+
+def _before(began_window: int | None, window: int) -> float:
+    return math.nan if began_window is None else float(began_window < window)
 
 
 # ---- statistics ---------------------------------------------------------------------------

@@ -139,6 +139,12 @@ def test_the_ledger_and_trace_say_how_long_and_how_old_each_positions_groups_are
     assert run.columns["carried"] == [0.0, 0.0, 1.0, 0.0]
     # window 0 began a, b, c: they finished a (10), b (15), c (45); window 1 began d
     assert run.columns["finish_rank"] == [0.0, 0.5, 1.0, 0.0]
+    # A trace without the rollouter's window openings (sync) gives lengths only.
+    events = [e for e in events if e["name"] != "end_sync (resume)"]
+    (run_dir / "trace.json").write_text(json.dumps({"traceEvents": events}))
+    run = read_run(run_dir)
+    assert run.columns["group_len"] == [5.0, 3.0, 12.0, 2.0]
+    assert all(math.isnan(v) for v in run.columns["carried"] + run.columns["finish_rank"])
 
 
 @pytest.mark.parametrize(
