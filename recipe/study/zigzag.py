@@ -335,22 +335,22 @@ def run_table(run: RunSteps, *, width: int, permutations: int, seed: int) -> lis
     rng = np.random.default_rng(seed)
     names = [c for c in run.columns if any(math.isfinite(v) for v in run.columns[c])]
     lines = [f"{run.name}  ({run.mode}, T={run.sync_every}, {len(run.steps)} steps)"]
-    lines.append(f"  {'position':<16}" + "".join(f"{n:>11}" for n in names))
+    lines.append(f"  {'position':<16}" + "".join(f"{n:>12}" for n in names))
     for position in range(1, run.sync_every + 1):
         rows = [i for i, p in enumerate(run.positions) if p == position]
         means = [_nanmean([run.columns[n][i] for i in rows]) for n in names]
         label = f"{position} ({len(rows)} steps)"
-        lines.append(f"  {label:<16}" + "".join(f"{m:>11.4g}" for m in means))
+        lines.append(f"  {label:<16}" + "".join(f"{m:>12.4g}" for m in means))
     for position in range(2, run.sync_every + 1):
         cells = [
             contrast(by_window(run, n), position, run.sync_every, rng, permutations) for n in names
         ]
         num = max(c.num_windows for c in cells)
         lines.append(
-            f"  {f'{position} - 1, detr.':<16}" + "".join(f"{c.mean:>+11.3g}" for c in cells)
+            f"  {f'{position} - 1, detr.':<16}" + "".join(f"{c.mean:>+12.3g}" for c in cells)
         )
         lines.append(
-            f"  {f'p ({num} windows)':<16}" + "".join(f"{c.p_value:>11.2g}" for c in cells)
+            f"  {f'p ({num} windows)':<16}" + "".join(f"{c.p_value:>12.2g}" for c in cells)
         )
     ac = reward_autocorrelation(run.columns["reward"], width, rng, permutations)
     lines.append(
