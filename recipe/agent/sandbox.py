@@ -68,13 +68,15 @@ mem, cpu, fsize, nproc = (int(a) for a in sys.argv[1:5])
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 pid = os.fork()
 if pid == 0:
-    for kind, value in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_CPU, cpu),
-                        (resource.RLIMIT_FSIZE, fsize), (resource.RLIMIT_NPROC, nproc)):
-        resource.setrlimit(kind, (value, value))
+    for kind, soft, hard in ((resource.RLIMIT_AS, mem, mem), (resource.RLIMIT_CPU, cpu, cpu + 1),
+                             (resource.RLIMIT_FSIZE, fsize, fsize),
+                             (resource.RLIMIT_NPROC, nproc, nproc)):
+        resource.setrlimit(kind, (soft, hard))
     os.execv(sys.argv[5], [sys.argv[5], "-I", "-u", "main.py"])
 code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 if code < 0:
-    signal.signal(-code, signal.SIG_DFL)
+    if -code != signal.SIGKILL:
+        signal.signal(-code, signal.SIG_DFL)
     os.kill(os.getpid(), -code)
 sys.exit(code if code >= 0 else 128 - code)
 """
