@@ -186,3 +186,37 @@ def test_a_filtered_group_frees_its_slot_releases_later_windows_and_spares_fresh
     restored = _controller(budget=2, demand=1, max_fresh=4)
     restored.load_state_dict(ctrl.state_dict())
     assert restored.filtered_uids == ["a"] and restored.fresh_left() == 2
+
+
+def test_the_first_step_of_a_window_trains_the_last_finishers_of_the_window_before():
+    """What each step of a window trains, with the defaults T = 2, staleness_threshold = 0.5
+    (B - W = R): the first step the R groups of the window before that finished last (one
+    version old), the second the R of its own window that finished first. Where the longer
+    responses are the worse ones, the training reward zigzags from step to step
+    (``python -m recipe.study.zigzag`` measures it); every group is still trained once."""
+    per_step, sync_every = 4, 2
+    ctrl = AdmissionController(
+        budget=window_budget(per_step, sync_every, 0.5),
+        window_demand=per_step * sync_every,
+        max_fresh=None,
+    )
+    rng = random.Random(0)
+    queue: deque = deque()  # the message queue: FIFO
+    steps, admitted_by_window, num_trained = [], [], 0
+    for window in range(5):
+        if window:
+            ctrl.open_window(window, num_trained)
+        admitted = []
+        while ctrl.can_admit():
+            admitted.append((ctrl.admit(f"w{window}-{len(admitted)}"), rng.random()))
+        admitted_by_window.append(sorted(admitted, key=lambda a: a[1]))  # by generation time
+        for ticket, _ in admitted_by_window[-1]:  # all start at once: shortest finishes first
+            queue.extend(ctrl.complete(ticket.ticket, ticket.uid))
+        for _ in range(sync_every):
+            steps.append({queue.popleft() for _ in range(per_step)})
+            num_trained += per_step
+    for window in range(1, 5):
+        before, this = admitted_by_window[window - 1], admitted_by_window[window]
+        assert len(this) == per_step * sync_every  # B minus the R carried over
+        assert steps[2 * window] == {t.uid for t, _ in before[-per_step:]}  # last to finish
+        assert steps[2 * window + 1] == {t.uid for t, _ in this[:per_step]}  # first to finish
