@@ -12,6 +12,10 @@ groups a run's steps by that position and compares them::
                       f = (p - 1) / T: the first steps on both sides, interpolated, so a
                       trend in the run (learning) cancels; sign-flip permutation p-value
                       over the windows (two-sided)
+        across a push, x(k + 1, 1) - x(k, T): the first step after it against the last
+                      before it; with T = 2 and staleness_threshold = 0.5 both train groups
+                      admitted in window k (its late finishers against its early ones), so
+                      no difference of weights versions enters it
     ledger.jsonl + trace.json (when both are there): per position, the longest response of
         each trained group (its engine requests' lengths), the share of groups whose
         generation began before the window opened, and the groups' finish rank among those
@@ -281,6 +285,23 @@ def contrast(
     return Contrast(float(np.mean(diffs)), sign_flip_p(diffs, rng, permutations), len(diffs))
 
 
+def across_push(
+    windows: list[dict[int, float]], sync_every: int, rng: np.random.Generator, permutations: int
+) -> Contrast:
+    """x(k + 1, 1) - x(k, T): the first step after a push against the last before it. With
+    T = 2 and staleness_threshold = 0.5 both train groups admitted in window k, its late and
+    its early finishers, so no difference of weights versions enters it."""
+    diffs = [
+        after[1] - here[sync_every]
+        for here, after in itertools.pairwise(windows)
+        if sync_every in here and 1 in after
+    ]
+    diffs = [d for d in diffs if math.isfinite(d)]
+    if not diffs:
+        return Contrast(math.nan, math.nan, 0)
+    return Contrast(float(np.mean(diffs)), sign_flip_p(diffs, rng, permutations), len(diffs))
+
+
 def sign_flip_p(diffs: Sequence[float], rng: np.random.Generator, permutations: int) -> float:
     """Two-sided p-value of mean(diffs) != 0 under random signs (paired permutation test)."""
     values = np.asarray(diffs, dtype=float)
@@ -352,6 +373,13 @@ def run_table(run: RunSteps, *, width: int, permutations: int, seed: int) -> lis
         lines.append(
             f"  {f'p ({num} windows)':<16}" + "".join(f"{c.p_value:>12.2g}" for c in cells)
         )
+    if run.sync_every > 1:
+        cells = [across_push(by_window(run, n), run.sync_every, rng, permutations) for n in names]
+        num = max(c.num_windows for c in cells)
+        lines.append(
+            f"  {f'next 1 - {run.sync_every}':<16}" + "".join(f"{c.mean:>+12.3g}" for c in cells)
+        )
+        lines.append(f"  {f'p ({num} pushes)':<16}" + "".join(f"{c.p_value:>12.2g}" for c in cells))
     ac = reward_autocorrelation(run.columns["reward"], width, rng, permutations)
     lines.append(
         f"  reward lag-1 autocorrelation (minus a {width}-step moving average): {ac.lag1:+.3f}; "

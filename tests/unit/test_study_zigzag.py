@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from recipe.study.zigzag import (
+    across_push,
     by_window,
     contrast,
     main,
@@ -68,6 +69,20 @@ def test_the_contrast_between_positions_is_zero_under_a_trend_and_finds_a_zigzag
     assert contrast(by_window(none, "reward"), 2, 2, rng, 2000).p_value > 0.05
 
 
+def test_across_a_push_a_zigzag_drops_where_stale_groups_alone_make_a_staircase(tmp_path):
+    """Groups one version old in every first step (and none of composition) give a staircase,
+    x(k + 1, 1) = x(k, 2): the contrast within the window sees half a version's gain, the
+    difference across the push nothing. A zigzag drops across every push."""
+    rng = np.random.default_rng(0)
+    stairs = [float((s + 1) // 2) for s in range(40)]  # 0, 1, 1, 2, 2, ...: version of the groups
+    run = read_run(_write_run(tmp_path / "stairs", stairs))
+    assert contrast(by_window(run, "reward"), 2, 2, rng, 500).mean == pytest.approx(0.5)
+    assert across_push(by_window(run, "reward"), 2, rng, 500).mean == 0.0
+    zig = read_run(_write_run(tmp_path / "zig", _learning(60, seed=1, zigzag=0.05)))
+    drop = across_push(by_window(zig, "reward"), 2, rng, 2000)
+    assert drop.mean == pytest.approx(-0.1 + 0.5 / 59, abs=0.02) and drop.p_value < 0.01
+
+
 def test_the_autocorrelation_of_a_zigzag_lies_below_what_detrending_alone_gives(tmp_path):
     rng = np.random.default_rng(0)
     zig = reward_autocorrelation(_learning(64, seed=3, zigzag=0.05), 5, rng, 1000)
@@ -93,7 +108,7 @@ def test_a_run_directory_gives_every_recorded_column_by_position(tmp_path, capsy
     assert run.columns["wait_s"][0] == 1.0 and math.isnan(run.columns["queue"][0])
     assert main([str(run_dir), "permutations=200"]) == 0
     out = capsys.readouterr().out
-    assert "(fully_async, T=2, 20 steps)" in out and "2 - 1, detr." in out
+    assert "(fully_async, T=2, 20 steps)" in out and "2 - 1, detr." in out and "next 1 - 2" in out
     assert "stale" in out and "partial" in out and "queue" not in out  # never recorded
     assert "reward lag-1 autocorrelation" in out
 
