@@ -27,6 +27,18 @@ window order, which gives the staleness bound::
     oldest token is >= v. Hence  staleness = u - min_version <= floor((B - 1) / W)
     (= 0 for staleness_threshold 0, = 1 for 0 < threshold <= 1, ~ceil(threshold) beyond).
 
+What each step of a window trains follows from the same order. The B - W groups carried over
+into window v are the ones of window v - 1 that finished last, and they are released first.
+With T = 2 and staleness_threshold = 0.5 (B - W = R, the defaults) every window's first step
+trains the previous window's R late finishers (staleness 1, the longest groups, cut by the
+push if they were still generating), its second step the window's own R early finishers
+(staleness 0). Where the longer answers are the worse ones (cut at the length limit) the
+training reward zigzags from step to step (``python -m recipe.study.zigzag RUN_DIR``
+measures it). Each window still trains the same groups; shuffling them across its steps
+removed the zigzag, changed neither training reward nor validation accuracy at equal samples,
+and doubled the trainer's wait (the first step then waits for the window's early finishers),
+so the order stays.
+
 No deadlock: at every window start live + allowance >= B >= W, i.e. the trainer's W groups of
 the window are admitted; a re-admission replaces its ticket, so it keeps that true.
 
