@@ -28,7 +28,8 @@ class ScriptedClient:
     assistant message (a dict), or raising it (an exception); the requests are kept."""
 
     def __init__(self, replies: list[dict[str, Any] | Exception]) -> None:
-        self.replies, self.requests = list(replies), []
+        self.replies = list(replies)
+        self.requests: list[dict[str, Any]] = []
         self.chat = self
         self.completions = self
 

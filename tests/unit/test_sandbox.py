@@ -132,14 +132,24 @@ def test_a_fork_loop_is_bounded_by_the_process_limit_and_killed():
     assert result.timed_out and result.seconds < 2.0 + SLACK_S
     assert "refused" in result.stdout, "no fork was refused: the process limit did not bind"
     pgid = int(re.search(r"group (\d+)", result.stdout).group(1))
-    left = [p for p in psutil.process_iter() if _in_group(p, pgid) and p.status() != "zombie"]
-    assert not left
+    assert _group_gone(pgid), "processes of the fork loop survived the group kill"
 
 
-def _in_group(proc: psutil.Process, pgid: int) -> bool:
+def _group_gone(pgid: int, deadline_s: float = 5.0) -> bool:
+    """Whether every process of group ``pgid`` has ended (SIGKILL is delivered at once, but
+    dying takes each process a moment)."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if not any(_live_in_group(p, pgid) for p in psutil.process_iter()):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _live_in_group(proc: psutil.Process, pgid: int) -> bool:
     try:
-        return os.getpgid(proc.pid) == pgid
-    except ProcessLookupError:
+        return os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE
+    except (ProcessLookupError, psutil.NoSuchProcess):
         return False
 
 
