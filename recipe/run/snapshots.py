@@ -13,7 +13,7 @@ often they validated or exported. A study evaluates the files afterwards
 (``python -m recipe.study.evaluate``) and may delete them; the index stays.
 
 A resumed run keeps the index lines up to its checkpoint's step; later lines (and their files)
-came from steps that are trained again, and are dropped.
+came from steps that are trained again, and are dropped (a fresh start drops them all).
 """
 
 from __future__ import annotations
@@ -77,8 +77,8 @@ class WeightSnapshots:
     def __init__(self, every: int, run_dir: Path, *, resumed_step: int = 0) -> None:
         self.every = every
         self.directory = Path(run_dir) / SNAPSHOT_DIR
-        if resumed_step > 0:
-            truncate_jsonl(self.directory / INDEX_FILE, resumed_step)
+        # A fresh start (step 0) keeps nothing of an earlier attempt in this directory.
+        truncate_jsonl(self.directory / INDEX_FILE, resumed_step)
         taken = read_index(run_dir)
         self._drop_files_not_in(taken)
         self.last_samples = taken[-1].samples if taken else 0

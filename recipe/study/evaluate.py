@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from recipe.config import RecipeConfig, load_config
 from recipe.run.snapshots import INDEX_FILE, SNAPSHOT_DIR, Snapshot, read_index
@@ -83,11 +83,14 @@ def eval_config(run_dir: Path, overrides: list[str]) -> RecipeConfig:
     if not path.is_file():
         raise ValueError(f"{path}: not found (RUN_DIR must be a run directory of python -m recipe)")
     saved = OmegaConf.load(path)
+    if not isinstance(saved, DictConfig):
+        raise ValueError(f"{path}: not a run's config (a mapping)")
     saved.pop("model_provenance", None)
     for arg in overrides:
         if arg.partition("=")[0] in {f.partition("=")[0] for f in FIXED}:
             raise ValueError(f"{arg}: set by the evaluation itself ({' '.join(FIXED)})")
     merged = OmegaConf.merge(saved, OmegaConf.from_dotlist([*FIXED, *overrides]))
+    assert isinstance(merged, DictConfig)
     return load_config(merged)
 
 

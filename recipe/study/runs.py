@@ -14,12 +14,19 @@ from recipe.utils.process_tree import kill_tree
 LOG_FILE = "study.log"
 
 
-def run_logged(command: list[str], run_dir: Path, *, timeout_s: float) -> tuple[str | None, float]:
-    """Run ``command`` with its output in ``run_dir/study.log``: (None, seconds) when it ended
-    with a ``summary.json`` written, else (why it failed, seconds)."""
+def run_logged(
+    command: list[str],
+    run_dir: Path,
+    *,
+    timeout_s: float,
+    log_file: str = LOG_FILE,
+    result: str = "summary.json",
+) -> tuple[str | None, float]:
+    """Run ``command`` with its output in ``run_dir/<log_file>``: (None, seconds) when it
+    ended with ``run_dir/<result>`` written, else (why it failed, seconds)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    with (run_dir / LOG_FILE).open("w", encoding="utf-8") as log:
+    with (run_dir / log_file).open("w", encoding="utf-8") as log:
         proc = subprocess.Popen(
             command,
             stdout=log,
@@ -36,6 +43,6 @@ def run_logged(command: list[str], run_dir: Path, *, timeout_s: float) -> tuple[
             kill_tree(proc.pid)
             proc.wait()
             failed = f"past timeout_s={timeout_s:.0f}"
-    if failed is None and not (run_dir / "summary.json").is_file():
-        failed = "no summary.json"
+    if failed is None and not (run_dir / result).is_file():
+        failed = f"no {result}"
     return failed, time.perf_counter() - start

@@ -49,3 +49,10 @@ def test_a_resume_drops_the_snapshots_of_steps_trained_again(tmp_path):
     assert not resumed.due(128) and resumed.due(192)
     lines = (tmp_path / SNAPSHOT_DIR / INDEX_FILE).read_text().splitlines()
     assert all(json.loads(line)["step"] <= 2 for line in lines)
+
+
+def test_a_fresh_start_in_an_old_run_directory_keeps_none_of_its_snapshots(tmp_path):
+    _take(WeightSnapshots(64, tmp_path), 64, 1)
+    WeightSnapshots(64, tmp_path)  # a fresh start: no checkpoint to resume from
+    assert read_index(tmp_path) == []
+    assert not list((tmp_path / SNAPSHOT_DIR).glob("*.safetensors"))

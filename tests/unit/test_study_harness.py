@@ -1,0 +1,172 @@
+"""The study's design and harness with a scripted run in place of ``python -m recipe``: the
+order (warm-ups, then blocks that alternate the modes), a design that cannot change once
+registered, targets fixed once from the warm-up, phases that start only when they fit before
+the deadline, a study that continues where it stopped, failures that count nothing."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from recipe.study.__main__ import main
+from recipe.study.analysis import analyse
+from recipe.study.design import DesignError, RunSpec, StudyDesign, register, registered
+from recipe.study.harness import EXIT_MORE, RECORD_FILE, Harness
+
+# A run: accuracy rises by a mode's rate per 100 samples; fully_async runs twice as fast.
+FAKE_RUN = """
+import json, sys, time
+from pathlib import Path
+run, mode, seed = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+time.sleep(0.3)
+(run / "snapshots").mkdir(parents=True, exist_ok=True)
+(run / "config.yaml").write_text("mode: " + mode)
+speed = 2.0 if mode == "fully_async" else 1.0
+lines = [json.dumps({"samples": 100 * k, "step": k, "version": k, "clock_s": 10.0 * k / speed,
+         "export_s": 0.0, "file": f"s{k}", "num_bytes": 1, "sha256": "x"}) for k in (1, 2, 3, 4)]
+(run / "snapshots" / "index.jsonl").write_text("\\n".join(lines) + "\\n")
+metrics = [{"step": k, "timing/step_s": 10.0 / speed, "throughput/samples": 100}
+           for k in range(1, 5)]
+(run / "metrics.jsonl").write_text("\\n".join(json.dumps(m) for m in metrics) + "\\n")
+(run / "summary.json").write_text(json.dumps({"throughput/samples_per_s": 10.0 * speed}))
+"""
+FAKE_EVAL = """
+import json, sys
+from pathlib import Path
+run = Path(sys.argv[1])
+if Path(sys.argv[2]).exists():
+    sys.exit(1)
+index = [json.loads(l) for l in (run / "snapshots" / "index.jsonl").read_text().splitlines()]
+points = [{"samples": 0, "step": 0, "clock_s": 0.0, "accuracy": 0.1}]
+points += [{"samples": s["samples"], "step": s["step"], "clock_s": s["clock_s"],
+            "accuracy": 0.1 + 0.05 * s["step"]} for s in index]
+with open(run / "snapshots" / "eval.jsonl", "w") as out:
+    for p in points:
+        p.update(num_prompts=10, response_length_mean=5.0, clip_ratio=0.0, eval_s=0.1)
+        out.write(json.dumps(p) + "\\n")
+"""
+
+
+def _design(**changes: object) -> StudyDesign:
+    fields = {
+        "name": "fake",
+        "question": "q",
+        "modes": ["sync", "fully_async"],
+        "seeds": [0, 1, 2, 3],
+        "warmup_seed": 100,
+        "snapshot_samples": 100,
+        "overrides": ["rollout.n=2"],
+        "target_rule": "warmup_gain",
+        "target_values": [0.5],
+        "budget_fractions": [0.5, 1.0],
+        "bootstrap_resamples": 200,
+    }
+    return StudyDesign(**(fields | changes))  # type: ignore[arg-type]
+
+
+def _harness(tmp_path: Path, design: StudyDesign | None = None) -> Harness:
+    records = tmp_path / "records"
+    register(design or _design(), records)
+    harness = Harness(
+        registered(records), records, tmp_path / "out", "", archive=tmp_path / "a.tgz"
+    )
+
+    def train(spec: RunSpec) -> list[str]:
+        run = harness.out / spec.tag
+        return [sys.executable, "-c", FAKE_RUN, str(run), spec.mode, str(spec.seed)]
+
+    harness.train_command = train  # type: ignore[method-assign]
+    fail = str(tmp_path / "fail_eval")
+    harness.eval_command = lambda run: [sys.executable, "-c", FAKE_EVAL, str(run), fail]  # type: ignore[method-assign]
+    return harness
+
+
+def test_warmups_come_first_then_blocks_alternate_the_order_of_the_modes():
+    tags = [spec.tag for spec in _design().runs()]
+    assert tags == [
+        "warmup-sync-seed100", "warmup-fully_async-seed100",
+        "sync-seed0", "fully_async-seed0", "fully_async-seed1", "sync-seed1",
+        "sync-seed2", "fully_async-seed2", "fully_async-seed3", "sync-seed3",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"modes": ["fully_async"]}, "sync (the baseline)"),
+        ({"seeds": [0, 100]}, "warmup_seed not among them"),
+        ({"overrides": ["trainer.seed=3"]}, "set by the study per run"),
+        ({"target_values": [1.2]}, "strictly between 0 and 1"),
+        ({"modes": ["sync", "async"]}, "unknown ['async']"),
+    ],
+)
+def test_a_design_that_cannot_run_is_refused_naming_why(changes, words):
+    with pytest.raises(DesignError, match=None) as err:
+        _design(**changes)
+    assert words in str(err.value)
+
+
+def test_a_registered_design_cannot_change(tmp_path):
+    register(_design(), tmp_path)
+    register(_design(), tmp_path)  # the same again: nothing to do
+    with pytest.raises(DesignError, match="another 'seeds'"):
+        register(_design(seeds=[0, 1]), tmp_path)
+
+
+def test_a_study_runs_in_order_fixes_targets_once_and_keeps_every_record(tmp_path):
+    harness = _harness(tmp_path)
+    assert harness.run_all(deadline_s=600) == 0
+    records = tmp_path / "records"
+    kept = sorted(p.parent.name for p in records.glob(f"runs/*/{RECORD_FILE}"))
+    assert len(kept) == 10
+    targets = json.loads((records / "targets.json").read_text())
+    # warm-up sync: 0.1 -> 0.3; half its gain; budgets from its clock (40 s)
+    assert targets["accuracies"] == [0.2] and targets["budgets_s"] == [20.0, 40.0]
+    record = json.loads((records / "runs" / "fully_async-seed1" / RECORD_FILE).read_text())
+    assert record["order"] == 4 and record["gpu"] == {"gpus": 0}
+    assert record["design_sha256"] == harness.design.sha256
+    res = analyse(records)
+    ratio = res["ratios"]["fully_async"]["targets"][0]["median_ratio"]
+    assert ratio["estimate"] == pytest.approx(0.5) and ratio["high"] <= 0.5 + 1e-9
+    assert res["modes"]["fully_async"]["steady_samples_per_s"] == pytest.approx(20.0)
+    assert (records / "accuracy.png").is_file()
+    with tarfile.open(tmp_path / "a.tgz") as tar:
+        assert any(name.endswith("sync-seed3/record.json") for name in tar.getnames())
+
+
+def test_a_phase_that_does_not_fit_stops_the_study_and_the_next_call_continues(tmp_path):
+    harness = _harness(tmp_path, _design(run_timeout_s=1.0, eval_timeout_s=1.0))
+    assert harness.run_all(deadline_s=0.5) == EXIT_MORE  # no training fits: none starts
+    assert not list((tmp_path / "records").glob("runs/*"))
+    assert harness.run_all(deadline_s=2.0) == EXIT_MORE  # each run takes over 0.3 s
+    done = [spec for spec in harness.design.runs() if harness.done(spec)]
+    assert 1 <= len(done) < 10 and done == harness.design.runs()[: len(done)]
+    assert harness.run_all(deadline_s=600) == 0
+
+
+def test_a_failed_evaluation_counts_nothing_and_a_cut_off_run_starts_again(tmp_path):
+    harness = _harness(tmp_path)
+    first = harness.design.runs()[0]
+    run_dir = harness.out / first.tag
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("cut off")  # a run killed before its summary
+    (run_dir / "stale").write_text("from the cut-off run")
+    (tmp_path / "fail_eval").write_text("")
+    assert harness.run_all(deadline_s=600) == 1
+    assert not harness.done(first) and not (run_dir / "stale").exists()
+    assert (run_dir / "summary.json").is_file()  # trained again, from its start
+    (tmp_path / "fail_eval").unlink()
+    trained = (run_dir / "trained.json").read_text()
+    assert harness.run_all(deadline_s=600) == 0
+    assert (run_dir / "trained.json").read_text() == trained  # evaluated, not trained again
+
+
+def test_the_command_line_refuses_bad_input_with_exit_code_2(tmp_path, capsys):
+    assert main(["run", "records=" + str(tmp_path / "none")]) == 2
+    assert "no design registered" in capsys.readouterr().err
+    assert main(["register", str(tmp_path / "missing.yaml"), "records=x"]) == 2
+    assert main(["table", "wrong=1"]) == 2
