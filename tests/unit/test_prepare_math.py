@@ -93,6 +93,18 @@ def test_levels_keep_only_those_levels_in_every_split(tmp_path, capsys, caplog):
     assert f"wrote 2 rows to {out / 'train.parquet'}" in capsys.readouterr().out
 
 
+def test_jsonl_output_loads_as_the_same_records_as_parquet(tmp_path):
+    src = write_source(tmp_path / "src")
+    prepare_cli.main(["math", str(src), str(tmp_path / "pq")])
+    prepare_cli.main(["math", str(src), str(tmp_path / "js"), "--format", "jsonl"])
+    for split in ("train", "test"):
+        parquet = load_records([str(tmp_path / "pq" / f"{split}.parquet")], split=split)
+        jsonl = load_records([str(tmp_path / "js" / f"{split}.jsonl")], split=split)
+        assert [(r.prompt, r.ground_truth, r.extra_info) for r in jsonl] == [
+            (r.prompt, r.ground_truth, r.extra_info) for r in parquet
+        ]
+
+
 def test_levels_that_leave_a_split_empty_or_rows_without_levels_are_refused(tmp_path):
     src = write_source(tmp_path / "src")
     with pytest.raises(PrepareError, match=r"--levels \[3\]: no test row of 'math' is left"):

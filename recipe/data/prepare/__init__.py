@@ -23,7 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from recipe.data.prepare import gsm8k, math
-from recipe.data.prepare.common import PrepareError, ensure_out_dir, write_parquet_atomic
+from recipe.data.prepare.common import (
+    PrepareError,
+    ensure_out_dir,
+    write_jsonl_atomic,
+    write_parquet_atomic,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +47,8 @@ class Preparer:
     """The Arrow schema of the rows (a function: pyarrow is imported only when writing)."""
 
 
+FORMATS = ("parquet", "jsonl")
+
 PREPARERS: Mapping[str, Preparer] = {
     "gsm8k": Preparer(
         description="OpenAI's grade-school-math/data/{train,test}.jsonl",
@@ -57,15 +64,23 @@ PREPARERS: Mapping[str, Preparer] = {
 
 
 def prepare(
-    name: str, src_dir: Path, out_dir: Path, *, levels: Collection[int] | None = None
+    name: str,
+    src_dir: Path,
+    out_dir: Path,
+    *,
+    levels: Collection[int] | None = None,
+    file_format: str = "parquet",
 ) -> dict[Path, int]:
     """Prepare dataset ``name`` from ``src_dir`` into ``out_dir``; the rows written per file.
-    ``levels``: keep only rows whose ``extra_info["level"]`` is one of them (None: all).
+    ``levels``: keep only rows whose ``extra_info["level"]`` is one of them (None: all);
+    ``file_format``: ``parquet`` or ``jsonl`` (the same rows, one JSON object a line).
 
     Raises ``PrepareError`` for an unknown name, a missing or malformed source, an
     ``out_dir`` that is a file, or ``levels`` that leave a split empty or that the rows
     do not carry.
     """
+    if file_format not in FORMATS:
+        raise PrepareError(f"format {file_format!r}: expected one of {', '.join(FORMATS)}")
     preparer = PREPARERS.get(name)
     if preparer is None:
         raise PrepareError(f"unknown dataset {name!r}; known: {', '.join(sorted(PREPARERS))}")
@@ -77,8 +92,11 @@ def prepare(
     ensure_out_dir(out_dir)
     written = {}
     for split, rows in splits.items():
-        path = out_dir / f"{split}.parquet"
-        write_parquet_atomic(rows, path, preparer.schema())
+        path = out_dir / f"{split}.{file_format}"
+        if file_format == "jsonl":
+            write_jsonl_atomic(rows, path)
+        else:
+            write_parquet_atomic(rows, path, preparer.schema())
         written[path] = len(rows)
     return written
 

@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from recipe.data.prepare import PREPARERS, PrepareError, prepare
+from recipe.data.prepare import FORMATS, PREPARERS, PrepareError, prepare
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,10 +35,18 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="keep only these levels, comma-separated (datasets whose rows carry one: math)",
     )
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="parquet",
+        help="parquet (default) or jsonl (the same rows; no pyarrow needed to read them)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        written = prepare(args.name, args.src_dir, args.out_dir, levels=args.levels)
+        written = prepare(
+            args.name, args.src_dir, args.out_dir, levels=args.levels, file_format=args.format
+        )
     except PrepareError as err:
         if os.environ.get("RECIPE_DEBUG", "0") not in ("", "0"):
             raise

@@ -7,6 +7,7 @@ names the file (and line) to fix, so the command line can print it as one line.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -60,3 +61,18 @@ def write_parquet_atomic(rows: list[dict[str, Any]], path: Path, schema: Any) ->
         raise PrepareError(f"{path}: cannot write the file: {err}") from err
     finally:
         tmp_path.unlink(missing_ok=True)  # gone already after a successful rename
+
+
+def write_jsonl_atomic(rows: list[dict[str, Any]], path: Path) -> None:
+    """Write ``rows`` as JSON lines to ``path`` the way ``write_parquet_atomic`` writes (a
+    temporary file, then a rename): for machines without pyarrow."""
+    tmp_path = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp_path.open("w", encoding="utf-8") as out:
+            for row in rows:
+                out.write(json.dumps(row, ensure_ascii=False) + "\n")
+        os.replace(tmp_path, path)
+    except OSError as err:
+        raise PrepareError(f"{path}: cannot write the file: {err}") from err
+    finally:
+        tmp_path.unlink(missing_ok=True)
