@@ -39,6 +39,7 @@ class KeptRun:
     points: list[Point]
     wall_samples_per_s: float
     steady_samples_per_s: float
+    samples_trained: int
     gpu: dict[str, Any]
 
 
@@ -61,6 +62,7 @@ def load_runs(records: Path) -> list[KeptRun]:
                 points=[Point(r["samples"], r["clock_s"], r["accuracy"]) for r in rows],
                 wall_samples_per_s=summary["throughput/samples_per_s"],
                 steady_samples_per_s=steady_samples_per_s(metrics),
+                samples_trained=int(summary["samples/trained"]),
                 gpu=record["gpu"],
             )
         )
@@ -71,6 +73,9 @@ def results(design: StudyDesign, records: Path) -> dict[str, Any]:
     """Every figure of the study (module docstring of timing.py)."""
     targets = json.loads((records / TARGETS_FILE).read_text(encoding="utf-8"))
     runs = load_runs(records)
+    if len({r.samples_trained for r in runs}) > 1:
+        counts = ", ".join(f"{r.mode}-seed{r.seed}: {r.samples_trained}" for r in runs)
+        raise ValueError(f"{records}: the runs trained different numbers of samples ({counts})")
     by_mode = {m: [r for r in runs if r.mode == m] for m in design.modes}
     boot = {"resamples": design.bootstrap_resamples, "seed": design.bootstrap_seed}
     out: dict[str, Any] = {"targets": targets, "runs": {}, "modes": {}, "ratios": {}}

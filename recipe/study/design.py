@@ -33,7 +33,15 @@ DESIGN_FILE = "design.json"
 TARGETS_FILE = "targets.json"
 TARGET_RULES = ("warmup_gain", "fixed")
 MODES = ("sync", "one_step_off", "fully_async")
-PER_RUN_KEYS = ("mode", "trainer.seed", "rollout.seed", "hydra.run.dir", "trainer.snapshot_samples")
+PER_RUN_KEYS = (
+    "mode",
+    "trainer.seed",
+    "rollout.seed",
+    "hydra.run.dir",
+    "trainer.snapshot_samples",
+    "actor.n_gpus_per_node",
+    "rollout.n_gpus_per_node",
+)
 
 
 class DesignError(ValueError):
@@ -73,6 +81,12 @@ class StudyDesign:
     min_warmup_gain: float = 0.0
     """The warm-up sync run's accuracy gain below which no targets are fixed (a gain within
     the evaluation's noise puts every target there too): e.g. 3 binomial standard errors."""
+    gpus: int = 1
+    """GPUs per run. sync colocates its trainer and engines on all of them; the async modes
+    give ``async_trainer_gpus`` to the trainer and the rest to the engines. At 1 every mode
+    shares the one GPU (the engines take ``rollout.gpu_memory_utilization`` of it)."""
+    async_trainer_gpus: int | None = None
+    """Trainer GPUs of the async modes when ``gpus`` > 1 (None: half)."""
     run_timeout_s: float = 540.0
     eval_timeout_s: float = 540.0
     bootstrap_resamples: int = 10_000
@@ -91,6 +105,9 @@ class StudyDesign:
             raise DesignError(f"targets: rule one of {TARGET_RULES}, with values")
         if self.target_rule == "warmup_gain" and not all(0 < f < 1 for f in self.target_values):
             raise DesignError("targets: warmup_gain fractions lie strictly between 0 and 1")
+        trainer_gpus = self.async_trainer_gpus or self.gpus // 2
+        if self.gpus > 1 and not 0 < trainer_gpus < self.gpus:
+            raise DesignError(f"async_trainer_gpus: between 1 and gpus - 1 = {self.gpus - 1}")
         for arg in [*self.overrides, *self.eval_overrides]:
             if arg.partition("=")[0] in PER_RUN_KEYS:
                 raise DesignError(f"overrides: {arg!r} is set by the study per run")
@@ -137,8 +154,17 @@ class StudyDesign:
             f"trainer.snapshot_samples={self.snapshot_samples}",
             "trainer.test_freq=0",
             "trainer.val_before_train=false",
+            *self.gpu_overrides(spec.mode),
         ]
         return [arg.replace("{data}", data) for arg in [*own, *fixed]]
+
+    def gpu_overrides(self, mode: str) -> list[str]:
+        """How ``mode`` lays its trainer and engines on ``gpus`` GPUs (none at 1)."""
+        if self.gpus == 1:
+            return []
+        trainer = self.gpus if mode == "sync" else self.async_trainer_gpus or self.gpus // 2
+        engines = self.gpus if mode == "sync" else self.gpus - trainer
+        return [f"actor.n_gpus_per_node={trainer}", f"rollout.n_gpus_per_node={engines}"]
 
 
 def register(design: StudyDesign, records: Path) -> Path:

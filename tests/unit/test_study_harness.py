@@ -32,7 +32,8 @@ lines = [json.dumps({"samples": 100 * k, "step": k, "version": k, "clock_s": 10.
 metrics = [{"step": k, "timing/step_s": 10.0 / speed, "throughput/samples": 100}
            for k in range(1, 5)]
 (run / "metrics.jsonl").write_text("\\n".join(json.dumps(m) for m in metrics) + "\\n")
-(run / "summary.json").write_text(json.dumps({"throughput/samples_per_s": 10.0 * speed}))
+summary = {"throughput/samples_per_s": 10.0 * speed, "samples/trained": 400}
+(run / "summary.json").write_text(json.dumps(summary))
 """
 FAKE_EVAL = """
 import json, sys
@@ -178,3 +179,20 @@ def test_no_targets_are_fixed_from_a_warmup_whose_gain_is_within_the_noise(tmp_p
         harness.run_all(deadline_s=600)
     assert not (tmp_path / "records" / "targets.json").exists()
     assert len(list((tmp_path / "records").glob(f"runs/*/{RECORD_FILE}"))) == 2  # warm-ups
+
+
+def test_on_n_gpus_sync_colocates_on_all_and_fully_async_splits_them():
+    one = _design()
+    assert one.gpu_overrides("sync") == one.gpu_overrides("fully_async") == []
+    eight = _design(gpus=8)
+    assert eight.gpu_overrides("sync") == ["actor.n_gpus_per_node=8", "rollout.n_gpus_per_node=8"]
+    assert eight.gpu_overrides("fully_async") == [
+        "actor.n_gpus_per_node=4",
+        "rollout.n_gpus_per_node=4",
+    ]
+    spec = RunSpec("fully_async", 0, False, 2)
+    assert "rollout.n_gpus_per_node=2" in _design(gpus=8, async_trainer_gpus=6).run_overrides(
+        spec, ""
+    )
+    with pytest.raises(DesignError, match="async_trainer_gpus"):
+        _design(gpus=2, async_trainer_gpus=2)
