@@ -8,9 +8,10 @@ clock, its records kept; resumable across machines that lose their files.
         design's timeouts before any)                   --> stop, exit code 3: call again
         train   python -m recipe ... in <out>/<tag>/ with GPU telemetry (its study.log)
         eval    python -m recipe.study.evaluate <out>/<tag> (its eval.log)
-        keep    metrics.jsonl, summary.json, config.yaml, snapshots.jsonl, eval.jsonl and
-                record.json (mode, seed, order, design and data checksums, code commit, GPU
-                telemetry, seconds) into <records>/runs/<tag>/
+        keep    metrics.jsonl, summary.json, config.yaml, snapshots.jsonl, eval.jsonl, the
+                planner's projection from the run's phases to 2, 4 and 8 GPUs
+                (plan-gpusN.txt) and record.json (mode, seed, order, design and data
+                checksums, code commit, GPU telemetry, seconds) into <records>/runs/<tag>/
 
 Only the small records are kept (commit them); run directories can go. A run that was cut
 off (no ``summary.json``) is run again from its start in a fresh directory, or resumed from a
@@ -49,6 +50,7 @@ KEPT = {
 EXIT_MORE = 3
 """Runs remain that did not fit before the deadline: call again."""
 OUT_OF_TIME = "out of time"
+PROJECT_GPUS = (2, 4, 8)
 TRAINED_FILE = "trained.json"
 """In a run directory once its training ended: when it began, its seconds, resumed or not."""
 
@@ -163,6 +165,7 @@ class Harness:
         for source, name in KEPT.items():
             if (run_dir / source).is_file():
                 shutil.copyfile(run_dir / source, dest / name)
+        self.project(run_dir, dest)
         trained = json.loads((run_dir / TRAINED_FILE).read_text(encoding="utf-8"))
         record: dict[str, Any] = {
             "tag": spec.tag,
@@ -181,6 +184,18 @@ class Harness:
         tmp = dest / f".{RECORD_FILE}.partial"
         tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         tmp.replace(dest / RECORD_FILE)
+
+    def project(self, run_dir: Path, dest: Path) -> None:
+        """The planner's projection from this run's measured phases (``python -m
+        recipe.plan --run``) for each of ``PROJECT_GPUS``, kept as ``plan-gpusN.txt``: a
+        projection, stated as one, for the day more GPUs are lent."""
+        if not (run_dir / "trace.json").is_file():
+            return  # the planner reads the run's phases off its trace
+        for gpus in PROJECT_GPUS:
+            cmd = [sys.executable, "-m", "recipe.plan", "--run", str(run_dir), f"--gpus={gpus}"]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+            text = proc.stdout if proc.returncode == 0 else f"planner failed:\n{proc.stderr}"
+            (dest / f"plan-gpus{gpus}.txt").write_text(text, encoding="utf-8")
 
     def write_archive(self) -> None:
         """The records as one ``.tar.gz`` at ``archive`` (when set), replaced atomically
