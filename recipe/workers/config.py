@@ -20,6 +20,66 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", DR_
 ROLLOUT_BACKENDS = ("vllm", "hf")
 LENGTH_PROFILES = ("natural", "longtail")
 LR_SCHEDULES = ("constant", "cosine")
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ranks vLLM serves (its ``max_lora_rank`` choices): a trainer rank outside them is
+refused, not rounded, so the adapter trained is the adapter served."""
+LORA_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_UNSERVABLE_TARGETS = ("embed_tokens", "lm_head", "wte", "wpe", "embed_in", "embed_out")
+"""Embedding and head modules: vLLM loads no LoRA on them for the decoder LMs we train (and
+on tied embeddings an adapter on either would touch both)."""
+
+
+@dataclass
+class LoraConfig:
+    """``actor.lora``: train a LoRA adapter (HF ``peft``) instead of every parameter.
+
+    Only what vLLM serves is exposed: no DoRA, no ``modules_to_save``, no LoRA bias (the
+    structured config refuses any other key)."""
+
+    rank: int = 0
+    """LoRA rank ``r``; 0: off (full fine-tuning). One of vLLM's ranks: 1, 8, 16, 32, 64,
+    128, 256, 320, 512."""
+    alpha: int = 16
+    """``lora_alpha``: the adapter's update is scaled by ``alpha / rank``."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input in training forwards (0: the old log-probs and the
+    training forward see the same function)."""
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_DEFAULT_TARGETS))
+    """Names of the linear modules that get an adapter (matched on the last name part)."""
+
+    def __post_init__(self) -> None:
+        self.target_modules = list(self.target_modules)
+        if self.rank == 0:
+            return
+        require(
+            self.rank in VLLM_LORA_RANKS,
+            "actor.lora.rank",
+            self.rank,
+            f"0 (off) or one vLLM serves: rank {self.rank} is not one vLLM serves; use one of "
+            + ", ".join(map(str, VLLM_LORA_RANKS)),
+        )
+        require_positive("actor.lora.alpha", self.alpha)
+        require(0 <= self.dropout < 1, "actor.lora.dropout", self.dropout, "in [0, 1)")
+        require(
+            bool(self.target_modules),
+            "actor.lora.target_modules",
+            self.target_modules,
+            "a non-empty list of module names",
+        )
+        unservable = [
+            m for m in self.target_modules if m.rsplit(".", 1)[-1] in LORA_UNSERVABLE_TARGETS
+        ]
+        require(
+            not unservable,
+            "actor.lora.target_modules",
+            self.target_modules,
+            f"without {unservable}: vLLM loads no LoRA on embeddings or the LM head "
+            "(tied with the embeddings on small models)",
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
 
 
 @dataclass
@@ -96,8 +156,12 @@ class ActorConfig:
     """Trainer ranks per node (FSDP2 world size = nnodes * n_gpus_per_node)."""
     nnodes: int = 1
     """Nodes of the trainer group."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapter training (``rank > 0``); off by default."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.lora, dict):  # built from a plain dict rather than OmegaConf
+            self.lora = LoraConfig(**self.lora)
         require_positive("actor.lr", self.lr)
         require_non_negative("actor.weight_decay", self.weight_decay)
         require_choice("actor.lr_schedule", self.lr_schedule, LR_SCHEDULES)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -165,16 +165,19 @@ def build_optimizer(
     return optimizer, scheduler
 
 
-def iter_full_tensors(lm: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_full_tensors(
+    lm: nn.Module, keep: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Unsharded tensors under the LM's own HF state-dict names, one at a time.
 
     Collective: every rank must iterate to the end in step (each DTensor is all-gathered).
     A tied weight is yielded once, under its first name (``lm_head.weight`` is skipped when
-    it shares the embedding), matching what ``save_pretrained`` writes.
+    it shares the embedding), matching what ``save_pretrained`` writes. ``keep``: only the
+    names it accepts (the others are never gathered; every rank passes the same).
     """
     seen: set[int] = set()
     for name, tensor in lm.state_dict(keep_vars=True).items():
-        if id(tensor) in seen:
+        if id(tensor) in seen or (keep is not None and not keep(name)):
             continue
         seen.add(id(tensor))
         value = tensor.detach()
@@ -201,9 +204,14 @@ def full_tensor_metadata(lm: nn.Module) -> list[tuple[str, tuple[int, ...], str]
     return meta
 
 
-def load_full_state_dict(lm: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
-    """Copy full (unsharded) HF tensors into the sharded LM; every rank passes the same dict."""
-    expected = {name for name, _ in lm.named_parameters()}
+def load_full_state_dict(
+    lm: nn.Module,
+    state_dict: dict[str, torch.Tensor],
+    only: Callable[[str], bool] | None = None,
+) -> None:
+    """Copy full (unsharded) HF tensors into the sharded LM; every rank passes the same dict.
+    ``only``: the parameters whose names it accepts (a LoRA adapter); the rest are kept."""
+    expected = {name for name, _ in lm.named_parameters() if only is None or only(name)}
     missing = expected - set(state_dict)
     if missing:
         raise ValueError(f"checkpoint lacks parameters: {sorted(missing)[:5]}")

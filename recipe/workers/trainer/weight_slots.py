@@ -30,9 +30,12 @@ _CURRENT = "__current__"
 _GIB = 1 << 30
 
 
-def _local_shards(module: nn.Module) -> Iterator[torch.Tensor]:
-    """This rank's local shard of every parameter (a view: writes update the parameter)."""
+def _local_shards(module: nn.Module, trainable_only: bool) -> Iterator[torch.Tensor]:
+    """This rank's local shard of every parameter (``trainable_only``: of those that require
+    grad) (a view: writes update the parameter)."""
     for param in module.parameters():
+        if trainable_only and not param.requires_grad:
+            continue
         data = param.detach()
         yield data.to_local() if isinstance(data, DTensor) else data
 
@@ -52,15 +55,20 @@ def _fits_on_device(
 class WeightSlots:
     """Named copies of ``module``'s local parameter shards (see the module docstring)."""
 
-    def __init__(self, module: nn.Module, *, pin_memory: bool = False):
+    def __init__(
+        self, module: nn.Module, *, pin_memory: bool = False, trainable_only: bool = False
+    ):
+        """``trainable_only``: slots hold the parameters that require grad alone (a LoRA
+        adapter over a frozen base, which never changes)."""
         self._module = module
+        self._trainable_only = trainable_only
         self._pin_memory = pin_memory
         self._slots: dict[str, list[torch.Tensor]] = {}
 
     @torch.no_grad()
     def save(self, slot: str) -> None:
         reshard_all(self._module)  # only sharded (DTensor) parameters are the weights
-        current = list(_local_shards(self._module))
+        current = list(_local_shards(self._module, self._trainable_only))
         self._slots.pop(slot, None)  # its memory counts as free for the new copy
         if _fits_on_device(current, keep_free_bytes=4 * _GIB, keep_share=0.25):
             self._slots[slot] = [t.clone() for t in current]
@@ -91,7 +99,7 @@ class WeightSlots:
     def swapped_in(self, slot: str) -> Iterator[None]:
         """The module holds ``slot``'s weights inside the block and its own again after."""
         reshard_all(self._module)
-        current = list(_local_shards(self._module))
+        current = list(_local_shards(self._module, self._trainable_only))
         if _fits_on_device(current, keep_free_bytes=2 * _GIB, keep_share=0.0):
             with torch.no_grad():
                 stash = [t.clone() for t in current]
@@ -109,5 +117,7 @@ class WeightSlots:
     @torch.no_grad()
     def _copy_into_module(self, tensors: list[torch.Tensor]) -> None:
         reshard_all(self._module)
-        for local, saved in zip(_local_shards(self._module), tensors, strict=True):
+        for local, saved in zip(
+            _local_shards(self._module, self._trainable_only), tensors, strict=True
+        ):
             local.copy_(saved)

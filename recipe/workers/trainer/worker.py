@@ -17,6 +17,7 @@ computes the same update as world size 1 up to float summation order.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from recipe.algo.losses import count_tokens_and_seqs
+from recipe.utils.adapter_file import ADAPTER_WEIGHTS_NAME, AdapterFile, write_adapter
 from recipe.utils.config_check import require_choice
 from recipe.utils.rendezvous import StoreAddress
 from recipe.utils.weights_file import WeightsFile, write_weights
@@ -48,6 +50,16 @@ from recipe.workers.trainer.fsdp_utils import (
     reshard_all,
     shard_policy,
 )
+from recipe.workers.trainer.lora import (
+    BASE_RECORD_NAME,
+    apply_lora,
+    base_record,
+    check_same_base,
+    is_adapter_name,
+    live_name,
+    peft_config_dict,
+    peft_name,
+)
 from recipe.workers.trainer.micro_batches import (
     MicroPlan,
     device_micro_batches,
@@ -61,6 +73,9 @@ from recipe.workers.trainer.train_state import load_train_state, save_train_stat
 from recipe.workers.trainer.weight_slots import WeightSlots
 
 logger = logging.getLogger(__name__)
+
+ADAPTER_DIR = "adapter"
+"""A LoRA checkpoint's PEFT adapter folder, beside ``base_model.json``."""
 
 
 class TrainerWorker:
@@ -98,10 +113,17 @@ class TrainerWorker:
         torch.manual_seed(spec.seed)
         self._policy = self._build_policy(trainable=True)
         self._ref = self._build_policy(trainable=False) if actor.use_kl_loss else None
+        # Full fine-tuning: every parameter; LoRA: the adapter's alone.
+        trainable = [p for p in self._policy.parameters() if p.requires_grad]
         self._optimizer, self._scheduler = build_optimizer(
-            list(self._policy.parameters()), actor, spec.total_optimizer_steps
+            trainable, actor, spec.total_optimizer_steps
         )
-        self._slots = WeightSlots(self._policy, pin_memory=self.device.type == "cuda")
+        self._base: dict[str, object] | None = None
+        self._slots = WeightSlots(
+            self._policy,
+            pin_memory=self.device.type == "cuda",
+            trainable_only=actor.lora.enabled,
+        )
 
     def _build_policy(self, *, trainable: bool) -> PolicyModule:
         from transformers import AutoModelForCausalLM
@@ -114,6 +136,8 @@ class TrainerWorker:
                     module.training = True  # their own modules stay in eval (no dropout)
         policy = PolicyModule(lm)
         policy.requires_grad_(trainable)
+        if trainable and self.actor.lora.enabled:  # before fully_shard: FSDP2 shards both
+            apply_lora(lm, self.actor.lora, self.spec.model_path)
         shard_policy(policy, self._mesh, getattr(torch, self.spec.compute_dtype))
         return policy
 
@@ -324,9 +348,73 @@ class TrainerWorker:
         state_dict = self.full_state_dict()
         return write_weights(state_dict, path) if self.rank == 0 else None
 
-    def save_hf(self, path: str | Path) -> None:
-        """Rank 0 writes an HF directory (weights, config, tokenizer when the source has one).
+    # ---- LoRA adapter ---------------------------------------------------------------------
+
+    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        """The adapter's full tensors under PEFT's names, on CPU on rank 0 (empty elsewhere).
         Collective."""
+        self._require_lora("adapter_state_dict")
+        reshard_all(self._policy)
+        tensors = {}
+        for name, tensor in iter_full_tensors(self._policy.lm, keep=is_adapter_name):
+            if self.rank == 0:
+                tensors[peft_name(name)] = tensor.to("cpu", copy=True)
+        return tensors
+
+    def export_adapter(self, directory: str, slot: str | None = None) -> AdapterFile | None:
+        """Rank 0 writes the adapter as a PEFT folder (``recipe.utils.adapter_file``: written
+        aside, then renamed) and returns its record; other ranks return None. ``slot``: the
+        adapter ``save_model_to_cpu(slot)`` saved. Collective."""
+        if slot is not None:
+            with self._swapped_in(slot):
+                return self.export_adapter(directory)
+        tensors = self.adapter_state_dict()
+        if self.rank != 0:
+            return None
+        return write_adapter(
+            tensors, peft_config_dict(self.actor.lora, self.spec.model_path), directory
+        )
+
+    def _require_lora(self, what: str) -> None:
+        if not self.actor.lora.enabled:
+            raise ValueError(f"{what} needs actor.lora.rank > 0 (this trainer trains no adapter)")
+
+    def _save_adapter_checkpoint(self, path: str | Path) -> None:
+        """The adapter folder plus ``base_model.json`` (the base's path, build record and
+        weights' sha256) into ``path``. Collective."""
+        out = Path(path)
+        if self.rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+        self.export_adapter(str(out / ADAPTER_DIR))
+        if self.rank == 0:
+            record = json.dumps(self._base_record(), indent=2, sort_keys=True)
+            (out / BASE_RECORD_NAME).write_text(record)
+        if self.world_size > 1:
+            dist.barrier()
+
+    def _base_record(self) -> dict[str, object]:
+        if self._base is None:  # hashed once per run: the base never changes under it
+            self._base = base_record(self.spec.model_path)
+        return self._base
+
+    def _load_adapter_checkpoint(self, path: str | Path) -> None:
+        from safetensors.torch import load_file
+
+        check_same_base(Path(path), self._base_record())
+        saved = load_file(str(Path(path) / ADAPTER_DIR / ADAPTER_WEIGHTS_NAME))
+        reshard_all(self._policy)
+        load_full_state_dict(
+            self._policy.lm,
+            {live_name(k): v for k, v in saved.items()},
+            only=is_adapter_name,
+        )
+
+    def save_hf(self, path: str | Path) -> None:
+        """Rank 0 writes an HF directory (weights, config, tokenizer when the source has one);
+        with LoRA the adapter folder and the base's record instead. Collective."""
+        if self.actor.lora.enabled:
+            self._save_adapter_checkpoint(path)
+            return
         state_dict = self.full_state_dict()
         if self.rank == 0:
             Path(path).mkdir(parents=True, exist_ok=True)
@@ -336,8 +424,13 @@ class TrainerWorker:
             dist.barrier()
 
     def load_hf(self, path: str | Path) -> None:
-        """Load policy weights from an HF directory (every rank reads it); optimizer untouched."""
+        """Load policy weights from an HF directory (every rank reads it); optimizer untouched.
+        With LoRA: the adapter of a ``save_hf`` checkpoint, refused unless its base is ours."""
         from transformers import AutoModelForCausalLM
+
+        if self.actor.lora.enabled:
+            self._load_adapter_checkpoint(path)
+            return
 
         source = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         reshard_all(self._policy)

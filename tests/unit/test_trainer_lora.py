@@ -1,0 +1,141 @@
+"""LoRA on a world-size-1 TrainerWorker (in-process, gloo, the tiny model): only the adapter
+trains and holds optimizer state, the exported PEFT folder is the trained policy for
+``peft.PeftModel``, a checkpoint resumes it, and a resume onto another base is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from recipe.utils.adapter_file import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+from recipe.workers.config import ActorConfig, LoraConfig
+from recipe.workers.trainer.fsdp_utils import PolicyModule
+from recipe.workers.trainer.lora import is_adapter_name
+from recipe.workers.trainer.spec import TrainerSpec
+from recipe.workers.trainer.worker import TrainerWorker
+from tests.helpers.batches import random_train_batch
+
+pytest.importorskip("peft")
+
+LORA = LoraConfig(rank=8, alpha=16)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_path):
+    return Path(tiny_model_path)
+
+
+def _worker(model_path: Path | str) -> TrainerWorker:
+    actor = ActorConfig(lr=1e-2, ppo_mini_batch_size=3, ppo_micro_batch_size_per_gpu=6, lora=LORA)
+    return TrainerWorker(actor, TrainerSpec(str(model_path), total_optimizer_steps=4))
+
+
+def _train(worker: TrainerWorker, batch) -> dict[str, float]:
+    logprob_bt = worker.compute_log_prob(batch)[0]
+    # Rollout log-probs off by +0.3 so that the update has a gradient to follow.
+    rollout_bt = (logprob_bt + 0.3) * batch.response_mask_bt
+    return worker.update_actor(dataclasses.replace(batch, rollout_logprobs_bt=rollout_bt))
+
+
+def _live_params(worker: TrainerWorker) -> dict[str, torch.Tensor]:
+    return {name: t.clone() for name, t in worker.iter_full_params()}
+
+
+def test_only_the_adapter_trains_and_holds_optimizer_state(model_dir):
+    worker = _worker(model_dir)
+    try:
+        batch = random_train_batch(model_dir, seed=1)
+        before = _live_params(worker)
+        adapters = {n for n in before if is_adapter_name(n)}
+        assert adapters and len(adapters) < len(before)
+        _train(worker, batch)
+        after = _live_params(worker)
+        changed = {n for n in before if not torch.equal(before[n], after[n])}
+        assert changed <= adapters  # the frozen base never moves
+        # lora_B starts at zero (the adapted model is the base), so B moves first.
+        assert {n for n in adapters if ".lora_B." in n} <= changed
+        optimizer_params = [p for g in worker._optimizer.param_groups for p in g["params"]]
+        trainable = [p for p in worker._policy.parameters() if p.requires_grad]
+        assert len(optimizer_params) == len(adapters) == len(trainable)
+        assert len(worker._optimizer.state) == len(adapters)
+    finally:
+        worker.close()
+
+
+def test_the_exported_folder_is_the_trained_policy_for_peft(model_dir, tmp_path):
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    worker = _worker(model_dir)
+    try:
+        batch = random_train_batch(model_dir, seed=2)
+        _train(worker, batch)
+        _train(worker, batch)
+        trained_bt = worker.compute_log_prob(batch, with_entropy=False)[0]
+        base_bt = _plain_logprobs(AutoModelForCausalLM.from_pretrained(model_dir), batch)
+        record = worker.export_adapter(str(tmp_path / "adapter"))
+    finally:
+        worker.close()
+    assert record is not None and record.rank == LORA.rank
+    assert sorted(p.name for p in Path(record.path).iterdir()) == [
+        ADAPTER_CONFIG_NAME,
+        ADAPTER_WEIGHTS_NAME,
+    ]
+    assert not (tmp_path / "adapter.partial").exists()
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    served = peft.PeftModel.from_pretrained(base, record.path).merge_and_unload()
+    served_bt = _plain_logprobs(served, batch)
+    mask = batch.response_mask_bt.bool()
+    mask[:, 0] = False
+    torch.testing.assert_close(served_bt[mask], trained_bt[mask], rtol=1e-5, atol=1e-5)
+    assert (served_bt[mask] - base_bt[mask]).abs().max() > 1e-3  # the adapter did something
+
+
+def _plain_logprobs(lm: torch.nn.Module, batch) -> torch.Tensor:
+    with torch.no_grad():
+        logprob_bt, _ = PolicyModule(lm.float().eval())(
+            batch.input_ids_bt,
+            batch.attention_mask_bt,
+            batch.position_ids_bt,
+            batch.response_mask_bt,
+            chunk_size=64,
+            with_entropy=False,
+        )
+    return logprob_bt
+
+
+def test_a_checkpoint_resumes_the_adapter_and_refuses_another_base(model_dir, tmp_path):
+    first, second = random_train_batch(model_dir, seed=3), random_train_batch(model_dir, seed=4)
+    original = _worker(model_dir)
+    try:
+        _train(original, first)
+        ckpt = tmp_path / "step_1"
+        original.save_hf(ckpt)
+        original.save_train_state(ckpt / "run_state")
+        assert sorted(p.name for p in ckpt.iterdir()) == ["adapter", "base_model.json", "run_state"]
+        metrics = _train(original, second)
+        expected = _live_params(original)
+
+        resumed = _worker(model_dir)
+        resumed.load_hf(ckpt)
+        resumed.load_train_state(ckpt / "run_state")
+        resumed_metrics = _train(resumed, second)
+        got = _live_params(resumed)
+        assert resumed_metrics["actor/pg_loss"] == pytest.approx(metrics["actor/pg_loss"])
+        for name, tensor in expected.items():
+            torch.testing.assert_close(got[name], tensor, rtol=1e-6, atol=1e-7)
+
+        other_base = tmp_path / "other_base"
+        shutil.copytree(model_dir, other_base)
+        weights = next(other_base.glob("*.safetensors"))
+        weights.write_bytes(weights.read_bytes() + b"\0")  # other bytes: another base
+        stranger = _worker(model_dir)
+        stranger.spec.model_path = str(other_base)
+        with pytest.raises(ValueError, match=r"adapter of the base .* not of model\.path="):
+            stranger.load_hf(ckpt)
+    finally:
+        original.close()
