@@ -67,6 +67,7 @@ class RunCheckpointer:
         val: Sequence[PromptRecord],
     ) -> None:
         self.mode, self.trainer_cfg = cfg.mode, cfg.trainer
+        self._model_cfg, self._lora = cfg.model, cfg.actor.lora.enabled
         self.run_dir = Path(run_dir)
         self.num_train_prompts = len(train)
         self.fingerprints = prompt_fingerprints(train, val)
@@ -197,6 +198,7 @@ class RunCheckpointer:
                     f"{state.get(key)!r}, this run {value!r}"
                 )
         self._check_prompts(path, state)
+        self._check_adapter_base(path)
         step = state["global_step"]
         for name in (METRICS_FILE, LEDGER_FILE):
             num_dropped = truncate_jsonl(self.run_dir / name, step)
@@ -211,6 +213,23 @@ class RunCheckpointer:
         set_aside_newer(self.run_dir, step)
         self.resume_from, self.resume_state = path, state
         logger.info("resuming from %s (step %d, version %d)", path, step, state["param_version"])
+
+    def _check_adapter_base(self, path: Path) -> None:
+        """ValueError (one line, exit code 2 at startup) when a LoRA checkpoint resumes
+        without LoRA or onto another base, or a full checkpoint resumes with LoRA."""
+        from recipe.model import HFModelConfig
+        from recipe.workers.trainer.lora import BASE_RECORD_NAME, base_record, check_same_base
+
+        has_adapter = (path / BASE_RECORD_NAME).is_file()
+        if has_adapter != self._lora:
+            held = "a LoRA adapter" if has_adapter else "the whole model"
+            raise ValueError(
+                f"trainer.resume_mode={str(path)!r}: the checkpoint holds {held} but this run "
+                f"has actor.lora.rank{'>0' if self._lora else '=0'}"
+            )
+        if has_adapter:
+            base = HFModelConfig.from_config(self._model_cfg).path
+            check_same_base(path, base_record(str(base)))
 
     def _check_prompts(self, path: Path, state: dict[str, Any]) -> None:
         """ValueError (one line, exit code 2 at startup) when this run's prompt sets are not

@@ -13,7 +13,7 @@ import torch
 
 from recipe.utils.adapter_file import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
 from recipe.workers.config import ActorConfig, LoraConfig
-from recipe.workers.trainer.fsdp_utils import PolicyModule
+from recipe.workers.trainer.fsdp_utils import PolicyModule, iter_full_tensors, reshard_all
 from recipe.workers.trainer.lora import is_adapter_name
 from recipe.workers.trainer.spec import TrainerSpec
 from recipe.workers.trainer.worker import TrainerWorker
@@ -42,7 +42,9 @@ def _train(worker: TrainerWorker, batch) -> dict[str, float]:
 
 
 def _live_params(worker: TrainerWorker) -> dict[str, torch.Tensor]:
-    return {name: t.clone() for name, t in worker.iter_full_params()}
+    """Base and adapter tensors under their live names (``iter_full_params`` merges them)."""
+    reshard_all(worker._policy)
+    return {name: t.clone() for name, t in iter_full_tensors(worker._policy.lm)}
 
 
 def test_only_the_adapter_trains_and_holds_optimizer_state(model_dir):
@@ -78,6 +80,8 @@ def test_the_exported_folder_is_the_trained_policy_for_peft(model_dir, tmp_path)
         trained_bt = worker.compute_log_prob(batch, with_entropy=False)[0]
         base_bt = _plain_logprobs(AutoModelForCausalLM.from_pretrained(model_dir), batch)
         record = worker.export_adapter(str(tmp_path / "adapter"))
+        merged = worker.full_state_dict()  # what a full-weights push sends: the merged policy
+        metadata = worker.weight_metadata()
     finally:
         worker.close()
     assert record is not None and record.rank == LORA.rank
@@ -93,6 +97,10 @@ def test_the_exported_folder_is_the_trained_policy_for_peft(model_dir, tmp_path)
     mask[:, 0] = False
     torch.testing.assert_close(served_bt[mask], trained_bt[mask], rtol=1e-5, atol=1e-5)
     assert (served_bt[mask] - base_bt[mask]).abs().max() > 1e-3  # the adapter did something
+    assert [(n, tuple(t.shape)) for n, t in merged.items()] == [(n, s) for n, s, _ in metadata]
+    assert merged.keys() == served.state_dict().keys() - {"lm_head.weight"}  # tied: sent once
+    base.load_state_dict(merged, strict=False)  # the merged push, loaded as an engine would
+    torch.testing.assert_close(_plain_logprobs(base, batch)[mask], trained_bt[mask])
 
 
 def _plain_logprobs(lm: torch.nn.Module, batch) -> torch.Tensor:

@@ -16,9 +16,11 @@ another base is refused instead of training an adapter on weights it was not mad
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import torch
 from torch import nn
 
 from recipe.utils.weights_file import file_sha256
@@ -28,6 +30,7 @@ ADAPTER_NAME = "default"
 """peft's name of the one adapter we train (dropped from the names of a PEFT folder)."""
 BASE_RECORD_NAME = "base_model.json"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin")
+T = TypeVar("T")
 
 
 def peft_config_dict(cfg: LoraConfig, base_path: str) -> dict[str, Any]:
@@ -123,3 +126,44 @@ def _short(sha256s: object) -> str:
     if not isinstance(sha256s, dict) or not sha256s:
         return "no weight files"
     return "sha256 " + ",".join(str(v)[:12] for _, v in sorted(sha256s.items()))
+
+
+def merged_stream(
+    items: Iterable[tuple[str, T]], merge: Callable[[T, T, T], T]
+) -> Iterator[tuple[str, T]]:
+    """The HF-named stream of a LoRA LM's live (name, value) stream: each adapted module's
+    ``base_layer.weight``, ``lora_A`` and ``lora_B`` become one ``<module>.weight`` =
+    ``merge(weight, A, B)`` (its bias kept), yielded where its last part arrives; the rest
+    passes through. Used on tensors (a full push of the merged policy) and on metadata alike,
+    so both list the same names in the same order."""
+    held: dict[str, dict[str, T]] = {}
+    for name, value in items:
+        if ".base_layer." in name:
+            prefix, leaf = name.split(".base_layer.", 1)
+            held.setdefault(prefix, {})[leaf] = value
+            continue
+        if not is_adapter_name(name):
+            yield name, value
+            continue
+        prefix, rest = name.split(".lora_", 1)
+        group = held.setdefault(prefix, {})
+        group[rest[0]] = value  # "A" or "B"
+        if {"A", "B", "weight"} <= group.keys():
+            del held[prefix]
+            yield f"{prefix}.weight", merge(group["weight"], group["A"], group["B"])
+            if "bias" in group:
+                yield f"{prefix}.bias", group["bias"]
+    assert not held, f"adapted modules without all their parts: {sorted(held)[:3]}"
+
+
+def merge_delta(
+    cfg: LoraConfig,
+) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``W + (alpha / rank) * B @ A``, in W's dtype: what peft's ``merge_and_unload`` gives."""
+    scaling = cfg.alpha / cfg.rank
+
+    def merge(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        delta = (b.to(torch.float32) @ a.to(torch.float32)) * scaling
+        return (weight.to(torch.float32) + delta).to(weight.dtype)
+
+    return merge

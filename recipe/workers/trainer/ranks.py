@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from recipe.faults import TrainerWorkerError, describe_death, is_actor_death
+from recipe.utils.adapter_file import AdapterFile
 from recipe.utils.rendezvous import StoreServer
 from recipe.utils.weights_file import WeightsFile
 from recipe.workers.config import ActorConfig
@@ -223,6 +224,11 @@ class TrainerRanks:
         """Rank 0 writes the full weights (``slot``: those saved by ``save_model_to_cpu``)
         to ``path`` (safetensors); returns its record (bytes, checksum)."""
         return self.on_every_rank(lambda w: w.export_weights.remote(str(path), slot=slot))[0]
+
+    def export_adapter(self, directory: str | Path, *, slot: str | None = None) -> AdapterFile:
+        """Rank 0 writes the LoRA adapter (``slot``: the one saved by ``save_model_to_cpu``)
+        as a PEFT folder at ``directory``; returns its record (bytes, checksums, rank)."""
+        return self.on_every_rank(lambda w: w.export_adapter.remote(str(directory), slot=slot))[0]
 
     def weight_metadata(self) -> list[tuple[str, tuple[int, ...], str]]:
         return self.on_every_rank(lambda w: w.weight_metadata.remote())[0]

@@ -57,6 +57,8 @@ from recipe.workers.trainer.lora import (
     check_same_base,
     is_adapter_name,
     live_name,
+    merge_delta,
+    merged_stream,
     peft_config_dict,
     peft_name,
 )
@@ -296,9 +298,13 @@ class TrainerWorker:
     def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full (unsharded) HF-named tensors on this rank's device, tied weights once.
         Collective: all ranks must iterate together. At world size 1 a tensor may alias the
-        live weight: consume it before the next optimizer step."""
+        live weight: consume it before the next optimizer step. With LoRA: the merged policy
+        (``W + alpha / rank * B @ A``) under the base's names."""
         reshard_all(self._policy)
-        yield from iter_full_tensors(self._policy.lm)
+        if not self.actor.lora.enabled:
+            yield from iter_full_tensors(self._policy.lm)
+            return
+        yield from merged_stream(iter_full_tensors(self._policy.lm), merge_delta(self.actor.lora))
 
     def iter_push_params(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``iter_full_params`` in the engines' dtype (``model.dtype``, the compute dtype):
@@ -311,9 +317,13 @@ class TrainerWorker:
     def weight_metadata(self) -> list[tuple[str, tuple[int, ...], str]]:
         """(name, full shape, dtype) of every tensor ``iter_push_params`` yields, in order."""
         floating = {"float32", "float64", "bfloat16", "float16"}
+        live = [
+            (name, (shape, dtype)) for name, shape, dtype in full_tensor_metadata(self._policy.lm)
+        ]
+        named = merged_stream(live, lambda w, a, b: w) if self.actor.lora.enabled else live
         return [
             (name, shape, self.spec.compute_dtype if dtype in floating else dtype)
-            for name, shape, dtype in full_tensor_metadata(self._policy.lm)
+            for name, (shape, dtype) in named
         ]
 
     def weight_sender_call(self, method: str, *args: object) -> object:
