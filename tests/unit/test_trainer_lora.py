@@ -147,3 +147,30 @@ def test_a_checkpoint_resumes_the_adapter_and_refuses_another_base(model_dir, tm
             stranger.load_hf(ckpt)
     finally:
         original.close()
+
+
+def test_python_m_recipe_export_writes_the_adapter_and_the_merged_model(model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from recipe.export import main as export
+
+    batch = random_train_batch(model_dir, seed=5)
+    worker = _worker(model_dir)
+    try:
+        _train(worker, batch)
+        trained_bt = worker.compute_log_prob(batch, with_entropy=False)[0]
+        ckpt = tmp_path / "step_1"
+        worker.save_hf(ckpt)
+    finally:
+        worker.close()
+    assert export([str(ckpt), "--adapter", str(tmp_path / "adapter")]) == 0
+    assert (tmp_path / "adapter" / ADAPTER_WEIGHTS_NAME).is_file()
+    assert export([str(ckpt), "--merged", str(tmp_path / "merged")]) == 0
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
+    mask = batch.response_mask_bt.bool()
+    mask[:, 0] = False
+    torch.testing.assert_close(_plain_logprobs(merged, batch)[mask], trained_bt[mask])
+    # Bad input: one line, exit code 2.
+    assert export([str(ckpt), "--merged", str(tmp_path / "merged")]) == 2  # exists
+    assert export([str(model_dir), "--adapter", str(tmp_path / "a2")]) == 2  # no adapter
+    assert export([str(tmp_path / "nowhere"), "--adapter", str(tmp_path / "a3")]) == 2

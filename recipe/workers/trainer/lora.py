@@ -29,6 +29,8 @@ from recipe.workers.config import LoraConfig
 ADAPTER_NAME = "default"
 """peft's name of the one adapter we train (dropped from the names of a PEFT folder)."""
 BASE_RECORD_NAME = "base_model.json"
+ADAPTER_DIR = "adapter"
+"""A LoRA checkpoint's PEFT adapter folder, beside ``base_model.json``."""
 _WEIGHT_SUFFIXES = (".safetensors", ".bin")
 T = TypeVar("T")
 

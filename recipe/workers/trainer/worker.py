@@ -51,6 +51,7 @@ from recipe.workers.trainer.fsdp_utils import (
     shard_policy,
 )
 from recipe.workers.trainer.lora import (
+    ADAPTER_DIR,
     BASE_RECORD_NAME,
     apply_lora,
     base_record,
@@ -75,9 +76,6 @@ from recipe.workers.trainer.train_state import load_train_state, save_train_stat
 from recipe.workers.trainer.weight_slots import WeightSlots
 
 logger = logging.getLogger(__name__)
-
-ADAPTER_DIR = "adapter"
-"""A LoRA checkpoint's PEFT adapter folder, beside ``base_model.json``."""
 
 
 class TrainerWorker:
