@@ -174,3 +174,51 @@ def test_python_m_recipe_export_writes_the_adapter_and_the_merged_model(model_di
     assert export([str(ckpt), "--merged", str(tmp_path / "merged")]) == 2  # exists
     assert export([str(model_dir), "--adapter", str(tmp_path / "a2")]) == 2  # no adapter
     assert export([str(tmp_path / "nowhere"), "--adapter", str(tmp_path / "a3")]) == 2
+
+
+def test_a_run_refuses_at_startup_to_resume_a_checkpoint_of_another_kind_or_base(
+    model_dir, tmp_path
+):
+    import json
+
+    from recipe.checkpoint.store import write_checkpoint
+    from recipe.config import load_config
+    from recipe.protocol import PromptRecord
+    from recipe.run.checkpointing import RunCheckpointer
+    from recipe.workers.trainer.lora import BASE_RECORD_NAME, base_record
+
+    prompts = [PromptRecord(f"train:p{i}", "1+1=", "2", "arithmetic") for i in range(4)]
+    other_base = tmp_path / "other_base"
+    shutil.copytree(model_dir, other_base)
+    weights = next(other_base.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes() + b"\0")
+
+    def checkpoint(run_dir: Path, base: Path | None) -> Path:
+        def fill(partial: Path) -> None:
+            state = {"mode": "fully_async", "num_train_prompts": 4, "global_step": 2}
+            (partial / "trainer_state.json").write_text(json.dumps(state | {"param_version": 2}))
+            if base is not None:
+                (partial / BASE_RECORD_NAME).write_text(json.dumps(base_record(str(base))))
+
+        return write_checkpoint(run_dir, 2, 2, fill)
+
+    def resume(run_dir: Path, ckpt: Path, rank: int, base: Path) -> RunCheckpointer:
+        cfg = load_config(
+            {
+                "mode": "fully_async",
+                "model": {"path": str(base)},
+                "actor": {"lora": {"rank": rank}},
+                "trainer": {"resume_mode": str(ckpt)},
+            }
+        )
+        return RunCheckpointer(cfg, run_dir, train=prompts, val=[])
+
+    lora_ckpt = checkpoint(tmp_path / "lora_run", model_dir)
+    assert resume(tmp_path / "lora_run", lora_ckpt, 8, model_dir).resume_from == lora_ckpt
+    with pytest.raises(ValueError, match=r"holds a LoRA adapter but this run has actor\.lora"):
+        resume(tmp_path / "lora_run", lora_ckpt, 0, model_dir)
+    with pytest.raises(ValueError, match=rf"base {model_dir} .*not of model\.path={other_base}"):
+        resume(tmp_path / "lora_run", lora_ckpt, 8, other_base)
+    full_ckpt = checkpoint(tmp_path / "full_run", None)
+    with pytest.raises(ValueError, match=r"holds the whole model but this run has actor\.lora"):
+        resume(tmp_path / "full_run", full_ckpt, 8, model_dir)
