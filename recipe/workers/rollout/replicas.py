@@ -51,6 +51,7 @@ class RolloutReplicas:
         placement_timeout_s: float = 300.0,
         owns_placement_group: bool = True,
         max_prompt_length: int | None = None,
+        lora_rank: int = 0,
     ) -> None:
         """``gpu_fraction``: the share of a GPU each replica reserves in Ray (< 1 colocated;
         a tensor-parallel replica takes ``rollout.tensor_parallel_size`` whole GPUs);
@@ -61,13 +62,20 @@ class RolloutReplicas:
         (it waits up to ``placement_timeout_s`` for its bundle when the bundle's node died);
         None: Ray places each worker where it fits; ``max_prompt_length``: the run's
         ``data.max_prompt_length``, the longest prompt an agent's request may start a segment
-        with (None: the engine's context only)."""
+        with (None: the engine's context only); ``lora_rank``: ``actor.lora.rank`` (> 0:
+        engines serve pushed LoRA adapters, vLLM only)."""
 
         if cfg.backend == "vllm" and cfg.engine_kwargs:
             from recipe.workers.rollout.engine_args import check_engine_kwargs
 
             check_engine_kwargs(cfg)  # an unknown name fails here, not inside an actor
+        if lora_rank and cfg.backend != "vllm":
+            raise ValueError(
+                f"actor.lora.rank={lora_rank} needs rollout.backend=vllm (the {cfg.backend} "
+                "engine serves no adapters)"
+            )
         self.cfg = cfg
+        self._lora_rank = lora_rank
         self._log_dir = str(log_dir) if log_dir is not None else None
         self._starts: list[int] = []  # workers started per replica
         worker_cls = make_rollout_worker_cls(cfg.backend)
@@ -123,7 +131,14 @@ class RolloutReplicas:
         return (
             ray.remote(self._worker_cls)
             .options(**options)
-            .remote(self._model_cfg, self.cfg, self._log_path(index), self._max_prompt_length)
+            .remote(
+                self._model_cfg,
+                self.cfg,
+                self._log_path(index),
+                self._max_prompt_length,
+                # Only a LoRA engine takes the rank: the hf worker has no such argument.
+                *([self._lora_rank] if self._lora_rank else []),
+            )
         )
 
     def wait_for_bundle(self, index: int) -> str:

