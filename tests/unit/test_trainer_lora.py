@@ -103,6 +103,20 @@ def test_the_exported_folder_is_the_trained_policy_for_peft(model_dir, tmp_path)
     torch.testing.assert_close(_plain_logprobs(base, batch)[mask], trained_bt[mask])
 
 
+def _other_base(model_dir: Path, tmp_path: Path) -> Path:
+    """A copy of the base with one weight changed: another base of the same shape."""
+    from safetensors.torch import load_file, save_file
+
+    other_base = tmp_path / "other_base"
+    shutil.copytree(model_dir, other_base)
+    weights = next(other_base.glob("*.safetensors"))
+    tensors = load_file(weights)
+    first = sorted(tensors)[0]
+    tensors[first] = tensors[first] + 1e-3
+    save_file(tensors, weights, metadata={"format": "pt"})
+    return other_base
+
+
 def _plain_logprobs(lm: torch.nn.Module, batch) -> torch.Tensor:
     with torch.no_grad():
         logprob_bt, _ = PolicyModule(lm.float().eval())(
@@ -137,12 +151,8 @@ def test_a_checkpoint_resumes_the_adapter_and_refuses_another_base(model_dir, tm
         for name, tensor in expected.items():
             torch.testing.assert_close(got[name], tensor, rtol=1e-6, atol=1e-7)
 
-        other_base = tmp_path / "other_base"
-        shutil.copytree(model_dir, other_base)
-        weights = next(other_base.glob("*.safetensors"))
-        weights.write_bytes(weights.read_bytes() + b"\0")  # other bytes: another base
-        stranger = _worker(model_dir)
-        stranger.spec.model_path = str(other_base)
+        other_base = _other_base(model_dir, tmp_path)
+        stranger = _worker(other_base)
         with pytest.raises(ValueError, match=r"adapter of the base .* not of model\.path="):
             stranger.load_hf(ckpt)
     finally:
@@ -188,10 +198,7 @@ def test_a_run_refuses_at_startup_to_resume_a_checkpoint_of_another_kind_or_base
     from recipe.workers.trainer.lora import BASE_RECORD_NAME, base_record
 
     prompts = [PromptRecord(f"train:p{i}", "1+1=", "2", "arithmetic") for i in range(4)]
-    other_base = tmp_path / "other_base"
-    shutil.copytree(model_dir, other_base)
-    weights = next(other_base.glob("*.safetensors"))
-    weights.write_bytes(weights.read_bytes() + b"\0")
+    other_base = _other_base(model_dir, tmp_path)
 
     def checkpoint(run_dir: Path, base: Path | None) -> Path:
         def fill(partial: Path) -> None:

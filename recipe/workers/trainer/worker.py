@@ -17,7 +17,6 @@ computes the same update as world size 1 up to float summation order.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 from collections.abc import Iterator
@@ -29,12 +28,13 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from recipe.algo.losses import count_tokens_and_seqs
-from recipe.utils.adapter_file import ADAPTER_WEIGHTS_NAME, AdapterFile, write_adapter
+from recipe.utils.adapter_file import AdapterFile
 from recipe.utils.config_check import require_choice
 from recipe.utils.rendezvous import StoreAddress
 from recipe.utils.weights_file import WeightsFile, write_weights
 from recipe.workers.config import ActorConfig
 from recipe.workers.trainer.actor_loss import LossSums, micro_loss, update_metrics
+from recipe.workers.trainer.adapter_io import AdapterIO
 from recipe.workers.trainer.batch import TrainBatch
 from recipe.workers.trainer.fsdp_utils import (
     PolicyModule,
@@ -51,17 +51,9 @@ from recipe.workers.trainer.fsdp_utils import (
     shard_policy,
 )
 from recipe.workers.trainer.lora import (
-    ADAPTER_DIR,
-    BASE_RECORD_NAME,
     apply_lora,
-    base_record,
-    check_same_base,
-    is_adapter_name,
-    live_name,
     merge_delta,
     merged_stream,
-    peft_config_dict,
-    peft_name,
 )
 from recipe.workers.trainer.micro_batches import (
     MicroPlan,
@@ -118,7 +110,11 @@ class TrainerWorker:
         self._optimizer, self._scheduler = build_optimizer(
             trainable, actor, spec.total_optimizer_steps
         )
-        self._base: dict[str, object] | None = None
+        self._adapter = (
+            AdapterIO(self._policy, actor.lora, spec.model_path, rank, world_size)
+            if actor.lora.enabled
+            else None
+        )
         self._slots = WeightSlots(
             self._policy,
             pin_memory=self.device.type == "cuda",
@@ -361,67 +357,28 @@ class TrainerWorker:
     def adapter_state_dict(self) -> dict[str, torch.Tensor]:
         """The adapter's full tensors under PEFT's names, on CPU on rank 0 (empty elsewhere).
         Collective."""
-        self._require_lora("adapter_state_dict")
-        reshard_all(self._policy)
-        tensors = {}
-        for name, tensor in iter_full_tensors(self._policy.lm, keep=is_adapter_name):
-            if self.rank == 0:
-                tensors[peft_name(name)] = tensor.to("cpu", copy=True)
-        return tensors
+        return self._adapter_io("adapter_state_dict").state_dict()
 
     def export_adapter(self, directory: str, slot: str | None = None) -> AdapterFile | None:
         """Rank 0 writes the adapter as a PEFT folder (``recipe.utils.adapter_file``: written
         aside, then renamed) and returns its record; other ranks return None. ``slot``: the
         adapter ``save_model_to_cpu(slot)`` saved. Collective."""
-        if slot is not None:
-            with self._swapped_in(slot):
-                return self.export_adapter(directory)
-        tensors = self.adapter_state_dict()
-        if self.rank != 0:
-            return None
-        return write_adapter(
-            tensors, peft_config_dict(self.actor.lora, self.spec.model_path), directory
-        )
+        adapter = self._adapter_io("export_adapter")
+        if slot is None:
+            return adapter.export(directory)
+        with self._swapped_in(slot):
+            return adapter.export(directory)
 
-    def _require_lora(self, what: str) -> None:
-        if not self.actor.lora.enabled:
+    def _adapter_io(self, what: str) -> AdapterIO:
+        if self._adapter is None:
             raise ValueError(f"{what} needs actor.lora.rank > 0 (this trainer trains no adapter)")
-
-    def _save_adapter_checkpoint(self, path: str | Path) -> None:
-        """The adapter folder plus ``base_model.json`` (the base's path, build record and
-        weights' sha256) into ``path``. Collective."""
-        out = Path(path)
-        if self.rank == 0:
-            out.mkdir(parents=True, exist_ok=True)
-        self.export_adapter(str(out / ADAPTER_DIR))
-        if self.rank == 0:
-            record = json.dumps(self._base_record(), indent=2, sort_keys=True)
-            (out / BASE_RECORD_NAME).write_text(record)
-        if self.world_size > 1:
-            dist.barrier()
-
-    def _base_record(self) -> dict[str, object]:
-        if self._base is None:  # hashed once per run: the base never changes under it
-            self._base = base_record(self.spec.model_path)
-        return self._base
-
-    def _load_adapter_checkpoint(self, path: str | Path) -> None:
-        from safetensors.torch import load_file
-
-        check_same_base(Path(path), self._base_record())
-        saved = load_file(str(Path(path) / ADAPTER_DIR / ADAPTER_WEIGHTS_NAME))
-        reshard_all(self._policy)
-        load_full_state_dict(
-            self._policy.lm,
-            {live_name(k): v for k, v in saved.items()},
-            only=is_adapter_name,
-        )
+        return self._adapter
 
     def save_hf(self, path: str | Path) -> None:
         """Rank 0 writes an HF directory (weights, config, tokenizer when the source has one);
         with LoRA the adapter folder and the base's record instead. Collective."""
         if self.actor.lora.enabled:
-            self._save_adapter_checkpoint(path)
+            self._adapter_io("save_hf").save_checkpoint(path)
             return
         state_dict = self.full_state_dict()
         if self.rank == 0:
@@ -437,7 +394,7 @@ class TrainerWorker:
         from transformers import AutoModelForCausalLM
 
         if self.actor.lora.enabled:
-            self._load_adapter_checkpoint(path)
+            self._adapter_io("load_hf").load_checkpoint(path)
             return
 
         source = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
