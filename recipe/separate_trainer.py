@@ -250,6 +250,7 @@ class SeparateRayPPOTrainer:
                 self._serving_engines(),
                 self.cfg.checkpoint_engine,
                 file_root=self.run_dir / EXPORT_DIR,  # backend=file: read on every node
+                adapter_only=self.cfg.actor.lora.enabled,  # LoRA: push the adapter alone
             )
             self.param_sync.tracer = self.tracer  # its phases nest in this "weight_push"
         pushed = self.param_sync.push(self.version, timer=metrics.timer)

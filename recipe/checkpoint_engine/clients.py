@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from recipe.utils.adapter_file import AdapterFile
 from recipe.utils.weights_file import WeightsFile
 
 if TYPE_CHECKING:
@@ -58,6 +59,10 @@ class SenderClient:
     def export_weights(self, path: str) -> ObjectRef[WeightsFile | None]:
         return self.handle.export_weights.remote(path)
 
+    def export_adapter(self, directory: str) -> ObjectRef[AdapterFile | None]:
+        """LoRA: every rank gathers the adapter, rank 0 writes the PEFT folder (its record)."""
+        return self.handle.export_adapter.remote(directory)
+
 
 class ReceiverClient:
     """Rollout replica ``handle``'s end of a push (one result per engine worker where a
@@ -87,3 +92,7 @@ class ReceiverClient:
 
     def update_weights_from_file(self, path: str, version: int, sha256: str) -> ObjectRef[None]:
         return self.handle.update_weights_from_file.remote(path, version, sha256=sha256)
+
+    def load_adapter(self, adapter: AdapterFile, version: int) -> ObjectRef[dict[str, float]]:
+        """LoRA: verify, load and probe the adapter folder as ``version`` (its ``sync/*``)."""
+        return self.handle.load_adapter.remote(adapter, version)

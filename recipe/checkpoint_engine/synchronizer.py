@@ -44,7 +44,12 @@ from recipe.checkpoint_engine.config import CheckpointEngineConfig
 from recipe.checkpoint_engine.engines import ServingEngines
 from recipe.checkpoint_engine.layout import BucketLayout
 from recipe.checkpoint_engine.phases import NO_ANSWER
-from recipe.checkpoint_engine.transport import PushTransport, SendingRanks
+from recipe.checkpoint_engine.transport import (
+    ADAPTER_BACKEND,
+    FILE_BACKENDS,
+    PushTransport,
+    SendingRanks,
+)
 from recipe.observability.trace import Tracer
 
 logger = logging.getLogger(__name__)
@@ -79,16 +84,23 @@ class ParameterSynchronizer:
         *,
         bucket_size_bytes: int | None = None,
         file_root: Path | None = None,
+        adapter_only: bool = False,
     ) -> None:
         """``engines``: the rollout side, owner of the engines' serving state;
         ``bucket_size_bytes`` overrides ``cfg.bucket_size_mb`` (tests and benchmarks use
         sub-MiB buckets to chunk small models). ``file_root``: where ``backend=file`` writes
         its files, a directory every node reads (the run directory's private weights
-        directory); None: this host's shared memory (single-host use only)."""
+        directory); None: this host's shared memory (single-host use only). ``adapter_only``:
+        LoRA (``actor.lora.rank > 0``): each push moves the adapter alone and every replica
+        verifies it serves it (``PushTransport.push_adapter``)."""
         self.cfg = cfg
         self._trainer, self._engines = ranks, engines
         self.transport = PushTransport(
-            ranks, cfg, bucket_size_bytes=bucket_size_bytes, file_root=file_root
+            ranks,
+            cfg,
+            bucket_size_bytes=bucket_size_bytes,
+            file_root=file_root,
+            adapter_only=adapter_only,
         )
         """The calls between the peers (transport.py)."""
         self._stale = False
@@ -183,7 +195,7 @@ class ParameterSynchronizer:
         self._stage_ready(version)  # agree-before; resolves the backend on the first push
         staged = None
         transport = self.transport
-        if self._engines.stage_while_serving and transport.backend != "file":
+        if self._engines.stage_while_serving and transport.backend not in FILE_BACKENDS:
             staged = transport.stage(target)  # transfer + verify while the engines still generate
         self._pause_engines(paused)
         if self._engines.workers() != transport.workers:  # a new worker has nothing staged
@@ -191,7 +203,9 @@ class ParameterSynchronizer:
             self._stage_ready(version)
             staged = None
         pause_start = time.perf_counter()
-        if transport.backend == "file":
+        if transport.backend == ADAPTER_BACKEND:
+            metrics = transport.push_adapter(target)
+        elif transport.backend == "file":
             metrics = transport.push_file(target)
         else:
             metrics = transport.load(target, *(staged or transport.stage(target)))

@@ -7,6 +7,8 @@
                           own weights untouched
     load(v, id)           every (paused) replica loads staged transfer ``id`` as v
     push_file(v)          ``backend=file``: one safetensors file, checked and loaded
+    push_adapter(v)       LoRA (``adapter_only``): the adapter's PEFT folder alone, checked,
+                          loaded and probed by every replica (recipe/workers/rollout/lora.py)
     close()               both ends released (best effort, never waiting on a hung peer)
 
 Each call is a phase with the deadline ``checkpoint_engine.timeout_s`` whose failure names
@@ -48,6 +50,10 @@ logger = logging.getLogger(__name__)
 # A peer's own deadline error says what it waited for; the driver waits a little longer so
 # that error, not the driver's generic one, is what the caller sees.
 _DRIVER_GRACE_S = 2.0
+ADAPTER_BACKEND = "adapter"
+"""The transport of a LoRA run: the adapter's folder, written by rank 0, read by each engine."""
+FILE_BACKENDS = ("file", ADAPTER_BACKEND)
+"""Transports through files in ``file_root``: no process group, no buffers to release."""
 
 
 class SendingRanks(Protocol):
@@ -71,10 +77,14 @@ class PushTransport:
         *,
         bucket_size_bytes: int | None = None,
         file_root: Path | None = None,
+        adapter_only: bool = False,
     ) -> None:
         """``bucket_size_bytes`` overrides ``cfg.bucket_size_mb``; ``file_root``: where
-        ``backend=file`` writes (None: this host's shared memory)."""
+        ``backend=file`` and the adapter folder are written (None: this host's shared
+        memory); ``adapter_only``: the trainer trains a LoRA adapter and the engines serve it
+        on their base: a push moves the adapter alone (backend ``adapter``)."""
         self.cfg, self._ranks = cfg, ranks
+        self.adapter_only = adapter_only
         self.workers: list[Any] = []
         """The replicas' worker handles the transport was built for."""
         self.connected = False
@@ -128,12 +138,16 @@ class PushTransport:
             for i in range(len(self.workers))
         ]
         receivers = [worker for group in groups for worker in group]
-        backend = resolve_backend(self.cfg.backend, sender, receivers)
-        if backend != self.backend:
+        backend = (
+            ADAPTER_BACKEND
+            if self.adapter_only
+            else resolve_backend(self.cfg.backend, sender, receivers)
+        )
+        if backend != self.backend and not self.adapter_only:
             logger.info("%s", describe_backend_choice(backend, sender, receivers))
         self.backend = backend
         self.phase("placement", self.on_sender(lambda s: s.commit(version)))
-        if self.backend == "file":
+        if self.backend in FILE_BACKENDS:
             if self._file_dir is None:
                 root = self._file_root or Path(shm_dir())
                 root.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -262,10 +276,33 @@ class PushTransport:
             "sync/bytes": float(exported[SENDER].num_bytes),
         }
 
+    def push_adapter(self, target: int) -> dict[str, float]:
+        """LoRA: trainer rank 0 writes the adapter's PEFT folder (aside, then renamed) at one
+        path in ``file_root``; each (paused) replica checks both files' sha256 against the
+        writer's record, loads it under the served name with its prefix cache reset, and
+        probes that it serves the adapter, not the base (recipe/workers/rollout/lora.py)."""
+        assert self._file_dir is not None
+        directory = str(self._file_dir / "adapter")
+        start = time.perf_counter()
+        exported = self.phase("transfer", self.on_ranks(lambda s: s.export_adapter(directory)))
+        transfer_s = time.perf_counter() - start
+        adapter = exported[SENDER]
+        start = time.perf_counter()
+        loaded = self.phase("load", self.on_replicas(lambda _, r: r.load_adapter(adapter, target)))
+        load_s = time.perf_counter() - start
+        return {
+            "sync/gather_s": 0.0,
+            "sync/transfer_s": transfer_s,
+            "sync/verify_s": max(m["sync/verify_s"] for m in loaded.values()),
+            "sync/load_s": load_s,
+            "sync/bytes": float(adapter.num_bytes),
+            "sync/adapter_probe_diff": min(m["sync/adapter_probe_diff"] for m in loaded.values()),
+        }
+
     def close(self) -> None:
         """Finalize both ends (best effort, bounded by the deadline); re-init on next sync."""
         self.connected = False
-        if self.backend in (None, "file"):
+        if self.backend is None or self.backend in FILE_BACKENDS:
             return
         calls = self.on_sender(SenderClient.close) | self.on_replicas(lambda _, r: r.close())
         calls = {peer: ref for peer, ref in calls.items() if peer not in self.hung_peers}

@@ -195,6 +195,7 @@ class Placement:
             placement_timeout_s=self.cfg.ray.placement_timeout_s,
             owns_placement_group=not self.one_group,
             max_prompt_length=self.cfg.data.max_prompt_length,
+            lora_rank=self.cfg.actor.lora.rank,
         )
 
     def release(self) -> None:
