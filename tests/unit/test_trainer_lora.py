@@ -229,3 +229,20 @@ def test_a_run_refuses_at_startup_to_resume_a_checkpoint_of_another_kind_or_base
     full_ckpt = checkpoint(tmp_path / "full_run", None)
     with pytest.raises(ValueError, match=r"holds the whole model but this run has actor\.lora"):
         resume(tmp_path / "full_run", full_ckpt, 8, model_dir)
+
+
+def test_adapter_dropout_acts_in_training_forwards_only(model_dir):
+    from recipe.workers.trainer.lora import adapter_dropout
+
+    actor = ActorConfig(lr=1e-2, ppo_mini_batch_size=3, lora=dataclasses.replace(LORA, dropout=0.5))
+    worker = TrainerWorker(actor, TrainerSpec(str(model_dir)))
+    try:
+        batch = random_train_batch(model_dir, seed=6)
+        _train(worker, batch)  # lora_B no longer zero: the adapter's input matters
+        old_a, old_b = (worker.compute_log_prob(batch, with_entropy=False)[0] for _ in "ab")
+        assert torch.equal(old_a, old_b)  # old log-probs: a deterministic function
+        with adapter_dropout(worker._policy.lm):
+            train_a, train_b = (worker.compute_log_prob(batch, with_entropy=False)[0] for _ in "ab")
+        assert not torch.equal(train_a, train_b)
+    finally:
+        worker.close()

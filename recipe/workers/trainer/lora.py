@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -69,6 +70,28 @@ def apply_lora(lm: nn.Module, cfg: LoraConfig, base_path: str) -> None:
         )
     for param in adapted:
         param.requires_grad_(True)
+    for module in _dropouts(lm):  # on only in the forwards that train (adapter_dropout)
+        module.eval()
+
+
+@contextmanager
+def adapter_dropout(lm: nn.Module) -> Iterator[None]:
+    """The adapter's dropout (``actor.lora.dropout``) on inside the block, off outside it:
+    it acts in the forwards that train, never in those that compute old or reference
+    log-probs (which must be the policy's deterministic function)."""
+    dropouts = _dropouts(lm)
+    for module in dropouts:
+        module.train()
+    try:
+        yield
+    finally:
+        for module in dropouts:
+            module.eval()
+
+
+def _dropouts(lm: nn.Module) -> list[nn.Module]:
+    suffix = f"lora_dropout.{ADAPTER_NAME}"
+    return [module for name, module in lm.named_modules() if name.endswith(suffix)]
 
 
 def is_adapter_name(name: str) -> bool:

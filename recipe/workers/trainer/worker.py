@@ -51,6 +51,7 @@ from recipe.workers.trainer.fsdp_utils import (
     shard_policy,
 )
 from recipe.workers.trainer.lora import (
+    adapter_dropout,
     apply_lora,
     merge_delta,
     merged_stream,
@@ -221,10 +222,11 @@ class TrainerWorker:
         sums = LossSums(self.device)
         grad_norms: list[float] = []
         lr = self._optimizer.param_groups[0]["lr"]
-        for _ in range(self.actor.ppo_epochs):
-            for mini in mini_batches:
-                lr = self._optimizer.param_groups[0]["lr"]
-                grad_norms.append(self._train_step(mini, sums))
+        with adapter_dropout(self._policy.lm):
+            for _ in range(self.actor.ppo_epochs):
+                for mini in mini_batches:
+                    lr = self._optimizer.param_groups[0]["lr"]
+                    grad_norms.append(self._train_step(mini, sums))
         return update_metrics(
             sums.totals(),
             grad_norms,
