@@ -22,6 +22,11 @@ it to pause and resume and never pauses an engine itself::
       agree-after            rank 0 commits v+1        ==        every replica serves v+1
       resume                 engines.resume(): generation goes on
 
+With LoRA (``adapter_only``, backend ``adapter``) transfer, verify and load are one phase
+after the pause: trainer rank 0 writes the adapter's PEFT folder, every replica checks its
+sha256, loads it in place of the served adapter (prefix cache reset) and probes that it
+serves it, not the base (recipe/workers/rollout/lora.py); the base weights never move.
+
 Invariant: an engine changes weights only in ``load``, and ``load`` runs only after every
 replica verified the full push, so a failed or partial transfer leaves every engine on
 version v with its old weights (paused, unless the failure came before the pause). After a

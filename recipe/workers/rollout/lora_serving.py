@@ -1,0 +1,133 @@
+"""``LoraServing``: the LoRA half of ``VLLMRolloutWorker`` (mixed into it).
+
+A LoRA engine keeps its base weights and serves the pushed adapter (``lora.py`` says why one
+name, replaced in place)::
+
+    load_adapter(adapter, v)   verify both files' sha256 (still serving) -> pause -> base
+                               weights back if merged ones were loaded -> swap the adapter
+                               in (prefix cache reset) -> probe -> serve v (resume if it ran)
+    _lora_request()            the served adapter's request, for every engine request;
+                               AdapterMissingError rather than a silent base past version 0
+    _drop_adapter()            full weights loaded (a resume or a restarted replica gets the
+                               merged policy): no adapter on top of them until the next push
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from recipe.utils.adapter_file import AdapterFile, verify_adapter_folder
+from recipe.workers.rollout.lora import (
+    ADAPTER_ID,
+    AdapterMissingError,
+    ProbeResult,
+    adapter_is_zero,
+    cached_prompt_tokens,
+    lora_request,
+    probe,
+    probe_prompt,
+    swap_adapter,
+)
+
+if TYPE_CHECKING:
+    from recipe.model import HFModelConfig
+
+logger = logging.getLogger(__name__)
+
+
+class LoraServing:
+    """Adapter state and loading of a vLLM rollout worker (module docstring)."""
+
+    _engine: Any
+    _model: HFModelConfig
+    _version: int
+    _paused: bool
+
+    if TYPE_CHECKING:  # provided by RolloutWorker / VLLMRolloutWorker
+
+        def _check_open(self) -> None: ...
+        async def pause(self) -> None: ...
+        async def resume(self) -> None: ...
+        async def wait_until_running(self) -> None: ...
+        async def _pause_engine(self) -> bool: ...
+
+    def _init_lora(self, rank: int) -> None:
+        self._lora_rank = rank
+        self._adapter: AdapterFile | None = None  # the adapter served, once one was pushed
+        self._policy_in_base = False  # full (merged) weights were loaded into the base
+
+    def _lora_request(self) -> Any:
+        """The served adapter's ``LoRARequest`` for every request (training, validation,
+        episode turns, agent endpoint turns all come through ``_stream``); None without
+        LoRA or at version 0 (a fresh adapter adds nothing). Never the base silently."""
+        if self._adapter is not None:
+            return lora_request(self._adapter)
+        if self._lora_rank and self._version > 0 and not self._policy_in_base:
+            raise AdapterMissingError(
+                f"LoRA engine at version {self._version} has no adapter loaded: it would "
+                "sample the base policy"
+            )
+        return None
+
+    async def load_adapter(self, adapter: AdapterFile, version: int) -> dict[str, float]:
+        """Serve the pushed ``adapter`` as ``version`` (module docstring). A running worker
+        is paused around the load and resumed after it; a failure leaves it paused and
+        raises. Returns ``sync/*`` figures of the load."""
+        self._check_open()
+        if not self._lora_rank:
+            raise ValueError("load_adapter: this engine was started without LoRA (lora_rank 0)")
+        if adapter.rank > self._lora_rank:
+            raise ValueError(f"adapter rank {adapter.rank} > the engine's {self._lora_rank}")
+        if version <= self._version:
+            raise ValueError(f"load_adapter(version={version}): serving {self._version}")
+        start = time.perf_counter()
+        await asyncio.to_thread(verify_adapter_folder, adapter)
+        zero = await asyncio.to_thread(adapter_is_zero, adapter)
+        verify_s = time.perf_counter() - start
+        was_running = not self._paused
+        await self.pause()
+        if self._policy_in_base:
+            await self._restore_base()
+        replace, self._adapter = self._adapter is not None, None
+        await swap_adapter(self._engine, adapter, replace=replace)
+        self._adapter, self._version = adapter, version
+        result = await self._probe(zero)
+        result.check(version, adapter.path)
+        logger.info("rollout worker serves adapter v%d from %s", version, adapter.path)
+        if was_running:
+            await self.resume()
+        return result.to_metrics() | {"sync/verify_s": verify_s}
+
+    async def _probe(self, zero: bool) -> ProbeResult:
+        """The post-load probe (``lora.probe``); the worker stays PAUSED, so only the probe
+        runs while the engine's scheduler does."""
+        ids = probe_prompt(self._engine.vllm_config.model_config.get_vocab_size())
+        return await probe(self._engine, ids, self._lora_request(), zero, self._pause_engine)
+
+    async def cached_prompt_tokens(self, prompt_ids: list[int]) -> int:
+        """Prompt tokens the prefix cache serves a request of the served policy (a check
+        for tests: right after an adapter load it must be 0)."""
+        self._check_open()
+        await self.wait_until_running()
+        return await cached_prompt_tokens(self._engine, list(prompt_ids), self._lora_request())
+
+    async def _restore_base(self) -> None:
+        """Load ``model.path``'s own weights again, where full (merged) weights were loaded:
+        an adapter on the merged policy would apply it twice."""
+        for shard in sorted(Path(self._model.path).glob("*.safetensors")):
+            await self._engine.collective_rpc("load_weights_from_safetensors", args=(str(shard),))
+        await self._engine.reset_prefix_cache()
+        self._policy_in_base = False
+        logger.info("rollout worker restored the base weights of %s", self._model.path)
+
+    async def _drop_adapter(self) -> None:
+        """Full weights were loaded: with LoRA they are the merged policy, no adapter on top."""
+        if not self._lora_rank:
+            return
+        if self._adapter is not None:
+            await self._engine.remove_lora(ADAPTER_ID)
+        self._adapter, self._policy_in_base = None, True
