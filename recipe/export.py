@@ -99,6 +99,9 @@ def _written_aside(out: Path, write: Callable[[Path], object]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        out = args.adapter if args.adapter is not None else args.merged
+        if out.exists():
+            raise ValueError(f"{out} exists: name a new folder")
         if args.adapter is not None:
             export_adapter_folder(args.checkpoint, args.adapter)
             print(args.adapter)
