@@ -26,9 +26,7 @@ MISMATCH_TOL = 1e-4
 """Mean |rollout - trainer| log-prob: float32 on both sides (measured ~1e-6 with LoRA)."""
 
 
-@pytest.mark.parametrize("mode", ["sync", "fully_async"])
-def test_lora_run_pushes_and_serves_the_adapter_alone(mode, tiny_model_path, tmp_path):
-    run_dir = tmp_path / "run"
+def _run(run_dir: Path, mode: str, *overrides: str) -> None:
     cmd = [
         sys.executable,
         "-m",
@@ -36,17 +34,27 @@ def test_lora_run_pushes_and_serves_the_adapter_alone(mode, tiny_model_path, tmp
         f"mode={mode}",
         "logger.quiet=true",
         f"hydra.run.dir={run_dir}",
-        "trainer.total_training_steps=3",
         "trainer.test_freq=0",
         "data.train_batch_size=8",
         "actor.ppo_mini_batch_size=8",
         "rollout.n=4",
         "actor.lora.rank=8",
         "actor.lr=1e-3",
+        *overrides,
     ]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def _max_mismatch(records: list[dict]) -> float:
+    return max(r["mismatch/logprob_abs_diff_mean"] for r in records)
+
+
+@pytest.mark.parametrize("mode", ["sync", "fully_async"])
+def test_lora_run_pushes_and_serves_the_adapter_alone(mode, tiny_model_path, tmp_path):
+    run_dir = tmp_path / "run"
+    _run(run_dir, mode, "trainer.total_training_steps=3")
     model_bytes = (tiny_model_path / "model.safetensors").stat().st_size
     pushes = [r for r in read_metrics(run_dir) if "sync/bytes" in r]
     assert pushes, "no push recorded"
@@ -56,4 +64,16 @@ def test_lora_run_pushes_and_serves_the_adapter_alone(mode, tiny_model_path, tmp
         assert record["sync/adapter_probe_diff"] > 0
     if mode == "sync":  # each batch sampled by the adapter just pushed, trained from it
         trained = [r for r in read_metrics(run_dir) if "mismatch/logprob_abs_diff_mean" in r]
-        assert max(r["mismatch/logprob_abs_diff_mean"] for r in trained) < MISMATCH_TOL
+        assert _max_mismatch(trained) < MISMATCH_TOL
+
+
+def test_resumed_lora_run_serves_the_adapter_on_the_base_not_twice(tmp_path):
+    """A resume gives the engines the checkpoint's merged policy; the next push must put its
+    adapter on the base weights again (on the merged ones it would count twice)."""
+    run_dir = tmp_path / "run"
+    _run(run_dir, "sync", "trainer.total_training_steps=2", "trainer.save_freq=2")
+    _run(run_dir, "sync", "trainer.total_training_steps=4", "trainer.save_freq=2")
+    records = read_metrics(run_dir)
+    assert [r["param_version"] for r in records[-2:]] == [3, 4]
+    # Step 3 samples the resumed (merged) version 2, step 4 the adapter of version 3.
+    assert _max_mismatch(records[-2:]) < MISMATCH_TOL
