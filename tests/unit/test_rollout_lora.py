@@ -73,4 +73,4 @@ def test_probe_prompt_stays_inside_the_vocabulary():
 
 def test_lora_needs_the_vllm_backend():
     with pytest.raises(ValueError, match=r"actor.lora.rank=8 needs rollout.backend=vllm"):
-        RolloutReplicas(None, RolloutConfig(backend="hf"), device="cpu", lora_rank=8)  # type: ignore[arg-type]
+        RolloutReplicas(None, RolloutConfig(backend="hf"), device="cpu", lora_rank=8)
