@@ -44,6 +44,7 @@ FIXED = (
     "trainer.resume_mode=disable",
     "trainer.val_before_train=false",
     "rollout.val_temperature=0.0",
+    "actor.lora.rank=0",  # a LoRA run's snapshots hold the merged policy: full weights
 )
 """What every evaluation sets (a ``key=value`` may add to it, not change these)."""
 
