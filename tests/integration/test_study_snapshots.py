@@ -31,7 +31,10 @@ def _run(*args: str, timeout_s: int) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
-@pytest.mark.parametrize("mode", ["sync", "fully_async"])
+@pytest.mark.parametrize(
+    "mode",
+    [pytest.param("sync", marks=pytest.mark.nightly), "fully_async"],  # CI: fully_async
+)
 def test_snapshots_are_evaluated_as_the_weights_the_run_trained(tiny_model_path, tmp_path, mode):
     run_dir = tmp_path / "run"
     _run(
