@@ -152,10 +152,12 @@ def print_results(res: dict[str, Any]) -> None:
     for mode, ratios in res["ratios"].items():
         for row in ratios["targets"]:
             r = row["median_ratio"]
+            detectable = row["min_detectable_ratio"]
+            power = "" if detectable is None else f"; detectable at <= {1 / detectable:.2f}x"
             print(
                 f"{mode} / sync, time to {row['target']:.3f}: {r['estimate']:.2f}x "
                 f"[{r['low']:.2f}, {r['high']:.2f}] (95% bootstrap), censored "
-                f"{row['censored']['sync']} sync / {row['censored']['other']} {mode}"
+                f"{row['censored']['sync']} sync / {row['censored']['other']} {mode}{power}"
             )
 
 

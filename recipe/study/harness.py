@@ -85,8 +85,9 @@ class Harness:
                 self.targets()
             failed = self.run_one(spec, end)
             if failed == OUT_OF_TIME:
-                left = sum(not self.done(s) for s in self.design.runs())
-                print(f"{left} runs remain: call again", flush=True)
+                left = [s for s in self.design.runs() if not self.done(s)]
+                need_s = sum(self.estimate_s(p, s.mode) for s in left for p in ("train", "eval"))
+                print(f"{len(left)} runs remain (about {need_s:.0f} s): call again", flush=True)
                 return EXIT_MORE
             if failed is not None:
                 print(f"{spec.tag}: FAILED ({failed})", flush=True)

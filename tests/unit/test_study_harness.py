@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from recipe.study.__main__ import main
-from recipe.study.analysis import analyse
+from recipe.study.analysis import analyse, print_results
 from recipe.study.design import DesignError, RunSpec, StudyDesign, register, registered
 from recipe.study.harness import EXIT_MORE, RECORD_FILE, Harness
 
@@ -118,7 +118,7 @@ def test_a_registered_design_cannot_change(tmp_path):
         register(_design(seeds=[0, 1]), tmp_path)
 
 
-def test_a_study_runs_in_order_fixes_targets_once_and_keeps_every_record(tmp_path):
+def test_a_study_runs_in_order_fixes_targets_once_and_keeps_every_record(tmp_path, capsys):
     harness = _harness(tmp_path)
     assert harness.run_all(deadline_s=600) == 0
     records = tmp_path / "records"
@@ -131,6 +131,8 @@ def test_a_study_runs_in_order_fixes_targets_once_and_keeps_every_record(tmp_pat
     assert record["order"] == 4 and record["gpu"] == {"gpus": 0}
     assert record["design_sha256"] == harness.design.sha256
     res = analyse(records)
+    print_results(res)
+    assert "fully_async / sync, time to 0.200: 0.50x" in capsys.readouterr().out
     ratio = res["ratios"]["fully_async"]["targets"][0]["median_ratio"]
     assert ratio["estimate"] == pytest.approx(0.5) and ratio["high"] <= 0.5 + 1e-9
     assert res["modes"]["fully_async"]["steady_samples_per_s"] == pytest.approx(20.0)
@@ -139,10 +141,11 @@ def test_a_study_runs_in_order_fixes_targets_once_and_keeps_every_record(tmp_pat
         assert any(name.endswith("sync-seed3/record.json") for name in tar.getnames())
 
 
-def test_a_phase_that_does_not_fit_stops_the_study_and_the_next_call_continues(tmp_path):
+def test_a_phase_that_does_not_fit_stops_the_study_and_the_next_call_continues(tmp_path, capsys):
     harness = _harness(tmp_path, _design(run_timeout_s=1.0, eval_timeout_s=1.0))
     assert harness.run_all(deadline_s=0.5) == EXIT_MORE  # no training fits: none starts
     assert not list((tmp_path / "records").glob("runs/*"))
+    assert "10 runs remain (about 20 s): call again" in capsys.readouterr().out
     assert harness.run_all(deadline_s=2.0) == EXIT_MORE  # each run takes over 0.3 s
     done = [spec for spec in harness.design.runs() if harness.done(spec)]
     assert 1 <= len(done) < 10 and done == harness.design.runs()[: len(done)]
