@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from recipe.study.design import TARGETS_FILE, StudyDesign, registered
-from recipe.study.harness import RECORD_FILE, RUNS_DIR, read_points_of
+from recipe.study.evaluate import EVAL_FILE, read_points
+from recipe.study.harness import RECORD_FILE, RUNS_DIR
 from recipe.study.timing import (
     Point,
     accuracy_at,
@@ -50,7 +51,7 @@ def load_runs(records: Path) -> list[KeptRun]:
         record = json.loads(path.read_text(encoding="utf-8"))
         if record["warmup"]:
             continue
-        rows = read_points_of(path.parent)
+        rows = read_points(path.parent / EVAL_FILE)
         metrics_path = path.parent / "metrics.jsonl"
         lines = metrics_path.read_text(encoding="utf-8").splitlines()
         metrics = [json.loads(line) for line in lines if line.strip()]
@@ -59,7 +60,7 @@ def load_runs(records: Path) -> list[KeptRun]:
             KeptRun(
                 mode=record["mode"],
                 seed=record["seed"],
-                points=[Point(r["samples"], r["clock_s"], r["accuracy"]) for r in rows],
+                points=[Point(r.samples, r.clock_s, r.accuracy) for r in rows],
                 wall_samples_per_s=summary["throughput/samples_per_s"],
                 steady_samples_per_s=steady_samples_per_s(metrics),
                 samples_trained=int(summary["samples/trained"]),

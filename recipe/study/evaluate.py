@@ -67,9 +67,9 @@ class EvalPoint:
         return cls(**{name: data[name] for name in cls.__dataclass_fields__})
 
 
-def read_points(run_dir: Path) -> list[EvalPoint]:
-    """The points evaluated so far, by trained samples."""
-    path = Path(run_dir) / SNAPSHOT_DIR / EVAL_FILE
+def read_points(path: Path) -> list[EvalPoint]:
+    """The points of an ``eval.jsonl`` (a run's ``snapshots/eval.jsonl``, or the copy a
+    study keeps), by trained samples; none when it does not exist yet."""
     if not path.is_file():
         return []
     lines = path.read_text(encoding="utf-8").splitlines()
@@ -101,11 +101,12 @@ class SnapshotEvaluator(SeparateRayPPOTrainer):
     def __init__(self, cfg: RecipeConfig, run_dir: Path) -> None:
         super().__init__(cfg, Path(run_dir) / EVAL_DIR)
         self.source = Path(run_dir)
+        self.eval_file = self.source / SNAPSHOT_DIR / EVAL_FILE
         self._start_engines()
 
     def evaluate_all(self, *, keep: bool = False) -> list[EvalPoint]:
         """Evaluate the initial weights and every snapshot not in ``eval.jsonl`` yet."""
-        done = {p.samples for p in read_points(self.source)}
+        done = {p.samples for p in read_points(self.eval_file)}
         snapshots = read_index(self.source)
         if 0 not in done:
             self._record(self._evaluate(samples=0, step=0, clock_s=0.0))
@@ -120,7 +121,7 @@ class SnapshotEvaluator(SeparateRayPPOTrainer):
             )
             if not keep:
                 (self.source / SNAPSHOT_DIR / snapshot.file).unlink(missing_ok=True)
-        return read_points(self.source)
+        return read_points(self.eval_file)
 
     def _load(self, snapshot: Snapshot, *, version: int) -> None:
         path = self.source / SNAPSHOT_DIR / snapshot.file
@@ -151,7 +152,7 @@ class SnapshotEvaluator(SeparateRayPPOTrainer):
         return point
 
     def _record(self, point: EvalPoint) -> None:
-        with (self.source / SNAPSHOT_DIR / EVAL_FILE).open("a", encoding="utf-8") as out:
+        with self.eval_file.open("a", encoding="utf-8") as out:
             out.write(json.dumps(asdict(point)) + "\n")
 
 

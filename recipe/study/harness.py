@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from recipe.study.design import RunSpec, StudyDesign, Targets, fix_targets
-from recipe.study.evaluate import EVAL_FILE
+from recipe.study.evaluate import EVAL_FILE, read_points
 from recipe.study.runs import run_logged
 from recipe.study.telemetry import GpuTelemetry, summarize
 
@@ -224,25 +224,16 @@ class Harness:
     def targets(self) -> Targets:
         """Fixed from the warm-up sync run (once; design.py)."""
         warmup = RunSpec("sync", self.design.warmup_seed, True, 0)
-        points = read_points_of(self.record_dir(warmup))
+        points = read_points(self.record_dir(warmup) / EVAL_FILE)
         if len(points) < 2:
             raise ValueError(f"{self.record_dir(warmup)}: the warm-up sync run has no evaluation")
         return fix_targets(
             self.design,
-            initial=points[0]["accuracy"],
-            final=points[-1]["accuracy"],
-            clock_s=points[-1]["clock_s"],
+            initial=points[0].accuracy,
+            final=points[-1].accuracy,
+            clock_s=points[-1].clock_s,
             records=self.records,
         )
-
-
-def read_points_of(record_dir: Path) -> list[dict[str, Any]]:
-    """A kept run's evaluated points (its eval.jsonl), by trained samples."""
-    path = record_dir / EVAL_FILE
-    if not path.is_file():
-        return []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return sorted((json.loads(line) for line in lines if line.strip()), key=lambda r: r["samples"])
 
 
 def data_checksum(folder: Path) -> str:
