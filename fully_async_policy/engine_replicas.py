@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from recipe.faults import RolloutWorkerError
-from recipe.protocol import PromptRecord, Trajectory
 from recipe.utils.weights_file import WeightsFile
 from recipe.workers.config import RolloutConfig
+from recipe.workers.rollout.requests import GroupRequest
 
 
 class EngineReplicas(Protocol):
@@ -22,22 +22,7 @@ class EngineReplicas(Protocol):
     workers: list[Any]
     """One actor handle per replica (``RolloutWorker`` methods, called with ``.remote``)."""
 
-    def submit(
-        self,
-        prompt_uid: str,
-        prompt_ids: list[int],
-        *,
-        version: int,
-        n: int,
-        temperature: float,
-        top_p: float = 1.0,
-        top_k: int = -1,
-        resume: list[Trajectory] | None = None,
-        training: bool = True,
-        replica: int | None = None,
-        record: PromptRecord | None = None,
-        track: bool = True,
-    ) -> Any:
+    def submit(self, group: GroupRequest, *, replica: int | None = None, track: bool = True) -> Any:
         """Start one group; its awaitable result (a list of trajectories)."""
         ...
 

@@ -40,6 +40,7 @@ from recipe.observability.trace import ROLLOUTER_TIDS, Tracer, now_us
 from recipe.protocol import Trajectory
 from recipe.reward import RewardError
 from recipe.run.inputs import RunInputs
+from recipe.workers.rollout.requests import GroupRequest
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -211,19 +212,18 @@ class GroupStream:
                 return
             worker = self._engines.workers[replica]
             self.replica_of[ticket.ticket] = replica
-            trajs = await self._engines.submit(
+            asked = GroupRequest(
                 ticket.uid,
                 self.prompt_ids[ticket.uid],
-                version=self._version(),
-                n=rollout.n,
-                temperature=rollout.temperature,
-                top_p=rollout.top_p,
-                top_k=rollout.top_k,
+                self._version(),
+                rollout.n,
+                rollout.temperature,
+                rollout.top_p,
+                rollout.top_k,
                 resume=resume,
-                replica=replica,
                 record=self.records[ticket.uid],
-                track=False,
             )
+            trajs = await self._engines.submit(asked, replica=replica, track=False)
             if any(t.finish_reason == "aborted" for t in trajs):
                 self.book.partials.append((ticket, trajs))  # cut by a pause: resumed at end_sync
                 return

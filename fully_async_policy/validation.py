@@ -32,6 +32,7 @@ from recipe.protocol import PromptRecord
 from recipe.reward import RewardFunction
 from recipe.run.metrics import val_metrics, val_sampling
 from recipe.workers.config import RolloutConfig
+from recipe.workers.rollout.requests import GroupRequest
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +129,8 @@ async def score_val_set(
     start = time.perf_counter()
     sampling = val_sampling(version, rollout.val_temperature)
     refs = [
-        engines.submit(r.uid, prompt_ids[r.uid], record=r, track=False, **sampling) for r in records
+        engines.submit(GroupRequest(r.uid, prompt_ids[r.uid], record=r, **sampling), track=False)
+        for r in records
     ]
     timeout_s = rollout.generation_timeout_s
     try:

@@ -44,6 +44,7 @@ from recipe.observability.tracking import MetricsAccumulator
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.run.metrics import sample_metrics, staleness_metrics
 from recipe.separate_trainer import SeparateRayPPOTrainer
+from recipe.workers.rollout.requests import GroupRequest
 
 logger = logging.getLogger(__name__)
 
@@ -138,14 +139,16 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         records = self.cursor.take(self.cfg.prompts_per_step)
         refs = [
             self.rollout.submit(
-                r.uid,
-                self.prompt_ids[r.uid],
-                version=self.version,
-                n=cfg.n,
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                top_k=cfg.top_k,
-                record=r,
+                GroupRequest(
+                    r.uid,
+                    self.prompt_ids[r.uid],
+                    self.version,
+                    cfg.n,
+                    cfg.temperature,
+                    cfg.top_p,
+                    cfg.top_k,
+                    record=r,
+                )
             )
             for r in records
         ]

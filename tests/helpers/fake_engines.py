@@ -10,7 +10,7 @@
                           per ``tick_s``, token ids from the prompt, each stamped with the
                           served version
     ScriptedEngines       ``EngineReplicas`` of ScriptedWorkers (placement, restarts,
-                          ``group_request`` as the real RolloutReplicas builds it)
+                          ``GroupRequest`` as the real RolloutReplicas submits it)
 
 Fakes for the fast tier only: every path they stand in for also runs against real engines in
 tests/integration/.
@@ -24,16 +24,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from recipe.faults import RolloutWorkerError
-from recipe.protocol import PromptRecord, Trajectory
+from recipe.protocol import Trajectory
 from recipe.utils.weights_file import WeightsFile
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout.base import RolloutWorker
 from recipe.workers.rollout.deaths import actor_death
 from recipe.workers.rollout.requests import (
     GenerationRequest,
+    GroupRequest,
     SampleJob,
     finish_job,
-    group_request,
     plan_group,
 )
 
@@ -196,35 +196,9 @@ class ScriptedEngines:
         self._placement: Callable[[], int] | None = None
         self._next = 0
 
-    def submit(
-        self,
-        prompt_uid: str,
-        prompt_ids: list[int],
-        *,
-        version: int,
-        n: int,
-        temperature: float,
-        top_p: float = 1.0,
-        top_k: int = -1,
-        resume: list[Trajectory] | None = None,
-        training: bool = True,
-        replica: int | None = None,
-        record: PromptRecord | None = None,
-        track: bool = True,
-    ) -> Any:
-        request = group_request(
-            self.cfg,
-            prompt_uid,
-            prompt_ids,
-            version=version,
-            n=n,
-            sampling=(temperature, top_p, top_k),
-            resume=resume,
-            training=training,
-            record=record,
-        )
+    def submit(self, group: GroupRequest, *, replica: int | None = None, track: bool = True) -> Any:
         index = self.next_replica() if replica is None else replica
-        return self.workers[index].generate.remote(request)
+        return self.workers[index].generate.remote(group.to_request(self.cfg))
 
     def next_replica(self) -> int:
         if self._placement is not None:

@@ -12,7 +12,7 @@ for a given data order and two recipes sample the same prompt the same way on eq
 When is a replica dead (one classifier for every recipe, deaths.py): its actor died
 (``RayActorError``), or it is alive and fails ``check_health`` (its engine process died). A
 replica that does not answer a health check within ``HEALTH_TIMEOUT_S`` is busy or hung, not
-judged dead. A group's request and its seed: requests.py (``group_request``).
+judged dead. A group's request and its seed: requests.py (``GroupRequest``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from recipe.workers.cluster import replica_gpus
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout import make_rollout_worker_cls
 from recipe.workers.rollout.deaths import HEALTH_TIMEOUT_S, actor_death, failed_health_check
-from recipe.workers.rollout.requests import group_request
+from recipe.workers.rollout.requests import GroupRequest
 
 logger = logging.getLogger(__name__)
 
@@ -276,55 +276,29 @@ class RolloutReplicas:
     ) -> list[list[Trajectory]]:
         """One group per record, all in flight at once; results in ``records`` order.
         ``version``: the weights version the engines serve (it seeds the requests)."""
-        refs = [
-            self.submit(
+        groups = [
+            GroupRequest(
                 record.uid,
                 ids,
-                version=version,
-                n=n,
-                temperature=temperature,
-                top_p=top_p,
-                top_k=top_k,
+                version,
+                n,
+                temperature,
+                top_p,
+                top_k,
                 training=training,
                 record=record,
             )
             for record, ids in zip(records, prompt_ids, strict=True)
         ]
+        refs = [self.submit(group) for group in groups]
         return self.get(refs)
 
-    def submit(
-        self,
-        prompt_uid: str,
-        prompt_ids: list[int],
-        *,
-        version: int,
-        n: int,
-        temperature: float,
-        top_p: float = 1.0,
-        top_k: int = -1,
-        resume: list[Trajectory] | None = None,
-        training: bool = True,
-        replica: int | None = None,
-        record: PromptRecord | None = None,
-        track: bool = True,
-    ) -> Any:
-        """Start one group on ``replica`` (None: ``next_replica()``); returns its Ray
-        ObjectRef; ``version`` (served now) seeds its sampling. Training groups follow
-        ``rollout.length_profile``; validation (``training=False``) always ends at EOS.
-        ``record``: the prompt's record, which multi-turn episodes start from (required with
-        ``rollout.multi_turn.enable``). ``track=False``: a request the caller awaits itself
-        (not through ``get``), so nothing remembers its replica."""
-        request = group_request(
-            self.cfg,
-            prompt_uid,
-            prompt_ids,
-            version=version,
-            n=n,
-            sampling=(temperature, top_p, top_k),
-            resume=resume,
-            training=training,
-            record=record,
-        )
+    def submit(self, group: GroupRequest, *, replica: int | None = None, track: bool = True) -> Any:
+        """Start ``group`` on ``replica`` (None: ``next_replica()``); returns its Ray
+        ObjectRef. Multi-turn episodes (``rollout.multi_turn.enable``) need its ``record``.
+        ``track=False``: a request the caller awaits itself (not through ``get``), so nothing
+        remembers its replica."""
+        request = group.to_request(self.cfg)
         index = self.next_replica() if replica is None else replica
         ref = self.workers[index].generate.remote(request)
         if track:

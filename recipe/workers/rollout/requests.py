@@ -1,5 +1,6 @@
 """What a rollout worker is asked to generate, and how a group's samples are planned.
 
+    GroupRequest (a caller's) --to_request(cfg)--> GenerationRequest (the worker's)
     GenerationRequest (one prompt group) --plan_group--> per sample: SampleJob | Trajectory
     SampleJob + the engine's new tokens  --finish_job--> Trajectory
 
@@ -239,6 +240,41 @@ def group_request(
         ignore_eos=longtail,
         record=record if cfg.multi_turn.enable else None,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRequest:
+    """One prompt group as a caller asks for it (``RolloutReplicas.submit``): the prompt,
+    its sampling, the served ``version`` (which seeds it); ``to_request(cfg)`` is what the
+    worker gets (``group_request``)."""
+
+    prompt_uid: str
+    prompt_ids: list[int]
+    version: int
+    """The weights version served now: it seeds the group's sampling."""
+    n: int
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = -1
+    resume: list[Trajectory] | None = None
+    """A group returned cut by a pause: its aborted members continue."""
+    training: bool = True
+    """Training groups follow ``rollout.length_profile``; validation always ends at EOS."""
+    record: PromptRecord | None = None
+    """The prompt's record, which multi-turn episodes start from."""
+
+    def to_request(self, cfg: RolloutConfig) -> GenerationRequest:
+        return group_request(
+            cfg,
+            self.prompt_uid,
+            self.prompt_ids,
+            version=self.version,
+            n=self.n,
+            sampling=(self.temperature, self.top_p, self.top_k),
+            resume=self.resume,
+            training=self.training,
+            record=self.record,
+        )
 
 
 def request_seed(base_seed: int, prompt_uid: str, version: int) -> int:
