@@ -297,6 +297,7 @@ class PushTransport:
             "sync/load_s": load_s,
             "sync/bytes": float(adapter.num_bytes),
             "sync/adapter_probe_diff": min(m["sync/adapter_probe_diff"] for m in loaded.values()),
+            "sync/adapter_readback_s": max(m["sync/adapter_readback_s"] for m in loaded.values()),
         }
 
     def close(self) -> None:

@@ -3,9 +3,10 @@ with ``enable_lora``, FSDP2 + peft) in every mode, and across a resume.
 
 Each push moves the adapter alone (``sync/backend/adapter``, its bytes a fraction of the
 model's), every replica's probe saw the adapter and not the base (``sync/adapter_probe_diff``
-> 0), and in sync, where every batch is sampled by the adapter just pushed, the engine's
-log-probs of the sampled tokens are the trainer's (the adapter trained is the one served,
-with the same scaling; fully_async's mismatch also holds the trainer's steps since).
+> 0) and read back the pushed tensors from its LoRA slot (``sync/adapter_readback_s``), and
+in sync, where every batch is sampled by the adapter just pushed, the engine's log-probs of
+the sampled tokens are the trainer's (the adapter trained is the one served, with the same
+scaling; fully_async's mismatch also holds the trainer's steps since).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def test_lora_run_pushes_and_serves_the_adapter_alone(mode, tiny_model_path, tmp
         assert record["sync/backend/adapter"] == 1.0
         assert 0 < record["sync/bytes"] < model_bytes / 5
         assert record["sync/adapter_probe_diff"] > 0
+        assert record["sync/adapter_readback_s"] > 0
     if mode == "sync":  # each batch sampled by the adapter just pushed, trained from it
         trained = [r for r in read_metrics(run_dir) if "mismatch/logprob_abs_diff_mean" in r]
         assert _max_mismatch(trained) < MISMATCH_TOL

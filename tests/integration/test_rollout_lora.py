@@ -8,6 +8,7 @@ to the same path: the served name and path never change, as in a run.
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from recipe.utils.weights_file import WeightsFileError
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout import GenerationRequest, make_rollout_worker_cls
 from recipe.workers.rollout.lora import AdapterNotServedError
+from recipe.workers.rollout.lora_readback import AdapterReadBackError
 
 pytestmark = pytest.mark.integration
 
@@ -30,9 +32,11 @@ LONG_PROMPT = [(7 * i) % 250 + 1 for i in range(300)]
 _state: dict[str, int] = {"version": 0}
 
 
-def _adapter(model_path: Path, directory: Path, seed: int, *, layers: int = 2) -> AdapterFile:
-    """A random adapter of the model's ``TARGETS`` (B non-zero: it changes the policy), or
-    with ``layers`` > the model's, one for layers it lacks only."""
+def _adapter(
+    model_path: Path, directory: Path, seed: int, *, layers: range | None = None
+) -> AdapterFile:
+    """A random adapter of the model's ``TARGETS`` (B non-zero: it changes the policy) on
+    every layer, or on ``layers`` (which may name layers the model lacks)."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_path)
@@ -44,9 +48,8 @@ def _adapter(model_path: Path, directory: Path, seed: int, *, layers: int = 2) -
         "mlp.down_proj": (inter, hidden),
     }
     gen = torch.Generator().manual_seed(seed)
-    first = 0 if layers == config.num_hidden_layers else config.num_hidden_layers
     tensors = {}
-    for layer in range(first, layers):
+    for layer in layers if layers is not None else range(config.num_hidden_layers):
         for module, (fan_in, fan_out) in shapes.items():
             prefix = f"base_model.model.model.layers.{layer}.{module}"
             tensors[f"{prefix}.lora_A.weight"] = torch.randn(RANK, fan_in, generator=gen) * 0.1
@@ -82,6 +85,17 @@ def worker(ray_for_module, rollout_model_path):
         ray.kill(actor)
 
 
+def _num_layers(model_path: Path) -> int:
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(model_path).num_hidden_layers)
+
+
+def _missing_layers(model_path: Path) -> range:
+    """Layers the model lacks (an adapter for them only applies nowhere)."""
+    return range(_num_layers(model_path), _num_layers(model_path) + 2)
+
+
 def _greedy(ray, worker, prompt: list[int] = PROMPT):
     request = GenerationRequest(
         prompt_uid="p", prompt_ids=prompt, n=1, max_tokens=16, temperature=0.0
@@ -106,6 +120,7 @@ def test_engine_samples_the_pushed_adapter_not_the_base(
     assert served.rollout_logprobs != base.rollout_logprobs
     assert set(served.token_versions) == {1}
     assert metrics["sync/adapter_probe_diff"] > 1e-3
+    assert metrics["sync/adapter_readback_s"] > 0
 
 
 def test_each_push_replaces_the_adapter_in_place(
@@ -141,13 +156,45 @@ def test_adapter_load_resets_the_prefix_cache(ray_for_module, worker, rollout_mo
     assert ray.get(worker.cached_prompt_tokens.remote(LONG_PROMPT), timeout=120) == 0
 
 
+def test_read_back_sees_the_adapter_the_engine_holds(
+    ray_for_module, worker, rollout_model_path, tmp_path
+):
+    """The engine's LoRA slot read back matches the pushed folder; once the folder holds
+    other tensors than the engine (rewritten in place after the load), it no longer does."""
+    ray = ray_for_module
+    path = tmp_path / "adapter"
+    _load(ray, worker, _adapter(rollout_model_path, path, seed=7))
+    assert ray.get(worker.verify_served_adapter.remote(), timeout=120) > 0
+    _adapter(rollout_model_path, path, seed=8)
+    with pytest.raises(
+        AdapterReadBackError, match=rf"v{_state['version']} at {re.escape(str(path))} is not"
+    ):
+        ray.get(worker.verify_served_adapter.remote(), timeout=120)
+
+
+def test_read_back_fails_a_load_the_engine_applied_in_part(
+    ray_for_module, worker, rollout_model_path, tmp_path
+):
+    """An adapter for every layer plus one the model lacks: vLLM loads it without a word
+    and serves it on the layers it has, so the probe sees a change; only the read-back
+    sees that the engine does not hold what was pushed."""
+    ray = ray_for_module
+    num_layers = _num_layers(rollout_model_path)
+    partial = _adapter(rollout_model_path, tmp_path / "p", seed=9, layers=range(num_layers + 1))
+    with pytest.raises(AdapterReadBackError, match=rf"layers\.{num_layers}\..* holds no LoRA"):
+        _load(ray, worker, partial)
+    assert ray.get(worker.is_paused.remote())
+
+
 def test_probe_fails_a_load_that_leaves_the_base_serving(
     ray_for_module, worker, rollout_model_path, tmp_path
 ):
     """An adapter vLLM loads but applies nowhere (its tensors name layers the model lacks):
     the engine would sample the base policy, so the load fails and the worker stays paused."""
     ray = ray_for_module
-    ghost = _adapter(rollout_model_path, tmp_path / "ghost", seed=6, layers=4)
+    ghost = _adapter(
+        rollout_model_path, tmp_path / "ghost", seed=6, layers=_missing_layers(rollout_model_path)
+    )
     with pytest.raises(AdapterNotServedError, match="serves the base policy"):
         _load(ray, worker, ghost)
     assert ray.get(worker.is_paused.remote())

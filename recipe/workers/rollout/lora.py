@@ -4,6 +4,7 @@
     load_adapter   verify the folder (sha256 of both files) -> remove the old adapter
                    -> add the new one under the same name and path -> reset the prefix cache
                    -> probe: a fixed prompt's log-probs under the adapter vs the base
+                   -> read back: the engine's adapter slot vs the file (lora_readback.py)
     every request  ``LoRARequest(ADAPTER_NAME, ADAPTER_ID, path)`` of the served version
 
 One name replaced in place, not a name per version: a push pauses the engine with every

@@ -5,7 +5,8 @@ name, replaced in place)::
 
     load_adapter(adapter, v)   verify both files' sha256 (still serving) -> pause -> base
                                weights back if merged ones were loaded -> swap the adapter
-                               in (prefix cache reset) -> probe -> serve v (resume if it ran)
+                               in (prefix cache reset) -> probe -> read the engine's adapter
+                               back (checksums vs the file's) -> serve v (resume if it ran)
     _lora_request()            the served adapter's request, for every engine request;
                                AdapterMissingError rather than a silent base past version 0
     _drop_adapter()            full weights loaded (a resume or a restarted replica gets the
@@ -32,6 +33,7 @@ from recipe.workers.rollout.lora import (
     probe_prompt,
     swap_adapter,
 )
+from recipe.workers.rollout.lora_readback import read_back
 
 if TYPE_CHECKING:
     from recipe.model import HFModelConfig
@@ -97,10 +99,22 @@ class LoraServing:
         self._adapter, self._version = adapter, version
         result = await self._probe(zero)
         result.check(version, adapter.path)
+        readback_s = await read_back(self._engine, adapter, ADAPTER_ID, version)
         logger.info("rollout worker serves adapter v%d from %s", version, adapter.path)
         if was_running:
             await self.resume()
-        return result.to_metrics() | {"sync/verify_s": verify_s}
+        return result.to_metrics() | {
+            "sync/verify_s": verify_s,
+            "sync/adapter_readback_s": readback_s,
+        }
+
+    async def verify_served_adapter(self) -> float:
+        """Read the served adapter back from the engine and compare it with its folder as
+        the folder is now (``lora_readback``); returns the seconds. A check for tests."""
+        self._check_open()
+        if self._adapter is None:
+            raise ValueError("verify_served_adapter: no adapter is served")
+        return await read_back(self._engine, self._adapter, ADAPTER_ID, self._version)
 
     async def _probe(self, zero: bool) -> ProbeResult:
         """The post-load probe (``lora.probe``); the worker stays PAUSED, so only the probe

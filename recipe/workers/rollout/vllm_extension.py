@@ -65,6 +65,35 @@ def _refresh_tied_heads(model: torch.nn.Module) -> None:
             method.process_weights_after_loading(module)
 
 
+def _lora_slices(manager: Any, adapter_index: int) -> dict[str, tuple[float, ...]]:
+    """(sum A, A², B, B²) of each LoRA layer slice in slot ``adapter_index``, keyed by the
+    checkpoint module the slice holds (``lora_readback``'s engine side)."""
+    from recipe.workers.rollout.lora_readback import tensor_sums
+
+    packed = getattr(manager, "packed_modules", {})
+    sums: dict[str, tuple[float, ...]] = {}
+    for module_name, module in manager.modules.items():
+        a_stacked = getattr(module, "lora_a_stacked", None)
+        b_stacked = getattr(module, "lora_b_stacked", None)
+        if a_stacked is None or b_stacked is None:  # MoE / embedding layers: not targetable
+            continue
+        names = packed.get(module_name, [module_name])
+        if len(names) != len(a_stacked):
+            names = [f"{module_name}[{i}]" for i in range(len(a_stacked))]
+        for name, a, b in zip(names, a_stacked, b_stacked, strict=True):
+            sums[name] = (*tensor_sums(a[adapter_index]), *tensor_sums(b[adapter_index]))
+    return sums
+
+
+def _lora_dtype(manager: Any) -> str:
+    """The dtype of the LoRA buffers (``torch.float32``): vLLM's resolved ``lora_dtype``."""
+    for module in manager.modules.values():
+        stacked = getattr(module, "lora_a_stacked", None)
+        if stacked:
+            return str(stacked[0].dtype)
+    raise RuntimeError("the engine's LoRA manager wraps no linear layer")
+
+
 def _kernel_weight_t(module: torch.nn.Module) -> torch.Tensor | None:
     """W^T of a GEMM layer computed by its own quant method (None if not a GEMM layer)."""
     method = getattr(module, "quant_method", None)
@@ -157,6 +186,31 @@ class WeightUpdateExtension:
                     tensors[f"{name}.weight@kernel"] = weight_t.t().contiguous().cpu()
         save_file(tensors, rank_path(path, _tp_rank()))
         return len(tensors)
+
+    def lora_checksums(self, adapter_id: int) -> dict[str, Any]:
+        """Checksums of adapter ``adapter_id`` as this worker's LoRA kernels hold it (the
+        slot's ``lora_a_stacked`` / ``lora_b_stacked``; ``lora_readback`` compares them):
+        ``{"active": in a slot, "dtype": the LoRA dtype, "tp_size": tensor-parallel size,
+        "modules": {checkpoint module: (sum A, A², B, B²)}}``."""
+        from vllm.distributed import get_tensor_model_parallel_world_size
+
+        worker_manager = getattr(self.model_runner, "lora_manager", None)  # type: ignore[attr-defined]
+        manager = getattr(worker_manager, "_adapter_manager", None)
+        slots = getattr(manager, "lora_index_to_id", None)
+        if manager is None or slots is None:
+            raise RuntimeError(
+                "this vLLM keeps no LoRA slots at model_runner.lora_manager._adapter_manager"
+                ".lora_index_to_id: the served adapter cannot be read back"
+            )
+        reply: dict[str, Any] = {
+            "active": adapter_id in slots,
+            "dtype": _lora_dtype(manager),
+            "tp_size": get_tensor_model_parallel_world_size(),
+            "modules": {},
+        }
+        if reply["active"]:
+            reply["modules"] = _lora_slices(manager, slots.index(adapter_id))
+        return reply
 
     def weight_checksums(self) -> dict[str, float]:
         """Sum of each named parameter in float64, keyed by vLLM's parameter name.
