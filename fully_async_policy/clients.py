@@ -28,6 +28,7 @@ from fully_async_policy.messages import (
     SyncPause,
 )
 from recipe.utils.weights_file import WeightsFile
+from recipe.workers.rollout.client import ReplicaClient
 
 if TYPE_CHECKING:
     from ray import ObjectRef
@@ -87,7 +88,7 @@ class RolloutClient:
         return self.handle.readmit.remote(groups)
 
     # ---- syncs and checkpoints ----------------------------------------------------------
-    def engine_workers(self) -> ObjectRef[list[Any]]:
+    def engine_workers(self) -> ObjectRef[list[ReplicaClient]]:
         return self.handle.engine_workers.remote()
 
     def hold_for_sync(self) -> ObjectRef[None]:

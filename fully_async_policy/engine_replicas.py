@@ -5,12 +5,14 @@ real one (Ray actors, one per replica); unit tests fill it with in-process fakes
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from recipe.faults import RolloutWorkerError
+from recipe.protocol import Trajectory
 from recipe.utils.weights_file import WeightsFile
 from recipe.workers.config import RolloutConfig
+from recipe.workers.rollout.client import ReplicaClient
 from recipe.workers.rollout.requests import GroupRequest
 
 
@@ -19,16 +21,18 @@ class EngineReplicas(Protocol):
     surface (recipe/workers/rollout/replicas.py), which unit tests fill with in-process fakes."""
 
     cfg: RolloutConfig
-    workers: list[Any]
-    """One actor handle per replica (``RolloutWorker`` methods, called with ``.remote``)."""
+    workers: list[ReplicaClient]
+    """One client per replica (recipe/workers/rollout/client.py)."""
 
-    def submit(self, group: GroupRequest, *, replica: int | None = None, track: bool = True) -> Any:
-        """Start one group; its awaitable result (a list of trajectories)."""
+    def submit(
+        self, group: GroupRequest, *, replica: int | None = None, track: bool = True
+    ) -> Awaitable[list[Trajectory]]:
+        """Start one group; its awaitable result."""
         ...
 
     def place_with(self, next_replica: Callable[[], int] | None) -> None: ...
 
-    def restart(self, index: int) -> Any:
+    def restart(self, index: int) -> ReplicaClient:
         """A new worker for replica ``index``; its handle (the engine still starting)."""
         ...
 
@@ -36,7 +40,10 @@ class EngineReplicas(Protocol):
         """Blocks until replica ``index``'s resources are placed; ``PlacementError`` if never."""
         ...
 
-    def as_worker_error(self, exc: BaseException) -> RolloutWorkerError | None: ...
+    async def worker_error(self, exc: BaseException) -> RolloutWorkerError | None:
+        """``exc``, raised by a call on a replica, as that replica's death (None: another
+        error)."""
+        ...
 
     def drain_trace(
         self, timeout_s: float = 30.0, skip: Sequence[int] = ()

@@ -2,9 +2,9 @@
 
 A rollout replica is dead when its actor died (``RayActorError``: the process was killed or
 crashed) or when it is alive but fails ``check_health`` (its vLLM engine core process died:
-every call then raises ``EngineDeadError``); the batch recipes judge it the same way
-(``recipe.workers.rollout.replicas.failed_health_check``). A replica that does not answer a
-health check in time is busy or hung, not dead: that is a matter for the weight-sync deadline
+every call then raises ``EngineDeadError``); the batch recipes judge it by the same classifier
+(``recipe.workers.rollout.deaths.replica_death``). A replica that does not answer a health
+check in time is busy or hung, not dead: that is a matter for the weight-sync deadline
 (``checkpoint_engine.on_failure``), not for a restart. States of one replica (``states``; the
 steps between them are checked, states.py)::
 
@@ -30,20 +30,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fully_async_policy.engine_replicas import EngineReplicas
 from fully_async_policy.states import ReplicaState, ReplicaStates
-from recipe.faults import RolloutWorkerError, is_actor_death
+from recipe.faults import RolloutWorkerError
 from recipe.utils.weights_file import WeightsFile
 from recipe.workers.cluster import PlacementError
-from recipe.workers.rollout.deaths import (
-    HEALTH_TIMEOUT_S,
-    ReplicaDeath,
-    actor_death,
-    failed_health_check,
-)
+from recipe.workers.rollout.client import ReplicaClient
+from recipe.workers.rollout.deaths import ReplicaDeath, replica_death
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +122,7 @@ class ReplicaSupervisor:
 
     # ---- failures ---------------------------------------------------------------------------
 
-    async def on_failure(self, index: int, worker: Any, exc: BaseException) -> bool:
+    async def on_failure(self, index: int, worker: ReplicaClient, exc: BaseException) -> bool:
         """A call on ``worker`` (replica ``index``) raised ``exc``. True: the replica died and
         is restarting (or was replaced already), the caller re-admits what it lost; False:
         another error, for the caller to raise."""
@@ -134,7 +130,7 @@ class ReplicaSupervisor:
             return False
         if self._replaced(index, worker) or self.error is not None:  # the run is failing anyway
             return True
-        death = await self._death(worker, exc)
+        death = await replica_death(worker, exc)
         if death is None:
             return False
         # Nobody restarted it (or failed the run) while its health was being checked.
@@ -142,30 +138,9 @@ class ReplicaSupervisor:
             self._restart(index, death)
         return True
 
-    def _replaced(self, index: int, worker: Any) -> bool:
+    def _replaced(self, index: int, worker: ReplicaClient) -> bool:
         """``worker`` is no longer replica ``index``'s worker, or is being replaced."""
         return self.group.workers[index] is not worker or index in self._restarting
-
-    async def _death(self, worker: Any, exc: BaseException | None) -> ReplicaDeath | None:
-        """Why ``worker`` is dead (None: it is not)."""
-        death = None if exc is None else actor_death(exc)
-        if death is not None:
-            return death
-        try:
-            await asyncio.wait_for(_awaitable(worker.check_health.remote()), HEALTH_TIMEOUT_S)
-        except TimeoutError:
-            return None  # busy or hung: not a death
-        except Exception as health:
-            failure = None
-            if not is_actor_death(health):  # the actor is alive: its engine's log says more
-                try:
-                    failure = await asyncio.wait_for(
-                        _awaitable(worker.engine_failure.remote()), HEALTH_TIMEOUT_S
-                    )
-                except Exception:  # no more to say than the health check
-                    failure = None
-            return failed_health_check(health, failure)
-        return None
 
     def _restart(self, index: int, death: ReplicaDeath) -> None:
         if death.repeats(self._died_of.get(index)):
@@ -209,7 +184,7 @@ class ReplicaSupervisor:
                 return
             worker = self.group.restart(index)
             # The constructor (engine start) has run.
-            await self._within(worker.get_version.remote(), "its engine start", self._start_s)
+            await self._within(worker.get_version(), "its engine start", self._start_s)
             # The model on disk is version 0. While paused, a push may be changing the
             # version: the trainer, which knows, decides.
             if self._served_version() == 0 and not self.paused:
@@ -239,7 +214,7 @@ class ReplicaSupervisor:
 
     async def _serve(self, index: int) -> None:
         if self.paused:
-            pause = self.group.workers[index].pause.remote()
+            pause = self.group.workers[index].pause()
             await self._within(pause, "its pause", ("checkpoint_engine.timeout_s", self.timeout_s))
         self.states.move(index, ReplicaState.SERVING)
         self._changed.set()
@@ -260,7 +235,7 @@ class ReplicaSupervisor:
             len(self.in_service),
         )
 
-    def up(self) -> list[tuple[int, Any]]:
+    def up(self) -> list[tuple[int, ReplicaClient]]:
         """(index, worker) of every replica that is neither restarting nor retired."""
         gone = (ReplicaState.RESTARTING, ReplicaState.RETIRED)
         return [(i, w) for i, w in enumerate(self.group.workers) if self.states[i] not in gone]
@@ -283,7 +258,7 @@ class ReplicaSupervisor:
         if self.closing:
             return
         up = self.up()
-        deaths = await asyncio.gather(*(self._death(w, None) for _, w in up))
+        deaths = await asyncio.gather(*(replica_death(w, None) for _, w in up))
         for (index, worker), death in zip(up, deaths, strict=True):
             if death is not None and not self._replaced(index, worker):
                 self._restart(index, death)
@@ -304,9 +279,7 @@ class ReplicaSupervisor:
         serve."""
         if weights is not None:
             worker = self.group.workers[index]
-            load = worker.update_weights_from_file.remote(
-                weights.path, version, sha256=weights.sha256
-            )
+            load = worker.update_weights_from_file(weights.path, version, weights.sha256)
             await self._within(load, "its weights load", self._start_s)
         await self._serve(index)
         if not self.states.where(ReplicaState.WAITING_WEIGHTS):
@@ -318,18 +291,18 @@ class ReplicaSupervisor:
         """Pause every replica that is up; one found dead is restarted (it generates nothing).
         The only place the rollouter's engines are paused: ``paused`` is their state."""
         self.paused = True
-        await self._each("pause", lambda w: w.pause.remote())
+        await self._each("pause", lambda w: w.pause())
 
     async def resume_all(self) -> None:
         self.paused = False
-        await self._each("resume", lambda w: w.resume.remote())
+        await self._each("resume", lambda w: w.resume())
 
     async def cut_episodes_all(self) -> None:
         """End the multi-turn episodes waiting in paused replicas, as ``aborted`` (the run
         is stopping, or a checkpoint saves them; ``RolloutWorker.cut_episodes``)."""
-        await self._each("cut_episodes", lambda w: w.cut_episodes.remote())
+        await self._each("cut_episodes", lambda w: w.cut_episodes())
 
-    async def _each(self, what: str, call: Callable[[Any], Any]) -> None:
+    async def _each(self, what: str, call: Callable[[ReplicaClient], Awaitable[None]]) -> None:
         """``call(worker)`` on every replica that is up, each within ``timeout_s``: a hung
         replica fails it naming ``what`` and the replica (a sync never waits silently)."""
         up = self.up()

@@ -30,12 +30,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fully_async_policy.deadlines import Within
 from fully_async_policy.messages import SyncPause
 from fully_async_policy.served_weights import ServedWeights
 from recipe.checkpoint_engine.base import WeightSyncError
+from recipe.workers.rollout.client import ReplicaClient
 
 if TYPE_CHECKING:
     from fully_async_policy.clients import RolloutClient
@@ -68,7 +69,7 @@ class RolloutEngines:
         self._within = within
         self._last: PauseRecord | None = None
 
-    def workers(self) -> list[Any]:
+    def workers(self) -> list[ReplicaClient]:
         return self._within(self._rollouter.engine_workers(), "engine_workers")
 
     def pause(self) -> None:

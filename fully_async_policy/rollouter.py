@@ -67,6 +67,7 @@ from recipe.protocol import Trajectory
 from recipe.run.inputs import RunInputs
 from recipe.run.placement import Placement
 from recipe.utils.weights_file import WeightsFile
+from recipe.workers.rollout.client import ReplicaClient
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -172,8 +173,8 @@ class FullyAsyncRollouter:
             raise RuntimeError("FullyAsyncRollouter.start() has not run")
         return self._engines
 
-    def engine_workers(self) -> list[Any]:
-        """The replicas' current worker handles, for the trainer's weight push (the engines
+    def engine_workers(self) -> list[ReplicaClient]:
+        """The replicas' current workers' clients, for the trainer's weight push (the engines
         stay ours: a dead replica is replaced here; a retired one gets no weights)."""
         retired = self.replicas.retired
         return [w for i, w in enumerate(self.engines.workers) if i not in retired]

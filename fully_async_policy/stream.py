@@ -238,7 +238,8 @@ class GroupStream:
         except (RewardError, FilteredOutError) as exc:  # the user's function or data
             self.fail(exc)
         except Exception as exc:  # surfaces from run(), which closes the queue
-            if replica is not None and await self._replicas.on_failure(replica, worker, exc):
+            on = (replica, worker) if replica is not None and worker is not None else None
+            if on is not None and await self._replicas.on_failure(*on, exc):
                 self.admit_again(ticket.ticket, ticket.uid)  # lost with its dying replica
                 return
             logger.exception("generating prompt %s failed", ticket.uid)

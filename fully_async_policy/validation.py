@@ -141,7 +141,7 @@ async def score_val_set(
             "(a hung engine process; the engine logs are RUN_DIR/engines/replica_R.log)"
         ) from None
     except Exception as exc:
-        error = engines.as_worker_error(exc)
+        error = await engines.worker_error(exc)
         if error is None:
             raise
         raise error from exc

@@ -132,6 +132,7 @@ def run_ours(args: argparse.Namespace, model_path: str, groups: list) -> dict[st
 
     from recipe.model import ModelConfig
     from recipe.workers.config import RolloutConfig
+    from recipe.workers.rollout.client import ReplicaClient
     from recipe.workers.rollout.requests import GenerationRequest
     from recipe.workers.rollout.vllm_worker import VLLMRolloutWorker
 
@@ -151,9 +152,9 @@ def run_ours(args: argparse.Namespace, model_path: str, groups: list) -> dict[st
             seed=args.seed,
             response_length=args.max_tokens,
         )
-        actor: Any = ray.remote(**resources)(VLLMRolloutWorker)
-        worker = actor.remote(ModelConfig(path=model_path, dtype=args.dtype), rollout_cfg)
-        ray.get(worker.get_version.remote())
+        model = ModelConfig(path=model_path, dtype=args.dtype)
+        worker = ReplicaClient.start(VLLMRolloutWorker, resources, model, rollout_cfg)
+        ray.get(worker.get_version())
         requests = [
             GenerationRequest(
                 prompt_uid=f"bench-{i}",
@@ -171,12 +172,12 @@ def run_ours(args: argparse.Namespace, model_path: str, groups: list) -> dict[st
         times, tokens = [], 0
         for rep in range(args.repeats + 1):
             start = time.perf_counter()
-            results = ray.get([worker.generate.remote(r) for r in requests])
+            results = ray.get([worker.generate(r) for r in requests])
             elapsed = time.perf_counter() - start
             tokens = sum(t.num_response_tokens for group in results for t in group)
             if rep > 0:
                 times.append(elapsed)
-        ray.get(worker.shutdown.remote())
+        ray.get(worker.shutdown())
         return {"tokens": tokens, "times": times}
     finally:
         ray.shutdown()

@@ -3,18 +3,21 @@
     SenderClient    a trainer rank (``TrainerWorker``): its ``WeightSender`` (endpoints.py),
                     its weights' metadata and file export
     ReceiverClient  a rollout replica (``RolloutWorker``): the ``WeightReceiver`` of each of its
-                    engine workers, the load of a verified push, its version
+                    engine workers, the load of a verified push, its version, its pause and
+                    resume; a protocol, which the replica's own client implements
+                    (``recipe.workers.rollout.client.ReplicaClient``)
 
 The endpoints themselves are driven by method name (``weight_sender_call``,
 ``weight_receiver_call``): a receiver lives in vLLM's worker processes, which vLLM's
-``collective_rpc`` reaches by name only. Those names appear here and nowhere else in the
-driver; every method returns the call's ObjectRef (the synchronizer waits on a phase's calls
+``collective_rpc`` reaches by name only. Those names appear in the two clients (here, and
+recipe/workers/rollout/client.py for the receiver) and nowhere else in the driver; every
+method returns the call's ObjectRef (the synchronizer waits on a phase's calls
 together, with its deadline).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from recipe.utils.adapter_file import AdapterFile
 from recipe.utils.weights_file import WeightsFile
@@ -64,35 +67,36 @@ class SenderClient:
         return self.handle.export_adapter.remote(directory)
 
 
-class ReceiverClient:
-    """Rollout replica ``handle``'s end of a push (one result per engine worker where a
-    method says ``list``)."""
+class ReceiverClient(Protocol):
+    """A rollout replica's end of a push, its pause and resume included (one result per
+    engine worker where a method says ``list``). The push types against this; the rollout
+    replica's client (``recipe.workers.rollout.client.ReplicaClient``) implements it: the
+    checkpoint engine sits below the workers and does not import them."""
 
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
+    def receiver_info(self) -> ObjectRef[list[Wire]]: ...
 
-    def info(self) -> ObjectRef[list[Wire]]:
-        return self.handle.weight_receiver_call.remote("info")
-
-    def connect(self, plan: Wire, ranks: list[list[int]], info: Wire) -> ObjectRef[list[int]]:
+    def connect_receivers(
+        self, plan: Wire, ranks: list[list[int]], info: Wire
+    ) -> ObjectRef[list[int]]:
         """``ranks``: [local rank, global receiver rank] of each of its engine workers."""
-        return self.handle.weight_receiver_call.remote("connect", plan, ranks, info)
+        ...
 
-    def receive(self, transfer_id: int) -> ObjectRef[list[Wire]]:
-        return self.handle.weight_receiver_call.remote("receive", transfer_id)
+    def receive(self, transfer_id: int) -> ObjectRef[list[Wire]]: ...
 
-    def close(self) -> ObjectRef[list[None]]:
-        return self.handle.weight_receiver_call.remote("close")
+    def close_receivers(self) -> ObjectRef[list[None]]: ...
 
-    def commit_weights(self, version: int, transfer_id: int) -> ObjectRef[Wire]:
-        return self.handle.commit_weights.remote(version, transfer_id)
+    def commit_weights(self, version: int, transfer_id: int) -> ObjectRef[Wire]: ...
 
-    def get_version(self) -> ObjectRef[int]:
-        return self.handle.get_version.remote()
+    def get_version(self) -> ObjectRef[int]: ...
 
-    def update_weights_from_file(self, path: str, version: int, sha256: str) -> ObjectRef[None]:
-        return self.handle.update_weights_from_file.remote(path, version, sha256=sha256)
+    def update_weights_from_file(
+        self, path: str, version: int, sha256: str | None = None
+    ) -> ObjectRef[None]: ...
 
     def load_adapter(self, adapter: AdapterFile, version: int) -> ObjectRef[dict[str, float]]:
         """LoRA: verify, load and probe the adapter folder as ``version`` (its ``sync/*``)."""
-        return self.handle.load_adapter.remote(adapter, version)
+        ...
+
+    def pause(self) -> ObjectRef[None]: ...
+
+    def resume(self) -> ObjectRef[None]: ...

@@ -3,7 +3,7 @@
 The synchronizer moves weights and never pauses or resumes an engine itself: whoever serves
 generation owns that state, and a push asks it through this interface::
 
-    workers()   the replicas' current worker handles, asked at every push (a replica restarted
+    workers()   the replicas' current workers' clients, asked at every push (a replica restarted
                 on a new worker is then reached over a rebuilt transport)
     pause()     returns once no engine request runs: the engines may change weights
     resume()    generation goes on, on the weights just loaded
@@ -23,9 +23,10 @@ Two owners implement it:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from recipe.checkpoint_engine.base import WeightSyncError
+from recipe.checkpoint_engine.clients import ReceiverClient
 from recipe.checkpoint_engine.phases import replica_peer, wait_phase
 
 
@@ -34,7 +35,7 @@ class ServingEngines(Protocol):
 
     stage_while_serving: bool
 
-    def workers(self) -> list[Any]: ...
+    def workers(self) -> Sequence[ReceiverClient]: ...
 
     def pause(self) -> None: ...
 
@@ -50,18 +51,18 @@ class DirectEngines:
 
     stage_while_serving = False
 
-    def __init__(self, workers: Callable[[], Sequence[Any]], timeout_s: float) -> None:
+    def __init__(self, workers: Callable[[], Sequence[ReceiverClient]], timeout_s: float) -> None:
         self._workers, self.timeout_s = workers, timeout_s
 
-    def workers(self) -> list[Any]:
+    def workers(self) -> list[ReceiverClient]:
         return list(self._workers())
 
     def pause(self) -> None:
-        refs = [w.pause.remote() for w in self.workers()]
+        refs = [w.pause() for w in self.workers()]
         wait_phase("pause", {replica_peer(i): ref for i, ref in enumerate(refs)}, self.timeout_s)
 
     def resume(self) -> None:
-        refs = [w.resume.remote() for w in self.workers()]
+        refs = [w.resume() for w in self.workers()]
         wait_phase("resume", {replica_peer(i): ref for i, ref in enumerate(refs)}, self.timeout_s)
 
     def repair(self, error: WeightSyncError) -> bool:

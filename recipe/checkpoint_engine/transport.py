@@ -22,7 +22,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -85,8 +85,8 @@ class PushTransport:
         on their base: a push moves the adapter alone (backend ``adapter``)."""
         self.cfg, self._ranks = cfg, ranks
         self.adapter_only = adapter_only
-        self.workers: list[Any] = []
-        """The replicas' worker handles the transport was built for."""
+        self.workers: list[ReceiverClient] = []
+        """The replicas the transport was built for."""
         self.connected = False
         self.backend: str | None = None
         """The resolved transport (None before the first ``connect``)."""
@@ -118,19 +118,19 @@ class PushTransport:
 
     def on_replicas(self, call: Callable[[int, ReceiverClient], Any]) -> dict[str, Any]:
         """``call(i, replica)`` on every replica the transport was built for."""
-        return {replica_peer(i): call(i, ReceiverClient(w)) for i, w in enumerate(self.workers)}
+        return {replica_peer(i): call(i, w) for i, w in enumerate(self.workers)}
 
-    def connect(self, workers: list[Any], version: int) -> None:
+    def connect(self, workers: Sequence[ReceiverClient], version: int) -> None:
         """Resolve backend and bucket size, compute the layout (once), build the transport
         to ``workers``, the replicas' current workers (the trainer side records
         ``version``)."""
-        self.workers = workers
+        self.workers = list(workers)
         if self._metadata is None:
             metadata = self.on_sender(SenderClient.metadata)
             self._metadata = self.phase("metadata", metadata)[SENDER]
         infos = self.phase(
             "placement",
-            self.on_sender(SenderClient.info) | self.on_replicas(lambda _, r: r.info()),
+            self.on_sender(SenderClient.info) | self.on_replicas(lambda _, r: r.receiver_info()),
         )
         sender = EndpointSite.from_wire(infos[SENDER])
         groups = [
@@ -161,7 +161,7 @@ class PushTransport:
         ).to_wire()
         info = self.phase("prepare", self.on_sender(lambda s: s.prepare(plan)))[SENDER]
         calls = self.on_sender(lambda s: s.init(info))
-        calls |= self.on_replicas(lambda i, r: r.connect(plan, ranks[i], info))
+        calls |= self.on_replicas(lambda i, r: r.connect_receivers(plan, ranks[i], info))
         ranks_by_peer = self.phase("connect", calls)
         self.receiver_ranks = [ranks_by_peer[replica_peer(i)] for i in range(len(groups))]
         self.connected = True
@@ -305,7 +305,8 @@ class PushTransport:
         self.connected = False
         if self.backend is None or self.backend in FILE_BACKENDS:
             return
-        calls = self.on_sender(SenderClient.close) | self.on_replicas(lambda _, r: r.close())
+        calls = self.on_sender(SenderClient.close)
+        calls |= self.on_replicas(lambda _, r: r.close_receivers())
         calls = {peer: ref for peer, ref in calls.items() if peer not in self.hung_peers}
         try:
             self.phase("shutdown", calls)

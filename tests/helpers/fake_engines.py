@@ -3,7 +3,9 @@
     LocalHandle(obj)      an object behind Ray's call syntax: ``h.method.remote(...)`` starts
                           the call at once on the running loop and returns its future (what
                           the rollouter awaits of an ObjectRef); ``kill()`` makes every call,
-                          in flight or new, fail as a dead actor's would
+                          in flight or new, fail as a dead actor's would (the message queue)
+    LocalReplica(worker)  a ``ReplicaClient`` of an in-process rollout worker, over the same
+                          calls (not Ray's syntax: the rollouter's code calls the client)
     ScriptedWorker        the real ``RolloutWorker`` contract (pause aborts in flight and
                           returns partials; resume continues them through ``plan_group``;
                           weights change only while paused) over a scripted engine: one token
@@ -52,32 +54,6 @@ def actor_died(pid: int = 4242) -> Exception:
     return error
 
 
-class _Remote:
-    def __init__(self, handle: LocalHandle, fn: Callable[..., Any]) -> None:
-        self._handle, self._fn = handle, fn
-
-    def remote(self, *args: Any, **kwargs: Any) -> asyncio.Future:
-        loop = asyncio.get_running_loop()
-        if self._handle.dead:
-            future = loop.create_future()
-            future.set_exception(actor_died())
-            return future
-        try:
-            result = self._fn(*args, **kwargs)
-        except Exception as exc:
-            future = loop.create_future()
-            future.set_exception(exc)
-            return future
-        if inspect.isawaitable(result):
-            task = asyncio.ensure_future(result)
-            self._handle.calls.add(task)
-            task.add_done_callback(self._handle.calls.discard)
-            return asyncio.ensure_future(self._handle.outcome(task))
-        future = loop.create_future()
-        future.set_result(result)
-        return future
-
-
 class LocalHandle:
     """``obj`` called as a Ray actor is (see the module docstring)."""
 
@@ -89,6 +65,28 @@ class LocalHandle:
 
     def __getattr__(self, name: str) -> _Remote:
         return _Remote(self, getattr(self.obj, name))
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future:
+        """Start ``fn(*args, **kwargs)`` at once on the running loop; its future."""
+        loop = asyncio.get_running_loop()
+        if self.dead:
+            future = loop.create_future()
+            future.set_exception(actor_died())
+            return future
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:
+            future = loop.create_future()
+            future.set_exception(exc)
+            return future
+        if inspect.isawaitable(result):
+            task = asyncio.ensure_future(result)
+            self.calls.add(task)
+            task.add_done_callback(self.calls.discard)
+            return asyncio.ensure_future(self.outcome(task))
+        future = loop.create_future()
+        future.set_result(result)
+        return future
 
     def kill(self) -> None:
         """The actor's process dies: calls in flight and every later call raise
@@ -104,6 +102,71 @@ class LocalHandle:
             task.cancel()
             raise actor_died()
         return task.result()
+
+
+class _Remote:
+    def __init__(self, handle: LocalHandle, fn: Callable[..., Any]) -> None:
+        self._handle, self._fn = handle, fn
+
+    def remote(self, *args: Any, **kwargs: Any) -> asyncio.Future:
+        return self._handle.call(self._fn, *args, **kwargs)
+
+
+class LocalReplica:
+    """A ``ReplicaClient`` (recipe/workers/rollout/client.py) of an in-process ``worker``:
+    every call starts at once on the running loop and returns its future (what the rollouter
+    awaits of an ObjectRef); ``kill()`` makes every call, in flight or new, fail as a dead
+    actor's would."""
+
+    def __init__(self, worker: RolloutWorker) -> None:
+        self.worker = worker
+        self._actor = LocalHandle(worker)
+        self.actor_id = f"local-{id(worker):x}"
+
+    @property
+    def dead(self) -> bool:
+        return self._actor.dead
+
+    def kill(self) -> None:
+        self._actor.kill()
+
+    def generate(self, request: GenerationRequest) -> asyncio.Future:
+        return self._actor.call(self.worker.generate, request)
+
+    def pause(self) -> asyncio.Future:
+        return self._actor.call(self.worker.pause)
+
+    def resume(self) -> asyncio.Future:
+        return self._actor.call(self.worker.resume)
+
+    def cut_episodes(self) -> asyncio.Future:
+        return self._actor.call(self.worker.cut_episodes)
+
+    def is_paused(self) -> asyncio.Future:
+        return self._actor.call(self.worker.is_paused)
+
+    def check_health(self) -> asyncio.Future:
+        return self._actor.call(self.worker.check_health)
+
+    def engine_failure(self) -> asyncio.Future:
+        return self._actor.call(self.worker.engine_failure)
+
+    def get_version(self) -> asyncio.Future:
+        return self._actor.call(self.worker.get_version)
+
+    def update_weights_from_file(
+        self, path: str, version: int, sha256: str | None = None
+    ) -> asyncio.Future:
+        return self._actor.call(self.worker.update_weights_from_file, path, version, sha256=sha256)
+
+    def commit_weights(self, version: int, transfer_id: int) -> asyncio.Future:
+        return self._actor.call(self.worker.commit_weights, version, transfer_id)
+
+    def drain_trace(self, replica: int) -> asyncio.Future:
+        return self._actor.call(self.worker.drain_trace, replica)
+
+    def shutdown(self) -> asyncio.Future:
+        return self._actor.call(self.worker.shutdown)
 
 
 class _Tokens:
@@ -188,7 +251,7 @@ class ScriptedEngines:
     def __init__(self, cfg: RolloutConfig, make_worker: Callable[[], ScriptedWorker]) -> None:
         self.cfg = cfg
         self._make_worker = make_worker
-        self.workers = [LocalHandle(make_worker()) for _ in range(cfg.replicas)]
+        self.workers = [LocalReplica(make_worker()) for _ in range(cfg.replicas)]
         self.restarted: list[int] = []
         self.lost: set[int] = set()
         """Replicas whose node is gone for good (``wait_for_bundle`` fails)."""
@@ -198,7 +261,7 @@ class ScriptedEngines:
 
     def submit(self, group: GroupRequest, *, replica: int | None = None, track: bool = True) -> Any:
         index = self.next_replica() if replica is None else replica
-        return self.workers[index].generate.remote(group.to_request(self.cfg))
+        return self.workers[index].generate(group.to_request(self.cfg))
 
     def next_replica(self) -> int:
         if self._placement is not None:
@@ -209,9 +272,9 @@ class ScriptedEngines:
     def place_with(self, next_replica: Callable[[], int] | None) -> None:
         self._placement = next_replica
 
-    def restart(self, index: int) -> LocalHandle:
+    def restart(self, index: int) -> LocalReplica:
         self.workers[index].kill()
-        self.workers[index] = LocalHandle(self._make_worker())
+        self.workers[index] = LocalReplica(self._make_worker())
         self.restarted.append(index)
         return self.workers[index]
 
@@ -222,7 +285,7 @@ class ScriptedEngines:
             raise PlacementError(f"rollout replica {index}: bundle {index}: its node is gone")
         return "node"
 
-    def as_worker_error(self, exc: BaseException) -> RolloutWorkerError | None:
+    async def worker_error(self, exc: BaseException) -> RolloutWorkerError | None:
         death = actor_death(exc)
         if death is None:
             return None
@@ -236,10 +299,10 @@ class ScriptedEngines:
 
     def update_weights_from_file(self, weights: WeightsFile, version: int) -> None:
         """Blocking, as the real one (callers run it in a thread)."""
-        for handle in self.workers:
-            load = handle.obj.update_weights_from_file(weights.path, version)
+        for replica in self.workers:
+            load = replica.worker.update_weights_from_file(weights.path, version)
             asyncio.run_coroutine_threadsafe(load, self._loop).result(timeout=30)
 
     def shutdown(self) -> None:
-        for handle in self.workers:
-            handle.kill()
+        for replica in self.workers:
+            replica.kill()

@@ -126,8 +126,8 @@ class ScriptedPush:
         workers = self.engines.workers()  # after the pause: a replica healed in it too
 
         async def commit() -> None:
-            for handle in workers:
-                await handle.commit_weights.remote(version + 1, version + 1)
+            for replica in workers:
+                await replica.commit_weights(version + 1, version + 1)
 
         self.loop.call(commit)
         self.pushed[version + 1] = self.ranks.updates

@@ -20,6 +20,7 @@ from fully_async_policy.clients import QueueClient, RolloutClient
 from fully_async_policy.feed import RolloutFeed
 from recipe.faults import RunFailure
 from recipe.utils.weights_file import WeightsFile
+from recipe.workers.rollout.client import ReplicaClient
 from recipe.workers.rollout.replicas import RolloutReplicas
 from tests.helpers.in_process import fully_async_config
 
@@ -93,7 +94,9 @@ class _Loader:
     def __init__(self, hangs: bool) -> None:
         self.hangs = hangs
 
-    async def update_weights_from_file(self, path: str, version: int, *, sha256: str) -> None:
+    async def update_weights_from_file(
+        self, path: str, version: int, *, sha256: str | None
+    ) -> None:
         if self.hangs:
             await asyncio.sleep(3600)
 
@@ -105,7 +108,7 @@ def test_a_resumed_runs_weights_load_that_never_ends_fails_within_the_deadline_n
     loaders = [ray_for_module.remote(_Loader).remote(hangs) for hangs in (False, True)]
     ray_for_module.get([w.__ray_ready__.remote() for w in loaders], timeout=60)
     replicas = RolloutReplicas.__new__(RolloutReplicas)  # the actors above as its replicas
-    replicas.workers = loaders
+    replicas.workers = [ReplicaClient(loader) for loader in loaders]
     replicas.cfg = SimpleNamespace(start_timeout_s=1.0)
     start = time.monotonic()
     with pytest.raises(RunFailure) as caught:

@@ -30,6 +30,7 @@ import torch
 
 from fully_async_policy.main import FullyAsyncRecipe
 from recipe.faults import RolloutWorkerError, RunFailure
+from recipe.workers.rollout.client import ReplicaClient
 from tests.helpers.runs import assert_ledger_balances, build_recipe, read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_for_module")]
@@ -58,7 +59,7 @@ def wait_mid_generation(recipe: FullyAsyncRecipe, timeout_s: float = 60.0) -> in
     raise AssertionError("no group was generating")
 
 
-def first_replica(recipe: FullyAsyncRecipe) -> Any:
+def first_replica(recipe: FullyAsyncRecipe) -> ReplicaClient:
     """The current worker of rollout replica 0 (the rollouter owns the engines)."""
     import ray
 
@@ -68,7 +69,7 @@ def first_replica(recipe: FullyAsyncRecipe) -> Any:
 def replica_processes(recipe: FullyAsyncRecipe) -> dict[str, Any]:
     import ray
 
-    return ray.get(first_replica(recipe).process_ids.remote())
+    return ray.get(first_replica(recipe).process_ids())
 
 
 def engine_core_pid(engine_pids: list[int]) -> int:
@@ -289,13 +290,13 @@ def test_a_dead_replica_is_named_by_the_batch_recipes_and_a_restart_serves_again
     )
     record = SimpleNamespace(uid="p0")
     try:
-        pid = ray.get(group.workers[0].process_ids.remote())["worker"]
+        pid = ray.get(group.workers[0].process_ids())["worker"]
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(RolloutWorkerError, match=f"rollout replica 0 died: pid {pid}, "):
             group.generate([record], [[5, 6, 7]], version=0, n=2, temperature=1.0)
         group.restart(0)  # round-robin placement: it takes the next group at once
         (trajs,) = group.generate([record], [[5, 6, 7]], version=0, n=2, temperature=1.0)
-        assert len(trajs) == 2 and ray.get(group.workers[0].process_ids.remote())["worker"] != pid
+        assert len(trajs) == 2 and ray.get(group.workers[0].process_ids())["worker"] != pid
     finally:
         group.shutdown()
 
@@ -364,7 +365,7 @@ def test_a_sync_peer_that_never_answers_stops_the_run_cleanly_naming_the_phase(
     )
     trainer = recipe.trainer
     replica = first_replica(recipe)
-    pid = ray.get(replica.process_ids.remote())["worker"]
+    pid = ray.get(replica.process_ids())["worker"]
     push = trainer._fit_update_weights
     after_failure: dict[str, Any] = {}
 
@@ -378,8 +379,8 @@ def test_a_sync_peer_that_never_answers_stops_the_run_cleanly_naming_the_phase(
         finally:
             after_failure["failed_after_s"] = time.monotonic() - start
             os.kill(pid, signal.SIGCONT)
-            after_failure["version"] = ray.get(replica.get_version.remote())
-            after_failure["paused"] = ray.get(replica.is_paused.remote())
+            after_failure["version"] = ray.get(replica.get_version())
+            after_failure["paused"] = ray.get(replica.is_paused())
 
     trainer._fit_update_weights = hanging_push
     try:

@@ -189,7 +189,7 @@ def _hosts(recipe: Any) -> tuple[str, list[str]]:
 
     sender = ray.get(recipe.trainer.ranks.workers[0].weight_sender_call.remote("info"))
     workers = ray.get(recipe.rollouter.engine_workers.remote())
-    infos = ray.get([w.weight_receiver_call.remote("info") for w in workers])
+    infos = ray.get([w.receiver_info() for w in workers])
     return sender["host"], [site["host"] for sites in infos for site in sites]
 
 

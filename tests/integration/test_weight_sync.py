@@ -124,7 +124,7 @@ def _assert_engines_hold(ray, rollout, state: dict[str, torch.Tensor], tmp_path:
     expected = _expected_engine_weights(state)
     for i, worker in enumerate(rollout.workers):
         path = tmp_path / f"replica{i}.safetensors"
-        ray.get(worker.read_back_weights.remote(str(path)), timeout=120)
+        ray.get(worker.handle.read_back_weights.remote(str(path)), timeout=120)
         _assert_holds(load_file(str(path)), expected, f"replica {i}")
 
 
@@ -148,7 +148,7 @@ def _assert_tp_ranks_hold(ray, rollout, state: dict[str, torch.Tensor], tmp_path
     from recipe.workers.rollout.vllm_extension import rank_path
 
     path = str(tmp_path / "tp.safetensors")
-    ray.get(rollout.workers[0].read_back_weights.remote(path), timeout=120)
+    ray.get(rollout.workers[0].handle.read_back_weights.remote(path), timeout=120)
     for rank in range(TP):
         engine = load_file(rank_path(path, rank))
         vocab_rows = engine["model.embed_tokens.weight"].shape[0]
@@ -195,12 +195,12 @@ class StagingEngines(DirectEngines):
 
 
 def _versions(ray, rollout) -> list[int]:
-    return ray.get([w.get_version.remote() for w in rollout.workers], timeout=60)
+    return ray.get([w.get_version() for w in rollout.workers], timeout=60)
 
 
 def _generate_versions(ray, rollout) -> set[int]:
     request = GenerationRequest("p", PROMPT, n=2, max_tokens=6, temperature=0)
-    groups = ray.get([w.generate.remote(request) for w in rollout.workers], timeout=120)
+    groups = ray.get([w.generate(request) for w in rollout.workers], timeout=120)
     return {v for group in groups for traj in group for v in traj.token_versions}
 
 
@@ -244,7 +244,7 @@ def test_a_push_staged_before_the_pause_serves_the_old_weights_until_the_load(
     seen: dict[str, object] = {}
 
     def before_pause() -> None:
-        seen["paused"] = ray.get([w.is_paused.remote() for w in rollout.workers])
+        seen["paused"] = ray.get([w.is_paused() for w in rollout.workers])
         seen["versions"] = _versions(ray, rollout)
         seen["generated"] = _generate_versions(ray, rollout)  # still the old weights
 
@@ -299,9 +299,9 @@ def test_corrupted_bucket_is_caught_and_every_engine_keeps_its_old_weights(
         assert caught.value.phase == "transfer" and "rollout replica" in str(caught.value)
         assert sync.is_stale
         assert _versions(ray, rollout) == [version] * 2
-        assert all(ray.get([w.is_paused.remote() for w in rollout.workers]))
+        assert all(ray.get([w.is_paused() for w in rollout.workers]))
         _assert_engines_hold(ray, rollout, before, tmp_path)  # the old weights, all of them
-        ray.get([w.resume.remote() for w in rollout.workers])
+        ray.get([w.resume() for w in rollout.workers])
         assert _generate_versions(ray, rollout) == {version}
         sync.push(version)  # the retry rebuilds the group and goes through
         assert _versions(ray, rollout) == [version + 1] * 2 and not sync.is_stale
@@ -337,7 +337,7 @@ def test_a_peer_that_never_answers_fails_the_sync_within_the_deadline(groups, ra
         assert caught.value.phase == "transfer" and elapsed < timeout_s + 2.0 + 5.0 + 2.0
         assert "trainer rank 0 (sender)" in message and "did not arrive" in message
         assert sync.is_stale and _versions(ray, rollout) == [version] * 2
-        ray.get([w.resume.remote() for w in rollout.workers])
+        ray.get([w.resume() for w in rollout.workers])
         assert _generate_versions(ray, rollout) == {version}
         sync.push(version)
         assert _versions(ray, rollout) == [version + 1] * 2 and not sync.is_stale
@@ -377,13 +377,13 @@ def _load_from_file(ray, rollout, state: dict[str, torch.Tensor], version: int, 
 
     path = tmp_path / "catch_up.safetensors"
     save_file({k: v.detach().clone().contiguous() for k, v in state.items()}, str(path))
-    ray.get(rollout.workers[0].update_weights_from_file.remote(str(path), version), timeout=120)
+    ray.get(rollout.workers[0].update_weights_from_file(str(path), version), timeout=120)
     _assert_tp_ranks_hold(ray, rollout, state, tmp_path)
 
 
 def _greedy(ray, rollout) -> list[tuple[list[int], list[float]]]:
     request = GenerationRequest("p", PROMPT, n=1, max_tokens=6, temperature=0)
-    groups = ray.get([w.generate.remote(request) for w in rollout.workers], timeout=120)
+    groups = ray.get([w.generate(request) for w in rollout.workers], timeout=120)
     return [(t.response_ids, t.rollout_logprobs) for group in groups for t in group]
 
 

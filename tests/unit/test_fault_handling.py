@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from fully_async_policy import replicas as replicas_module
 from fully_async_policy.replicas import ReplicaSupervisor
 from recipe.checkpoint.store import write_checkpoint
 from recipe.checkpoint_engine.base import WeightSyncError
@@ -32,6 +31,7 @@ from recipe.observability.tracking import Tracker
 from recipe.utils.output_dir import OutputDirError, check_writable_dir
 from recipe.utils.weights_file import WeightsFile
 from recipe.workers.cluster import PlacementError
+from recipe.workers.rollout import deaths
 from recipe.workers.rollout.deaths import failed_health_check
 from recipe.workers.rollout.replicas import RolloutReplicas
 from tests.helpers.fake_engines import actor_died
@@ -39,29 +39,16 @@ from tests.helpers.fake_engines import actor_died
 # ---- fake replicas ---------------------------------------------------------------------------
 
 
-class _Method:
-    def __init__(self, fn: Any) -> None:
-        self._fn = fn
-
-    def remote(self, *args: Any, **kwargs: Any) -> Any:
-        return self._fn(*args, **kwargs)  # a coroutine: awaited like an ObjectRef
-
-
 class FakeWorker:
-    """A rollout worker whose health is set by the test: ``ok``, ``dead`` or ``hung``."""
+    """A rollout replica's client (``ReplicaClient``) whose health is set by the test: ``ok``,
+    ``dead`` or ``hung``; each call returns a coroutine, awaited like an ObjectRef."""
 
     def __init__(self, state: str = "ok") -> None:
         self.state, self.version, self.paused = state, 0, False
         self.engine_error: str | None = None  # state "engine_dead": its engine died of this
         self.num_finished = 0
-        self.check_health = _Method(self._check_health)
-        self.engine_failure = _Method(self._engine_failure)
-        self.get_version = _Method(self._get_version)
-        self.pause = _Method(self._set_paused(True))
-        self.resume = _Method(self._set_paused(False))
-        self.update_weights_from_file = _Method(self._load)
 
-    async def _check_health(self) -> None:
+    async def check_health(self) -> None:
         if self.state == "dead":
             raise actor_died()
         if self.state == "engine_dead":
@@ -69,26 +56,31 @@ class FakeWorker:
         if self.state == "hung":
             await asyncio.sleep(3600)
 
-    async def _engine_failure(self) -> dict[str, Any]:
+    async def engine_failure(self) -> dict[str, Any]:
         log = "/run/engines/replica_0.log"
         return {"error": self.engine_error, "log": log, "num_finished": self.num_finished}
 
-    async def _get_version(self) -> int:
+    async def get_version(self) -> int:
         if self.state == "start_hung":  # its engine never finishes starting
             await asyncio.sleep(3600)
         return self.version
 
-    def _set_paused(self, paused: bool) -> Any:
-        async def set_paused() -> None:
-            if self.state == "dead":
-                raise actor_died()
-            if self.state == "hung":
-                await asyncio.sleep(3600)
-            self.paused = paused
+    async def pause(self) -> None:
+        await self._set_paused(True)
 
-        return set_paused
+    async def resume(self) -> None:
+        await self._set_paused(False)
 
-    async def _load(self, path: str, version: int, *, sha256: str | None = None) -> None:
+    async def _set_paused(self, paused: bool) -> None:
+        if self.state == "dead":
+            raise actor_died()
+        if self.state == "hung":
+            await asyncio.sleep(3600)
+        self.paused = paused
+
+    async def update_weights_from_file(
+        self, path: str, version: int, sha256: str | None = None
+    ) -> None:
         self.loaded, self.version, self.loaded_sha256 = path, version, sha256
 
 
@@ -274,7 +266,7 @@ def test_a_replica_that_comes_up_during_a_sync_waits_for_the_trainer_even_at_ver
 
 
 def test_a_hung_replica_is_not_restarted(monkeypatch):
-    monkeypatch.setattr(replicas_module, "HEALTH_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(deaths, "HEALTH_TIMEOUT_S", 0.05)
 
     async def scenario() -> None:
         group = FakeGroup(1)

@@ -178,7 +178,7 @@ def test_a_replica_killed_after_a_push_is_restarted_on_the_served_version_not_th
     assert exports, "the restarted replica was not given the kept copy"
     served = {e.updates for e in exports}
     assert served <= set(run.push.pushed.values()), "a restarted replica got unpushed weights"
-    restarted = run.engines.workers[1].obj
+    restarted = run.engines.workers[1].worker
     assert restarted.loaded and restarted.version == run.trainer.version
     _balanced(run.trainer.ledger)
 

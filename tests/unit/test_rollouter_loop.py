@@ -78,9 +78,9 @@ class Trainer:
         self.pauses.append(await self.rollouter.begin_sync())
         self.version += 1
         for handle in self.rollouter.engine_workers():
-            await handle.pause.remote()
-            await handle.update_weights_from_file.remote("pushed.safetensors", self.version)
-            await handle.resume.remote()
+            await handle.pause()
+            await handle.update_weights_from_file("pushed.safetensors", self.version)
+            await handle.resume()
         state = await self.rollouter.snapshot() if snapshot else None
         await self.rollouter.end_sync(self.version, len(self.trained))
         return state
@@ -186,7 +186,7 @@ def test_a_replica_that_dies_mid_group_is_restarted_and_its_prompts_generated_ag
         waiting = await rollouter.recover_replicas()
         assert waiting == [1] and trainer.engines.restarted == [1]
         await rollouter.install_weights(1, _weights_file(tmp_path), trainer.version)
-        assert trainer.engines.workers[1].obj.version == trainer.version
+        assert trainer.engines.workers[1].worker.version == trainer.version
         await trainer.steps(3, trainer.plan.total_steps)
         ledger = await trainer.finish(run)
         assert rollouter.poll().num_restarts == 1

@@ -1,7 +1,8 @@
 """Rollout workers: the generation side of the RL loop (see ``base`` for the contract).
 
 ``make_rollout_worker_cls(rollout.backend)`` picks the engine; the class is plain Python and
-the caller wraps it, e.g. ``ray.remote(num_cpus=1)(cls).remote(model_cfg, rollout_cfg)``.
+the caller starts it as an actor and calls it through its typed client (client.py), e.g.
+``ReplicaClient.start(cls, {"num_cpus": 1}, model_cfg, rollout_cfg)``.
 Backends import lazily so a machine without vLLM can still use the ``hf`` backend.
 """
 

@@ -1,7 +1,7 @@
 """The rollout worker contract: one engine, one prompt group per ``generate`` call.
 
 A ``RolloutWorker`` owns one generation engine (vLLM or transformers) and is driven by the
-rollouter, usually as a Ray actor (``ray.remote(num_cpus=...)(Worker)``); it is a plain class
+rollouter, usually as a Ray actor called through ``ReplicaClient`` (client.py); it is a plain class
 so tests can also drive it in-process. Rewards are not computed here: the caller scores the
 returned trajectories.
 

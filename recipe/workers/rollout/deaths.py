@@ -4,17 +4,25 @@ A replica is dead when its actor died (``RayActorError``: ``actor_death``), or w
 alive and fails ``check_health`` because its engine process died (``failed_health_check``,
 with the engine's own root error from its log when there is one). A replica whose restart
 dies of the same error before completing a response is not restarted again
-(``ReplicaDeath.repeats``).
+(``ReplicaDeath.repeats``). ``replica_death`` asks a replica and judges: the one
+classifier, awaited by the fully async supervisor, run to completion by ``RolloutReplicas``.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from recipe.faults import describe_death, is_actor_death
 from recipe.utils.ray_errors import error_line
 from recipe.workers.rollout.engine_log import describe_engine_failure
+
+if TYPE_CHECKING:
+    from recipe.workers.rollout.client import ReplicaClient
+
+T = TypeVar("T")
 
 HEALTH_TIMEOUT_S = 10.0
 """A replica that does not answer a health check in this time is busy, not judged dead."""
@@ -52,3 +60,33 @@ def failed_health_check(health: BaseException, failure: dict[str, Any] | None) -
     failure = failure or {}
     reason = describe_engine_failure(failure, error_line(health))
     return ReplicaDeath(reason, failure.get("error"), failure.get("num_finished"))
+
+
+async def replica_death(replica: ReplicaClient, exc: BaseException | None) -> ReplicaDeath | None:
+    """Why ``replica`` is dead (None: it is not): ``exc``, raised by a call on it, says its
+    actor is gone, or (``exc`` None or of another kind) it fails ``check_health``, with its
+    engine's log read when the actor is alive. A replica that does not answer within
+    ``HEALTH_TIMEOUT_S`` is busy or hung, not judged dead."""
+    death = None if exc is None else actor_death(exc)
+    if death is not None:
+        return death
+    try:
+        await _within(replica.check_health())
+    except TimeoutError:  # Ray's GetTimeoutError is one
+        return None
+    except Exception as health:
+        failure = None
+        if not is_actor_death(health):  # the actor is alive: its engine's log says more
+            try:
+                failure = await _within(replica.engine_failure())
+            except Exception:  # the actor went too: no more to say than the health check
+                failure = None
+        return failed_health_check(health, failure)
+    return None
+
+
+async def _within(ref: Awaitable[T]) -> T:
+    async def awaited() -> T:
+        return await ref
+
+    return await asyncio.wait_for(awaited(), HEALTH_TIMEOUT_S)

@@ -17,21 +17,26 @@ judged dead. A group's request and its seed: requests.py (``GroupRequest``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from recipe.faults import RolloutWorkerError, RunFailure, is_actor_death
+from recipe.faults import RolloutWorkerError, RunFailure
 from recipe.model import HFModelConfig, ModelConfig
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.utils.weights_file import WeightsFile
 from recipe.workers.cluster import replica_gpus
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout import make_rollout_worker_cls
-from recipe.workers.rollout.deaths import HEALTH_TIMEOUT_S, actor_death, failed_health_check
+from recipe.workers.rollout.client import ReplicaClient
+from recipe.workers.rollout.deaths import replica_death
 from recipe.workers.rollout.requests import GroupRequest
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +96,9 @@ class RolloutReplicas:
         self._model_cfg = ModelConfig(
             path=str(model.path), dtype=model.dtype, trust_remote_code=model.trust_remote_code
         )
-        self.workers = [self._start_worker(index) for index in range(cfg.replicas)]
+        self.workers: list[ReplicaClient] = [
+            self._start_worker(index) for index in range(cfg.replicas)
+        ]
         self._retired: dict[str, int] = {}  # actor id -> replica, of workers restart() replaced
         # Constructors are where engines start: wait so failures surface here.
         self._wait_started(self.workers)
@@ -101,12 +108,12 @@ class RolloutReplicas:
         """The replica of each request of a batch awaited with ``get`` (to name a hung one);
         entries leave when ``get`` returns or fails."""
 
-    def _wait_started(self, workers: list[Any]) -> None:
+    def _wait_started(self, workers: list[ReplicaClient]) -> None:
         """Wait for the engines of ``workers`` (replicas 0..) to start, within
         ``rollout.start_timeout_s``; past it ``RunFailure`` names the replicas still starting."""
         import ray
 
-        refs = [w.get_version.remote() for w in workers]
+        refs = [w.get_version() for w in workers]
         ready, waiting = ray.wait(refs, num_returns=len(refs), timeout=self.cfg.start_timeout_s)
         ray.get(ready)  # an engine that failed to start raises here
         if waiting:
@@ -117,9 +124,7 @@ class RolloutReplicas:
                 "its log is RUN_DIR/engines/replica_R.log)"
             )
 
-    def _start_worker(self, index: int) -> Any:
-        import ray
-
+    def _start_worker(self, index: int) -> ReplicaClient:
         if index == len(self._starts):
             self._starts.append(0)
         self._starts[index] += 1
@@ -128,17 +133,15 @@ class RolloutReplicas:
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self._pg, index)
-        return (
-            ray.remote(self._worker_cls)
-            .options(**options)
-            .remote(
-                self._model_cfg,
-                self.cfg,
-                self._log_path(index),
-                self._max_prompt_length,
-                # Only a LoRA engine takes the rank: the hf worker has no such argument.
-                *([self._lora_rank] if self._lora_rank else []),
-            )
+        return ReplicaClient.start(
+            self._worker_cls,
+            options,
+            self._model_cfg,
+            self.cfg,
+            self._log_path(index),
+            self._max_prompt_length,
+            # Only a LoRA engine takes the rank: the hf worker has no such argument.
+            *([self._lora_rank] if self._lora_rank else []),
         )
 
     def wait_for_bundle(self, index: int) -> str:
@@ -162,19 +165,17 @@ class RolloutReplicas:
         suffix = f".restart_{restarts}" if restarts else ""
         return str(Path(self._log_dir) / f"replica_{index}{suffix}.log")
 
-    def restart(self, index: int) -> Any:
+    def restart(self, index: int) -> ReplicaClient:
         """Replace replica ``index`` (dead, or with a dead engine) by a new worker with the
         same resources, loading the model from disk (version 0). Returns its handle; its
         engine is still starting (a call on it waits for that). With round-robin placement it
         takes groups at once; fully async's supervisor places none on it before it serves the
         current weights."""
-        import ray
-
         try:
-            ray.kill(self.workers[index], no_restart=True)  # its engine processes go with it
+            self.workers[index].kill()  # its engine processes go with it
         except Exception:  # already gone
             logger.debug("rollout replica %d was already gone", index, exc_info=True)
-        self._retired[self.workers[index]._actor_id.hex()] = index
+        self._retired[self.workers[index].actor_id] = index
         self.workers[index] = self._start_worker(index)
         return self.workers[index]
 
@@ -192,42 +193,24 @@ class RolloutReplicas:
         self._next_replica = (index + 1) % len(self.workers)
         return index
 
-    def as_worker_error(self, exc: BaseException) -> RolloutWorkerError | None:
-        """``exc``, raised by a call on a replica, as the death of that replica: its actor
-        died, or it is alive but fails its health check (its engine process died). None
-        when ``exc`` is an error of another kind. A ``RayTaskError`` does not always carry
-        the actor's id, so without one every replica's health is checked."""
+    async def worker_error(self, exc: BaseException) -> RolloutWorkerError | None:
+        """``exc``, raised by a call on a replica, as the death of that replica
+        (``replica_death``, deaths.py). None when ``exc`` is an error of another kind. A
+        ``RayTaskError`` does not always carry the actor's id, so without one every replica's
+        health is checked."""
         actor_id = getattr(exc, "actor_id", None) or getattr(exc, "_actor_id", None)
         if actor_id in self._retired:  # a call on a worker that was replaced meanwhile
             return RolloutWorkerError(self._retired[actor_id], "replaced after it died")
-        ids = [w._actor_id.hex() for w in self.workers]
+        ids = [w.actor_id for w in self.workers]
         if actor_id in ids:
-            death = actor_death(exc)
-            if death is not None:
-                return RolloutWorkerError(ids.index(actor_id), death.reason)
-            return self._health_error(ids.index(actor_id))
+            index = ids.index(actor_id)
+            death = await replica_death(self.workers[index], exc)
+            return None if death is None else RolloutWorkerError(index, death.reason)
         if actor_id is not None:
             return None
-        return next(filter(None, (self._health_error(i) for i in range(len(self.workers)))), None)
-
-    def _health_error(self, index: int) -> RolloutWorkerError | None:
-        """Replica ``index``'s death, if its health check says it is dead."""
-        import ray
-
-        worker = self.workers[index]
-        try:
-            ray.get(worker.check_health.remote(), timeout=HEALTH_TIMEOUT_S)
-        except TimeoutError:  # Ray's GetTimeoutError is one
-            return None  # busy or hung: not judged dead
-        except Exception as health:
-            failure = None
-            if not is_actor_death(health):  # the actor is alive: its engine's log says more
-                try:
-                    failure = ray.get(worker.engine_failure.remote(), timeout=HEALTH_TIMEOUT_S)
-                except Exception:  # the actor went too: no more to say than the health check
-                    failure = None
-            return RolloutWorkerError(index, failed_health_check(health, failure).reason)
-        return None
+        deaths = await asyncio.gather(*(replica_death(w, None) for w in self.workers))
+        dead = ((i, d) for i, d in enumerate(deaths) if d is not None)
+        return next((RolloutWorkerError(i, d.reason) for i, d in dead), None)
 
     def get(self, refs: list[Any]) -> list[Any]:
         """``ray.get(refs)`` of calls on the replicas; a replica that died raises
@@ -240,7 +223,7 @@ class RolloutReplicas:
         except ray.exceptions.GetTimeoutError:
             raise self._hung(refs) from None
         except Exception as exc:
-            error = self.as_worker_error(exc)
+            error = asyncio.run(self.worker_error(exc))  # the driver runs no event loop
             if error is not None:
                 raise error from exc
             raise
@@ -293,14 +276,16 @@ class RolloutReplicas:
         refs = [self.submit(group) for group in groups]
         return self.get(refs)
 
-    def submit(self, group: GroupRequest, *, replica: int | None = None, track: bool = True) -> Any:
+    def submit(
+        self, group: GroupRequest, *, replica: int | None = None, track: bool = True
+    ) -> ObjectRef[list[Trajectory]]:
         """Start ``group`` on ``replica`` (None: ``next_replica()``); returns its Ray
         ObjectRef. Multi-turn episodes (``rollout.multi_turn.enable``) need its ``record``.
         ``track=False``: a request the caller awaits itself (not through ``get``), so nothing
         remembers its replica."""
         request = group.to_request(self.cfg)
         index = self.next_replica() if replica is None else replica
-        ref = self.workers[index].generate.remote(request)
+        ref = self.workers[index].generate(request)
         if track:
             self._replica_of[ref] = index
         return ref
@@ -314,8 +299,7 @@ class RolloutReplicas:
         import ray
 
         loads = [
-            w.update_weights_from_file.remote(weights.path, version, sha256=weights.sha256)
-            for w in self.workers
+            w.update_weights_from_file(weights.path, version, weights.sha256) for w in self.workers
         ]
         timeout_s = self.cfg.start_timeout_s
         end, pending = time.monotonic() + timeout_s, list(loads)
@@ -337,17 +321,17 @@ class RolloutReplicas:
         r on its own process track; ``skip``: replicas that are gone for good."""
         import ray
 
-        refs = [w.drain_trace.remote(i) for i, w in enumerate(self.workers) if i not in skip]
+        refs = [w.drain_trace(i) for i, w in enumerate(self.workers) if i not in skip]
         return [event for events in ray.get(refs, timeout=timeout_s) for event in events]
 
     def shutdown(self) -> None:
         import ray
 
         try:
-            ray.get([w.shutdown.remote() for w in self.workers], timeout=60)
+            ray.get([w.shutdown() for w in self.workers], timeout=60)
         finally:
             for worker in self.workers:
-                ray.kill(worker)
+                worker.kill()
             self.workers = []
             if self._pg is not None and self._owns_pg:
                 ray.util.remove_placement_group(self._pg)
