@@ -53,7 +53,7 @@ case ${1:-} in
     done ;;
   reasoning)
     # Two-term sums of up to two digits, two worked examples, the answer only: SmolLM2-135M
-    # answers 7% of them right greedily before training (docs/results.md).
+    # answers 7% of them right greedily before training (docs/notes/real-models.md).
     study chain_sum "${2:-sync,fully_async}" model.path=smollm2-135m-instruct \
       data.source=reasoning_gym data.reasoning_gym.dataset=chain_sum \
       '+data.reasoning_gym.config={max_terms: 2, max_digits: 2}' \
