@@ -30,7 +30,13 @@ class EngineReplicas(Protocol):
         """Start one group; its awaitable result."""
         ...
 
-    def place_with(self, next_replica: Callable[[], int] | None) -> None: ...
+    def place_with(self, serving: Callable[[int], bool] | None) -> None:
+        """Groups submitted without a replica go only to replicas ``serving(index)``."""
+        ...
+
+    def next_replica(self) -> int:
+        """The replica that takes the next group (round robin over those serving)."""
+        ...
 
     def restart(self, index: int) -> ReplicaClient:
         """A new worker for replica ``index``; its handle (the engine still starting)."""

@@ -14,15 +14,15 @@ steps between them are checked, states.py)::
     WAITING_WEIGHTS --install_weights(v) (the trainer's copy of push v; none for v=0)--> SERVING
     rollout.max_restarts used up, or a restart that failed: FAILED (the run fails naming it)
 
-Invariant: only a SERVING replica takes groups (``in_service``; the supervisor places the
-rollouter's groups, validation's too, through ``RolloutReplicas.place_with``), and a replica
-enters SERVING only when it holds the weights every other replica serves, so no group is
-ever generated on the wrong weights. A replica that comes up while the rollouter is paused for
-a sync waits for the trainer (the push may be changing the version) and joins paused. The
-groups a death cuts are the rollouter's to re-admit. A replica restarts on its own bundle of
-the engines' placement group (``recipe.workers.cluster``); when the bundle's node left the
-cluster and Ray finds no room for it within ``ray.placement_timeout_s``, the replica is
-RETIRED: no weights are pushed to it and the run goes on with the others (the last one
+Invariant: only a SERVING replica takes groups (``in_service``: the rollouter's groups,
+validation's too, go round robin over the replicas it names, ``RolloutReplicas.place_with``),
+and a replica enters SERVING only when it holds the weights every other replica serves, so no
+group is ever generated on the wrong weights. A replica that comes up while the rollouter is
+paused for a sync waits for the trainer (the push may be changing the version) and joins
+paused. The groups a death cuts are the rollouter's to re-admit. A replica restarts on its own
+bundle of the engines' placement group (``recipe.workers.cluster``); when the bundle's node
+left the cluster and Ray finds no room for it within ``ray.placement_timeout_s``, the replica
+is RETIRED: no weights are pushed to it and the run goes on with the others (the last one
 retired fails the run).
 """
 
@@ -81,8 +81,7 @@ class ReplicaSupervisor:
         self._restarting: dict[int, asyncio.Task] = {}  # the bring-up of each RESTARTING one
         self._died_of: dict[int, str | None] = {}  # root error of each replica's last death
         self._changed = asyncio.Event()  # any replica joined service, or holding changed
-        self._next = 0  # round robin over the replicas in service
-        group.place_with(self.next_replica)
+        group.place_with(self._serves)
 
     @property
     def in_service(self) -> list[bool]:
@@ -103,18 +102,13 @@ class ReplicaSupervisor:
             if self.holding or self.error is not None:
                 return None
             if any(self.in_service):
-                return self.next_replica()
+                return self.group.next_replica()
             self._changed.clear()
             await self._changed.wait()
 
-    def next_replica(self) -> int:
-        """The in-service replica that takes the next group (round robin); RuntimeError when
-        none is in service."""
-        for _ in range(len(self.in_service)):
-            index, self._next = self._next, (self._next + 1) % len(self.in_service)
-            if self.in_service[index]:
-                return index
-        raise RuntimeError("no rollout replica is in service")
+    def _serves(self, index: int) -> bool:
+        """Replica ``index`` takes new groups (the group's placement asks)."""
+        return self.states[index] is ReplicaState.SERVING
 
     def hold(self, holding: bool) -> None:
         self.holding = holding

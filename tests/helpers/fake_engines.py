@@ -11,7 +11,7 @@
                           weights change only while paused) over a scripted engine: one token
                           per ``tick_s``, token ids from the prompt, each stamped with the
                           served version
-    ScriptedEngines       ``EngineReplicas`` of ScriptedWorkers (placement, restarts,
+    ScriptedEngines       ``EngineReplicas`` of ScriptedWorkers (the real placement, restarts,
                           ``GroupRequest`` as the real RolloutReplicas submits it)
 
 Fakes for the fast tier only: every path they stand in for also runs against real engines in
@@ -31,6 +31,7 @@ from recipe.utils.weights_file import WeightsFile
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout.base import RolloutWorker
 from recipe.workers.rollout.deaths import actor_death
+from recipe.workers.rollout.replicas import RoundRobin
 from recipe.workers.rollout.requests import (
     GenerationRequest,
     GroupRequest,
@@ -256,21 +257,17 @@ class ScriptedEngines:
         self.lost: set[int] = set()
         """Replicas whose node is gone for good (``wait_for_bundle`` fails)."""
         self._loop = asyncio.get_running_loop()  # built on the loop the rollouter runs on
-        self._placement: Callable[[], int] | None = None
-        self._next = 0
+        self._placement = RoundRobin(cfg.replicas)
 
     def submit(self, group: GroupRequest, *, replica: int | None = None, track: bool = True) -> Any:
         index = self.next_replica() if replica is None else replica
         return self.workers[index].generate(group.to_request(self.cfg))
 
     def next_replica(self) -> int:
-        if self._placement is not None:
-            return self._placement()
-        index, self._next = self._next, (self._next + 1) % len(self.workers)
-        return index
+        return self._placement.next()
 
-    def place_with(self, next_replica: Callable[[], int] | None) -> None:
-        self._placement = next_replica
+    def place_with(self, serving: Callable[[int], bool] | None) -> None:
+        self._placement.serving = serving or (lambda index: True)
 
     def restart(self, index: int) -> LocalReplica:
         self.workers[index].kill()

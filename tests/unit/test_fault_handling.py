@@ -33,7 +33,7 @@ from recipe.utils.weights_file import WeightsFile
 from recipe.workers.cluster import PlacementError
 from recipe.workers.rollout import deaths
 from recipe.workers.rollout.deaths import failed_health_check
-from recipe.workers.rollout.replicas import RolloutReplicas
+from recipe.workers.rollout.replicas import RoundRobin
 from tests.helpers.fake_engines import actor_died
 
 # ---- fake replicas ---------------------------------------------------------------------------
@@ -88,7 +88,7 @@ class FakeGroup:
     def __init__(self, num: int) -> None:
         self.workers = [FakeWorker() for _ in range(num)]
         self.restarted: list[int] = []
-        self.placement: Any = None
+        self.placement = RoundRobin(num)
         self.lost: set[int] = set()  # replicas whose bundle's node left with no room elsewhere
         self.cfg = SimpleNamespace(start_timeout_s=30.0)
         self.restart_state = "ok"  # what a restarted worker does
@@ -103,8 +103,11 @@ class FakeGroup:
         self.restarted.append(index)
         return self.workers[index]
 
-    def place_with(self, next_replica: Any) -> None:
-        self.placement = next_replica
+    def place_with(self, serving: Any) -> None:
+        self.placement.serving = serving
+
+    def next_replica(self) -> int:
+        return self.placement.next()
 
 
 def _supervisor(
@@ -133,7 +136,7 @@ def test_a_dead_replica_is_restarted_and_serves_again_at_version_zero():
         assert await sup.on_failure(1, old, RuntimeError("generate failed"))
         assert sup.in_service == [True, False]
         # Groups placed by the RolloutReplicas itself (validation) skip it too.
-        assert [group.placement() for _ in range(3)] == [0, 0, 0]
+        assert [group.next_replica() for _ in range(3)] == [0, 0, 0]
         assert await sup.on_failure(1, old, actor_died())  # the same death, seen again
         await _settle()
         assert group.restarted == [1] and sup.in_service == [True, True]
@@ -413,12 +416,14 @@ def test_an_engine_death_without_a_logged_error_is_named_by_the_remote_error():
     assert failed_health_check(actor_died(pid=5), None).reason.startswith("pid 5, ")
 
 
-def test_a_rollout_group_places_round_robin_unless_its_supervisor_places():
-    group = RolloutReplicas.__new__(RolloutReplicas)  # no engines: placement state only
-    group.workers, group._next_replica, group._placement = ["w0", "w1"], 0, None
-    assert [group.next_replica() for _ in range(3)] == [0, 1, 0]
-    group.place_with(lambda: 1)
-    assert [group.next_replica() for _ in range(2)] == [1, 1]
+def test_groups_go_round_robin_over_the_replicas_that_serve():
+    placement = RoundRobin(2)
+    assert [placement.next() for _ in range(3)] == [0, 1, 0]
+    placement.serving = lambda index: index == 1
+    assert [placement.next() for _ in range(2)] == [1, 1]
+    placement.serving = lambda index: False
+    with pytest.raises(RuntimeError, match="no rollout replica is in service"):
+        placement.next()
 
 
 # ---- reporting a failure ---------------------------------------------------------------------

@@ -41,6 +41,28 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def _any_replica(index: int) -> bool:
+    return True
+
+
+class RoundRobin:
+    """The one placement of groups on replicas: round robin over ``num`` replicas, skipping
+    those ``serving(index)`` says take no groups now."""
+
+    def __init__(self, num: int) -> None:
+        self.num = num
+        self.serving: Callable[[int], bool] = _any_replica
+        self._next = 0
+
+    def next(self) -> int:
+        """The next replica that serves; ``RuntimeError`` when none does."""
+        for _ in range(self.num):
+            index, self._next = self._next, (self._next + 1) % self.num
+            if self.serving(index):
+                return index
+        raise RuntimeError("no rollout replica is in service")
+
+
 class RolloutReplicas:
     """``num_replicas`` engines as Ray actors, driven from one process."""
 
@@ -102,8 +124,7 @@ class RolloutReplicas:
         self._retired: dict[str, int] = {}  # actor id -> replica, of workers restart() replaced
         # Constructors are where engines start: wait so failures surface here.
         self._wait_started(self.workers)
-        self._next_replica = 0
-        self._placement: Callable[[], int] | None = None  # see place_with()
+        self._placement = RoundRobin(cfg.replicas)
         self._replica_of: dict[Any, int] = {}
         """The replica of each request of a batch awaited with ``get`` (to name a hung one);
         entries leave when ``get`` returns or fails."""
@@ -179,19 +200,14 @@ class RolloutReplicas:
         self.workers[index] = self._start_worker(index)
         return self.workers[index]
 
-    def place_with(self, next_replica: Callable[[], int] | None) -> None:
-        """Let ``next_replica()`` name the replica of each group submitted without one (fully
-        async: ``ReplicaSupervisor.next_replica``, replicas in service only); None: round
-        robin over every replica."""
-        self._placement = next_replica
+    def place_with(self, serving: Callable[[int], bool] | None) -> None:
+        """Place each group submitted without a replica on one that ``serving(index)`` says
+        takes groups (fully async: its supervisor's replicas in service); None: any."""
+        self._placement.serving = serving or _any_replica
 
     def next_replica(self) -> int:
-        """The replica that takes the next group (``place_with``; round robin by default)."""
-        if self._placement is not None:
-            return self._placement()
-        index = self._next_replica
-        self._next_replica = (index + 1) % len(self.workers)
-        return index
+        """The replica that takes the next group (round robin over those serving)."""
+        return self._placement.next()
 
     async def worker_error(self, exc: BaseException) -> RolloutWorkerError | None:
         """``exc``, raised by a call on a replica, as the death of that replica
