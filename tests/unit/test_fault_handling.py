@@ -33,7 +33,7 @@ from recipe.utils.weights_file import WeightsFile
 from recipe.workers.cluster import PlacementError
 from recipe.workers.rollout import deaths
 from recipe.workers.rollout.deaths import failed_health_check
-from recipe.workers.rollout.replicas import RoundRobin
+from recipe.workers.rollout.replicas import RolloutReplicas, RoundRobin
 from tests.helpers.fake_engines import actor_died
 
 # ---- fake replicas ---------------------------------------------------------------------------
@@ -47,6 +47,7 @@ class FakeWorker:
         self.state, self.version, self.paused = state, 0, False
         self.engine_error: str | None = None  # state "engine_dead": its engine died of this
         self.num_finished = 0
+        self.actor_id = f"actor-{id(self):x}"
 
     async def check_health(self) -> None:
         if self.state == "dead":
@@ -266,6 +267,21 @@ def test_a_replica_that_comes_up_during_a_sync_waits_for_the_trainer_even_at_ver
         assert not hasattr(group.workers[0], "loaded")
 
     asyncio.run(scenario())
+
+
+def test_the_batch_recipes_judge_a_replica_by_the_same_classifier(monkeypatch):
+    """``RolloutReplicas.worker_error``: an error naming no actor has every replica checked;
+    the one whose engine died is named with its engine's root error, a hung one is not."""
+    monkeypatch.setattr(deaths, "HEALTH_TIMEOUT_S", 0.05)
+    group = RolloutReplicas.__new__(RolloutReplicas)  # no engines: the classifier only
+    hung, dead = FakeWorker("hung"), FakeWorker("engine_dead")
+    dead.engine_error = "ValueError: bad engine setting"
+    group.workers, group._retired = [hung, dead], {}
+    error = asyncio.run(group.worker_error(RuntimeError("generate failed")))
+    assert isinstance(error, RolloutWorkerError) and error.replica == 1
+    assert "ValueError: bad engine setting" in str(error)
+    dead.state = "ok"
+    assert asyncio.run(group.worker_error(RuntimeError("generate failed"))) is None
 
 
 def test_a_hung_replica_is_not_restarted(monkeypatch):
