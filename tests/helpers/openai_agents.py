@@ -7,9 +7,13 @@ By prompt uid (crc32 % 8):
 
     0       branches: its last request summarises the history (a second segment)
     1       raises after its first turn (its episodes end as env_error)
-    2, 3    one-message conversations back to back (a segment each) until the weights
-            version answering changes (``system_fingerprint``), at most ``SHORT_REQUESTS``:
-            groups still running when a sync comes, whose requests it finds mid-turn
+    2, 3    one-message conversations (a segment each) until the weights version
+            answering changes (``system_fingerprint``), at most ``SHORT_REQUESTS``: groups
+            still running when a sync comes, whose requests it finds mid-turn. The first
+            ``BACK_TO_BACK`` go back to back (the engine stays busy, so a sync finds
+            requests mid-turn); the rest ``PACE_S`` apart, as behind a slow tool, so that the
+            episode outlasts the time to the next sync (unpaced, 40 requests could all
+            finish within one version)
     4       one conversation, with ``HOSTILE_REQUESTS`` bad requests on the way (a token id
             past any vocabulary, an assistant message whose ``tool_calls`` holds a string):
             each is refused with 400 and the conversation goes on (before the endpoint's
@@ -23,6 +27,7 @@ agent was given.
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 
 import openai
@@ -30,6 +35,8 @@ import openai
 TURNS = 3
 SHORT_REQUESTS = 40
 HOSTILE_REQUESTS = 2
+BACK_TO_BACK = 20
+PACE_S = 0.5
 TOOLS = [
     {
         "type": "function",
@@ -116,4 +123,6 @@ async def _short_requests(client, record) -> float:
         first = first or out.system_fingerprint
         if out.system_fingerprint != first:
             break
+        if part >= BACK_TO_BACK:
+            await asyncio.sleep(PACE_S)
     return digest(content)

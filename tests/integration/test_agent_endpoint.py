@@ -126,7 +126,7 @@ def test_an_openai_client_agent_trains_through_syncs_that_cut_its_requests(
         else:
             assert segments == (2 if kind == 0 else 1)
             assert traj.episode["turns"] == openai_agents.TURNS
-    assert any(short_versions), "no back-to-back agent ran across a sync"
+    assert any(short_versions), f"no back-to-back agent of {len(short_versions)} crossed a sync"
     assert cut_turns > 0, "no request of the agent was cut by a sync"
     assert by_kind[1] and by_kind[0] and by_kind[4], "the prompts drawn missed a branch kind"
     assert summary["staleness/max"] <= summary["staleness/bound"]
