@@ -49,7 +49,7 @@ class LoraServing:
     _version: int
     _paused: bool
 
-    if TYPE_CHECKING:  # provided by RolloutWorker / VLLMRolloutWorker
+    if TYPE_CHECKING:  # provided by RolloutWorker / VLLMEngineControl (vllm_engine.py)
 
         def _check_open(self) -> None: ...
         async def pause(self) -> None: ...

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import inspect
 import logging
-import os
 import time
 import uuid
 from pathlib import Path
@@ -33,7 +31,6 @@ from recipe.agent.runner import EpisodeRunner
 from recipe.model import HFModelConfig, ModelConfig
 from recipe.protocol import Trajectory
 from recipe.workers.config import RolloutConfig
-from recipe.workers.rollout.base import RolloutWorker
 from recipe.workers.rollout.engine_args import (
     check_engine_kwargs,
     chunked_prefill_args,
@@ -42,11 +39,7 @@ from recipe.workers.rollout.engine_args import (
     prepare_cpu_env,
     supported_engine_args,
 )
-from recipe.workers.rollout.engine_log import (
-    engine_output_to,
-    read_root_error,
-    route_vllm_logging,
-)
+from recipe.workers.rollout.engine_log import engine_output_to, route_vllm_logging
 from recipe.workers.rollout.lora import lora_engine_args
 from recipe.workers.rollout.lora_serving import LoraServing
 from recipe.workers.rollout.requests import (
@@ -56,20 +49,18 @@ from recipe.workers.rollout.requests import (
     plan_group,
     sample_seed,
 )
+from recipe.workers.rollout.vllm_engine import VLLMEngineControl
 
 logger = logging.getLogger(__name__)
 
 EXTENSION_CLS = "recipe.workers.rollout.vllm_extension.WeightUpdateExtension"
 # vLLM's finish reasons -> Trajectory's. Anything else is an engine failure, not a sample.
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "aborted"}
-# How long pause() lets abort outputs arrive before cancelling the streams still open
-# (a request that reached the engine only after the pause sits queued there until cancelled).
-_ABORT_GRACE_S = 1.0
 
 
-class VLLMRolloutWorker(LoraServing, RolloutWorker):
-    """A rollout worker that owns one ``vllm.v1`` ``AsyncLLM`` engine (with LoRA:
-    ``LoraServing``)."""
+class VLLMRolloutWorker(LoraServing, VLLMEngineControl):
+    """A rollout worker that owns one ``vllm.v1`` ``AsyncLLM`` engine: its requests here,
+    its pause, weights and life in ``VLLMEngineControl``, LoRA in ``LoraServing``."""
 
     def __init__(
         self,
@@ -265,82 +256,6 @@ class VLLMRolloutWorker(LoraServing, RolloutWorker):
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)
         return await task
-
-    async def _abort_in_flight(self) -> None:
-        native = await self._pause_engine()
-        pending = set(self._in_flight)
-        if not pending:
-            return
-        # After a native pause the streams end with "abort" on their own; without one,
-        # cancelling a stream is what aborts its engine request.
-        _, still_open = await asyncio.wait(pending, timeout=_ABORT_GRACE_S if native else 0)
-        for task in still_open:
-            task.cancel()
-        if still_open:
-            await asyncio.wait(still_open)
-
-    async def _pause_engine(self) -> bool:
-        """Pause the engine's scheduler, aborting its requests; False if it has no pause."""
-        pause = getattr(self._engine, "pause_generation", None)
-        if pause is None:
-            return False
-        if "mode" in inspect.signature(pause).parameters:
-            await pause(mode="abort", clear_cache=True)
-        else:  # the older form of the same call
-            await pause(wait_for_inflight_requests=False, clear_cache=True)
-        return True
-
-    async def resume(self) -> None:
-        self._check_open()
-        resume = getattr(self._engine, "resume_generation", None)
-        if resume is not None:
-            await resume()
-        await super().resume()
-
-    async def _load_weights(self, path: str) -> None:
-        if not os.path.isfile(path):
-            raise ValueError(f"update_weights_from_file: no such file {path!r}")
-        counts = await self._engine.collective_rpc("load_weights_from_safetensors", args=(path,))
-        if not counts or min(counts) == 0:
-            raise ValueError(f"update_weights_from_file: {path!r} holds no tensors")
-        await self._drop_adapter()
-        # Cached KV blocks were computed by the old weights.
-        await self._engine.reset_prefix_cache()
-
-    async def _receiver_call(self, method: str, args: tuple[Any, ...]) -> list[Any]:
-        # The receiver lives in vLLM's worker process, next to the weights; arguments are
-        # plain values (collective_rpc serialises tensors as lists).
-        return await self._engine.collective_rpc("weight_receiver_call", args=(method, *args))
-
-    async def _after_weights_loaded(self) -> None:
-        await self._drop_adapter()
-        await self._engine.reset_prefix_cache()  # cached KV blocks came from the old weights
-
-    async def read_back_weights(self, path: str) -> int:
-        """Write the weights rank 0's kernels compute with to ``path`` (safetensors, vLLM
-        names; see ``WeightUpdateExtension.read_back_weights``), tensor-parallel rank r's
-        shards to ``vllm_extension.rank_path(path, r)``; returns rank 0's tensor count."""
-        counts = await self._engine.collective_rpc("read_back_weights", args=(path,))
-        return counts[0]
-
-    async def weight_checksums(self) -> dict[str, float]:
-        """Per-parameter float64 sums of the served weights (rank 0), keyed by vLLM name."""
-        results = await self._engine.collective_rpc("weight_checksums")
-        return results[0]
-
-    async def _check_engine(self) -> None:
-        await self._engine.check_health()  # EngineDeadError once the engine core process died
-
-    def _engine_error(self) -> tuple[str | None, str | None]:
-        return read_root_error(self._log_path), str(self._log_path) if self._log_path else None
-
-    async def _close_engine(self) -> None:
-        if self._episodes is not None:
-            await self._episodes.close()
-        self._engine.shutdown()
-        # Drop it now: collected at interpreter exit, its __del__ would shut down again
-        # against half-torn-down modules.
-        self._engine = None
 
 
 def _finish_reason(vllm_reason: str | None, request_id: str) -> str:
