@@ -23,6 +23,7 @@ from recipe.workers.rollout.lora import (
 )
 from recipe.workers.rollout.lora_readback import (
     AdapterReadBackError,
+    adapter_checksums,
     module_of,
     read_back,
     tensor_sums,
@@ -115,6 +116,14 @@ def test_read_back_accepts_the_slot_that_holds_the_pushed_adapter(tmp_path):
     adapter = _adapter(tmp_path / "a", 0.5)
     seconds = asyncio.run(read_back(_ReadBackEngine(_served_by_vllm(adapter)), adapter, 1, 4))
     assert seconds >= 0
+
+
+def test_read_back_sums_the_file_again_in_the_dtype_the_engine_holds(tmp_path):
+    adapter = _adapter(tmp_path / "a", 0.5)
+    engine = _ReadBackEngine(_served_by_vllm(adapter))
+    in_bf16 = adapter_checksums(adapter, "torch.bfloat16")
+    assert in_bf16.modules != adapter_checksums(adapter, "torch.float32").modules
+    assert asyncio.run(read_back(engine, adapter, 1, 4, in_bf16)) >= 0
 
 
 def test_read_back_fails_a_slot_that_holds_another_adapter(tmp_path):

@@ -7,7 +7,8 @@ pushed file's: the load fails unless the engine computes with exactly the pushed
                   checkpoint module the slice came from (``qkv_proj`` slice 0 -> ``q_proj``)
     file side     adapter_checksums(adapter, dtype): the same sums of the folder's tensors,
                   prepared as vLLM prepares them (cast to the served dtype, B times
-                  ``alpha / rank``: vLLM merges the scaling into B before it copies B in)
+                  ``alpha / rank``: vLLM merges the scaling into B before it copies B in);
+                  computed before the pause, so only the engine's side is in it
     compare       every module of the file has the file's sums in the engine, every other
                   LoRA slot of the engine is zero (no leftover of an earlier adapter)
 
@@ -25,6 +26,7 @@ import logging
 import math
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from recipe.utils.adapter_file import AdapterFile
@@ -67,7 +69,22 @@ def module_of(peft_name: str) -> tuple[str, bool]:
     raise ValueError(f"adapter tensor {peft_name!r} is neither lora_A nor lora_B")
 
 
-def adapter_checksums(adapter: AdapterFile, dtype_name: str) -> dict[str, Checksum]:
+@dataclass(frozen=True, slots=True)
+class AdapterSums:
+    """A pushed folder's checksums, its tensors prepared as an engine of ``dtype`` holds them."""
+
+    dtype: str
+    """The engine's LoRA dtype they were computed in (``torch.float32``)."""
+    modules: dict[str, Checksum]
+    """Per module, as vLLM names it."""
+
+
+def engine_lora_dtype(engine: Any) -> str:
+    """The LoRA dtype of an ``AsyncLLM`` engine (vLLM resolves ``auto`` to the model's)."""
+    return str(engine.vllm_config.lora_config.lora_dtype)
+
+
+def adapter_checksums(adapter: AdapterFile, dtype_name: str) -> AdapterSums:
     """The folder's checksums per module, its tensors prepared as the engine prepares them
     (module docstring); ``dtype_name`` is the engine's LoRA dtype (``torch.float32``)."""
     import torch
@@ -84,7 +101,7 @@ def adapter_checksums(adapter: AdapterFile, dtype_name: str) -> dict[str, Checks
                 tensor *= scaling  # in the served dtype, as vLLM's LoRALayerWeights.optimize
             offset = 0 if is_a else 2
             sums.setdefault(module, [0.0] * 4)[offset : offset + 2] = tensor_sums(tensor)
-    return {module: (s[0], s[1], s[2], s[3]) for module, s in sums.items()}
+    return AdapterSums(dtype_name, {m: (s[0], s[1], s[2], s[3]) for m, s in sums.items()})
 
 
 def first_difference(expected: Mapping[str, Checksum], served: Mapping[str, Checksum]) -> str:
@@ -124,9 +141,16 @@ def check_read_back(
         )
 
 
-async def read_back(engine: Any, adapter: AdapterFile, adapter_id: int, version: int) -> float:
+async def read_back(
+    engine: Any,
+    adapter: AdapterFile,
+    adapter_id: int,
+    version: int,
+    expected: AdapterSums | None = None,
+) -> float:
     """Read the engine's adapter ``adapter_id`` back (every worker; rank 0 compared) and
-    check it against ``adapter``'s file; returns the seconds it took."""
+    check it against ``adapter``'s file (``expected``: its sums computed beforehand, outside
+    the pause); returns the seconds it took."""
     start = time.perf_counter()
     replies = await engine.collective_rpc("lora_checksums", args=(adapter_id,))
     reply = replies[0]
@@ -142,6 +166,7 @@ async def read_back(engine: Any, adapter: AdapterFile, adapter_id: int, version:
             f"adapter v{version} at {adapter.path} is in no LoRA slot of the engine"
         )
     served: dict[str, Checksum] = {m: tuple(sums) for m, sums in reply["modules"].items()}
-    expected = await asyncio.to_thread(adapter_checksums, adapter, reply["dtype"])
-    check_read_back(expected, served, version, adapter.path)
+    if expected is None or expected.dtype != reply["dtype"]:
+        expected = await asyncio.to_thread(adapter_checksums, adapter, reply["dtype"])
+    check_read_back(expected.modules, served, version, adapter.path)
     return time.perf_counter() - start

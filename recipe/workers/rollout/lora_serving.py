@@ -3,10 +3,11 @@
 A LoRA engine keeps its base weights and serves the pushed adapter (``lora.py`` says why one
 name, replaced in place)::
 
-    load_adapter(adapter, v)   verify both files' sha256 (still serving) -> pause -> base
-                               weights back if merged ones were loaded -> swap the adapter
-                               in (prefix cache reset) -> probe -> read the engine's adapter
-                               back (checksums vs the file's) -> serve v (resume if it ran)
+    load_adapter(adapter, v)   verify both files' sha256, sum the tensors as the engine
+                               will hold them (still serving) -> pause -> base weights back
+                               if merged ones were loaded -> swap the adapter in (prefix
+                               cache reset) -> probe -> read the engine's adapter back
+                               (its sums vs the file's) -> serve v (resume if it ran)
     _lora_request()            the served adapter's request, for every engine request;
                                AdapterMissingError rather than a silent base past version 0
     _drop_adapter()            full weights loaded (a resume or a restarted replica gets the
@@ -33,7 +34,11 @@ from recipe.workers.rollout.lora import (
     probe_prompt,
     swap_adapter,
 )
-from recipe.workers.rollout.lora_readback import read_back
+from recipe.workers.rollout.lora_readback import (
+    adapter_checksums,
+    engine_lora_dtype,
+    read_back,
+)
 
 if TYPE_CHECKING:
     from recipe.model import HFModelConfig
@@ -89,6 +94,8 @@ class LoraServing:
         start = time.perf_counter()
         await asyncio.to_thread(verify_adapter_folder, adapter)
         zero = await asyncio.to_thread(adapter_is_zero, adapter)
+        dtype = engine_lora_dtype(self._engine)
+        expected = await asyncio.to_thread(adapter_checksums, adapter, dtype)
         verify_s = time.perf_counter() - start
         was_running = not self._paused
         await self.pause()
@@ -99,7 +106,7 @@ class LoraServing:
         self._adapter, self._version = adapter, version
         result = await self._probe(zero)
         result.check(version, adapter.path)
-        readback_s = await read_back(self._engine, adapter, ADAPTER_ID, version)
+        readback_s = await read_back(self._engine, adapter, ADAPTER_ID, version, expected)
         logger.info("rollout worker serves adapter v%d from %s", version, adapter.path)
         if was_running:
             await self.resume()

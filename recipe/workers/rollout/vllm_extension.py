@@ -67,22 +67,35 @@ def _refresh_tied_heads(model: torch.nn.Module) -> None:
 
 def _lora_slices(manager: Any, adapter_index: int) -> dict[str, tuple[float, ...]]:
     """(sum A, A², B, B²) of each LoRA layer slice in slot ``adapter_index``, keyed by the
-    checkpoint module the slice holds (``lora_readback``'s engine side)."""
-    from recipe.workers.rollout.lora_readback import tensor_sums
-
+    checkpoint module the slice holds (``lora_readback``'s engine side). Summed in float64
+    where the buffers are, then copied off the device at once (a read-back inside a pause)."""
     packed = getattr(manager, "packed_modules", {})
-    sums: dict[str, tuple[float, ...]] = {}
-    for module_name, module in manager.modules.items():
-        a_stacked = getattr(module, "lora_a_stacked", None)
-        b_stacked = getattr(module, "lora_b_stacked", None)
-        if a_stacked is None or b_stacked is None:  # MoE / embedding layers: not targetable
-            continue
-        names = packed.get(module_name, [module_name])
-        if len(names) != len(a_stacked):
-            names = [f"{module_name}[{i}]" for i in range(len(a_stacked))]
-        for name, a, b in zip(names, a_stacked, b_stacked, strict=True):
-            sums[name] = (*tensor_sums(a[adapter_index]), *tensor_sums(b[adapter_index]))
-    return sums
+    names: list[str] = []
+    sums: list[torch.Tensor] = []
+    with torch.no_grad():
+        for module_name, module in manager.modules.items():
+            a_stacked = getattr(module, "lora_a_stacked", None)
+            b_stacked = getattr(module, "lora_b_stacked", None)
+            if a_stacked is None or b_stacked is None:  # MoE / embedding layers: untargetable
+                continue
+            slice_names = packed.get(module_name, [module_name])
+            if len(slice_names) != len(a_stacked):
+                slice_names = [f"{module_name}[{i}]" for i in range(len(a_stacked))]
+            for name, a, b in zip(slice_names, a_stacked, b_stacked, strict=True):
+                wide_a, wide_b = a[adapter_index].double(), b[adapter_index].double()
+                names.append(name)
+                sums.append(
+                    torch.stack(
+                        [
+                            wide_a.sum(),
+                            (wide_a * wide_a).sum(),
+                            wide_b.sum(),
+                            (wide_b * wide_b).sum(),
+                        ]
+                    )
+                )
+    values = torch.stack(sums).cpu().tolist() if sums else []
+    return {name: tuple(row) for name, row in zip(names, values, strict=True)}
 
 
 def _lora_dtype(manager: Any) -> str:
