@@ -14,11 +14,22 @@ The trainer loop runs in the driver (its compute is in the TrainerWorker actors,
 driver keeps the run's one Tracker); the rollouter is an actor so that its event loop streams
 groups while the trainer trains. Weights move trainer -> engines directly; the rollouter only
 pauses and resumes generation around a push.
+
+Start-up, in order (each phase's seconds go to ``startup/*`` in summary.json):
+
+    inputs_s        model, data, reward functions checked, before Ray (bad input: exit 2)
+    ray_s           Ray started
+    trainer_init_s  trainer built, placement reserved, ranks launched -- ranks load the model
+    engines_s       rollouter actor -> start(): the engines load, compile, capture graphs --'
+                    (both side by side; the driver waits on whichever ends first, so a failing
+                    side is raised without waiting for the other)
+    then the trainer's fit: initial validation, the first step (TrainingRun records both)
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +38,10 @@ from fully_async_policy.message_queue import make_message_queue
 from fully_async_policy.rollouter import FullyAsyncRollouter
 from fully_async_policy.trainer import FullyAsyncTrainer
 from recipe.config import RecipeConfig
-from recipe.workers.cluster import on_driver_node
+from recipe.run.inputs import RunInputs
+from recipe.run.placement import init_ray
+from recipe.run.startup import StartupTimes
+from recipe.workers.cluster import on_driver_node, wait_started
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -43,8 +57,15 @@ class FullyAsyncRecipe:
     def __init__(self, cfg: RecipeConfig, run_dir: Path) -> None:
         import ray
 
-        # Input checks (model, data, reward functions, config arithmetic) run first, here.
-        self.trainer = FullyAsyncTrainer(cfg, run_dir)
+        startup = StartupTimes()
+        # Input checks (model, data, reward functions) run first, before Ray starts.
+        with startup.phase("inputs_s"):
+            inputs = RunInputs.load(cfg)
+        with startup.phase("ray_s"):
+            init_ray(cfg.ray)
+        trainer_start = time.perf_counter()
+        self.trainer = FullyAsyncTrainer(cfg, run_dir, inputs=inputs)  # ranks load meanwhile
+        self.trainer.run.startup = startup
         self.queue: ActorHandle | None = None
         self.rollouter: ActorHandle | None = None
         try:
@@ -57,7 +78,15 @@ class FullyAsyncRecipe:
                 cfg, run_dir, self.queue, plan, engines
             )
             client = RolloutClient(self.rollouter)
-            ray.get(client.start())  # the engines started (or failed)
+            engines_start = time.perf_counter()
+            ranks = self.trainer.ranks
+            ranks_ready = [w.__ray_ready__.remote() for w in ranks.workers]
+            ended_at = wait_started(
+                {"engines": [client.start()], "trainer": ranks_ready},
+                on_failure={"trainer": ranks.wait_ready},  # shuts the ranks down, raises
+            )
+            startup.add("engines_s", ended_at["engines"] - engines_start)
+            startup.add("trainer_init_s", ended_at["trainer"] - trainer_start)
             self.trainer.attach(client, QueueClient(self.queue))
         except BaseException:
             self.close()

@@ -13,6 +13,8 @@
       snapshots      WeightSnapshots: the policy every trainer.snapshot_samples samples, with
                      the training clock (seconds trained minus those blocked in validations,
                      exports and checkpoints; kept across resumes) for evaluation off the clock
+      startup        StartupTimes: this process's start-up phases, to the first step and the
+                     first push (``startup/*`` in summary.json; the recipe adds its own)
 
 One per run, opened by the recipe whose driver owns the trainer (sync, one_step_off, the fully
 async trainer); the fully async rollouter runs beside it and writes none of these. The recipe
@@ -37,6 +39,7 @@ from recipe.protocol import PromptRecord
 from recipe.run.checkpointing import RunCheckpointer
 from recipe.run.metrics import RunTotals, run_summary
 from recipe.run.snapshots import WeightSnapshots
+from recipe.run.startup import StartupTimes
 
 if TYPE_CHECKING:
     from recipe.config import RecipeConfig
@@ -86,6 +89,10 @@ class TrainingRun:
         self.blocked_s = float(self.checkpointer.resume_state.get("blocked_s", 0.0))
         """Seconds the trainer spent blocked in validations, snapshot exports and checkpoints
         inside the loop, over the run: the training clock leaves them out."""
+        self.startup = StartupTimes()
+        """This process's start-up phases (recipe/run/startup.py): the recipe records Ray,
+        trainer and engines; the run records the initial validation, the first step and the
+        first push."""
         self.snapshots = WeightSnapshots(
             cfg.trainer.snapshot_samples,
             Path(run_dir),
@@ -109,11 +116,13 @@ class TrainingRun:
 
     def initial_validation(self, validate: Callable[[], dict[str, float]]) -> dict[str, float]:
         """``validate()`` the initial weights (``trainer.val_before_train``), logged as step
-        0; a resumed run keeps the result its checkpoint holds."""
+        0; a resumed run keeps the result its checkpoint holds. Every recipe calls it right
+        before its first step: the start-up ends here."""
         if self.resume_from is None and self.cfg.trainer.val_before_train:
-            with self._blocking():
+            with self._blocking(), self.startup.phase("initial_val_s"):
                 self.initial_val = validate()
             self.tracker.log({**self.initial_val, "trainer/param_version": 0}, step=0)
+        self.startup.first_step()
         return self.initial_val
 
     def should_validate(self, version: int) -> bool:
@@ -224,6 +233,8 @@ class TrainingRun:
         """The step's metrics record, then its ``ledger.jsonl`` line. A step whose every
         optimizer step was skipped lists its prompts as skipped; ``RunFailure`` (after both
         are written) when ``actor.max_skipped_steps`` such steps came in a row."""
+        if "sync/total_s" in metrics and "first_push_s" not in self.startup.phases_s:
+            self.startup.add("first_push_s", metrics["sync/total_s"])
         self.tracker.log({**metrics, "trainer/param_version": version}, step=step)
         if not _update_skipped(metrics):
             self.consecutive_skips = 0
@@ -299,6 +310,7 @@ class TrainingRun:
             wall_s=self.prior_wall_s + wall_s,  # the whole run's, across resumes
         )
         summary |= extra
+        summary |= self.startup.metrics()
         # Counted, not computed: what the ledger lists as trained and as skipped.
         summary["prompts/trained"] = self.prompts_trained
         summary["prompts/skipped"] = self.prompts_skipped

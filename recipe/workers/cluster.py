@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -225,3 +225,32 @@ def on_driver_node() -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+
+
+def wait_started(
+    starts: Mapping[str, list[Any]], on_failure: Mapping[str, Callable[[], object]]
+) -> dict[str, float]:
+    """Wait for roles that start side by side: ``starts`` maps a role to the Ray refs that
+    end once it is up (an engine start, each trainer rank's ``__ray_ready__``). Returns when
+    each role was up (``time.perf_counter()``). The first ref that fails is raised at once,
+    without waiting for the other roles: through ``on_failure[role]()`` where given (the
+    role's own wait, which cleans up and raises its error), else as Ray raises it."""
+    import ray
+
+    role_of = {ref: role for role, refs in starts.items() for ref in refs}
+    left = {role: len(refs) for role, refs in starts.items()}
+    ended_at = {role: time.perf_counter() for role, count in left.items() if count == 0}
+    pending = list(role_of)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        role = role_of[done[0]]
+        try:
+            ray.get(done[0])
+        except Exception:
+            if role in on_failure:
+                on_failure[role]()
+            raise
+        left[role] -= 1
+        if left[role] == 0:
+            ended_at[role] = time.perf_counter()
+    return ended_at
