@@ -21,6 +21,7 @@ Start-up, in order (each phase's seconds go to ``startup/*`` in summary.json):
     ray_s           Ray started
     trainer_init_s  trainer built, placement reserved, ranks launched -- ranks load the model
     engines_s       rollouter actor -> start(): the engines load, compile, capture graphs --'
+                    (their own split read off their logs: recipe/run/startup.py)
                     (both side by side; the driver waits on whichever ends first, so a failing
                     side is raised without waiting for the other)
     then the trainer's fit: initial validation, the first step (TrainingRun records both)
@@ -39,8 +40,8 @@ from fully_async_policy.rollouter import FullyAsyncRollouter
 from fully_async_policy.trainer import FullyAsyncTrainer
 from recipe.config import RecipeConfig
 from recipe.run.inputs import RunInputs
-from recipe.run.placement import init_ray
-from recipe.run.startup import StartupTimes
+from recipe.run.placement import ENGINE_LOG_DIR, init_ray
+from recipe.run.startup import StartupTimes, engine_log_phases
 from recipe.workers.cluster import on_driver_node, wait_started
 
 if TYPE_CHECKING:
@@ -86,6 +87,10 @@ class FullyAsyncRecipe:
                 on_failure={"trainer": ranks.wait_ready},  # shuts the ranks down, raises
             )
             startup.add("engines_s", ended_at["engines"] - engines_start)
+            for name, seconds in engine_log_phases(
+                sorted((Path(run_dir) / ENGINE_LOG_DIR).glob("*.log"))
+            ).items():
+                startup.add(name, seconds)
             startup.add("trainer_init_s", ended_at["trainer"] - trainer_start)
             self.trainer.attach(client, QueueClient(self.queue))
         except BaseException:

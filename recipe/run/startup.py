@@ -4,7 +4,12 @@
       inputs_s        model, data, reward functions checked (the driver)
       ray_s           Ray started or joined (fully_async; the batch modes start it with their ranks)
       trainer_init_s  trainer side built: placement reserved, ranks load the model and join
-      engines_s       engines started (vLLM: load, compile, graph capture), beside the ranks
+      engines_s       engines started, beside the ranks; of it, from vLLM's own log lines
+                      (``engine_phases``; INFO lines: ``VLLM_LOGGING_LEVEL=INFO``):
+        engine_load_s           weights loaded      "Model loading took ... and X seconds"
+        engine_compile_s        torch.compile       "torch.compile took|takes X s in total"
+        engine_graph_capture_s  CUDA graphs         "Graph capturing finished in X secs"
+        engine_init_s           profile, KV cache, warm-up (compile and capture included)
       initial_val_s   validation of the initial weights (trainer.val_before_train)
       to_first_step_s from the process's start (the OS's clock of it) to the first step
     first_push_s      the first weight push (it follows the first step: version 0 is the
@@ -19,13 +24,27 @@ imports, Hydra and the config, ``other_s``). Each phase is recorded by whoever r
 from __future__ import annotations
 
 import contextlib
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 PREFIX = "startup/"
 
 OVERLAPPING = ("trainer_init_s", "engines_s")
 """Phases that run side by side: only the longer one counts towards the total."""
+
+ENGINE_LINES = {
+    "engine_load_s": re.compile(r"Model loading took .*? and ([\d.]+) s(?:econds)?"),
+    "engine_compile_s": re.compile(r"torch\.compile (?:took|takes) ([\d.]+) s in total"),
+    "engine_graph_capture_s": re.compile(r"Graph capturing finished in ([\d.]+) secs?"),
+    "engine_init_s": re.compile(
+        r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"
+    ),
+}
+"""vLLM's INFO lines that time an engine's start (vllm 0.32's wording; "torch.compile takes"
+is older releases'; a line not found is left out, never guessed). Parts of ``engines_s``,
+not phases of their own."""
 
 
 def process_start_time() -> float:
@@ -37,6 +56,32 @@ def process_start_time() -> float:
         return float(psutil.Process().create_time())
     except Exception:  # no psutil, or a platform without the record: count from here
         return time.time()
+
+
+def engine_phases(lines: Iterable[str]) -> dict[str, float]:
+    """The ``ENGINE_LINES`` figures found in one engine's output (the first of each)."""
+    found: dict[str, float] = {}
+    for line in lines:
+        for name, pattern in ENGINE_LINES.items():
+            match = pattern.search(line) if name not in found else None
+            if match is not None:
+                found[name] = float(match.group(1))
+    return found
+
+
+def engine_log_phases(paths: Iterable[Path]) -> dict[str, float]:
+    """``engine_phases`` of every engine log in ``paths``, the slowest engine's per phase
+    (engines start side by side); a log that cannot be read counts as none."""
+    slowest: dict[str, float] = {}
+    for path in paths:
+        try:
+            with path.open(encoding="utf-8", errors="replace") as lines:
+                phases = engine_phases(lines)
+        except OSError:
+            continue
+        for name, seconds in phases.items():
+            slowest[name] = max(seconds, slowest.get(name, 0.0))
+    return slowest
 
 
 class StartupTimes:
@@ -89,6 +134,6 @@ class StartupTimes:
         serial = sum(
             seconds
             for name, seconds in self.phases_s.items()
-            if name not in OVERLAPPING and name != "first_push_s"
+            if name not in OVERLAPPING and name != "first_push_s" and name not in ENGINE_LINES
         )
         return serial + max(side_by_side, default=0.0)

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from recipe.config import load_config
 from recipe.protocol import PromptRecord
-from recipe.run.startup import StartupTimes
+from recipe.run.startup import StartupTimes, engine_log_phases, engine_phases
 from recipe.run.training_run import TrainingRun
 
 PROMPTS = [PromptRecord(f"train:p{i}", "1+1=", "2", "arithmetic") for i in range(8)]
@@ -75,3 +75,42 @@ def test_a_run_records_validation_first_step_and_first_push_into_its_summary(tmp
     assert summary["startup/engines_s"] == 1.5
     assert summary["startup/initial_val_s"] >= 0.02
     assert summary["startup/to_first_step_s"] >= summary["startup/initial_val_s"] + 1.5
+
+
+# vLLM's own lines (vllm/v1/worker/gpu_model_runner.py, compilation/monitor.py,
+# v1/engine/core.py), as an engine log holds them with VLLM_LOGGING_LEVEL=INFO.
+ENGINE_LOG = """\
+(EngineCore pid=1) INFO 12-05 05:00:01 [default_loader.py:291] Loading weights took 0.41 seconds
+(EngineCore pid=1) INFO 12-05 05:00:01 [gpu_model_runner.py:5150] Model loading took 0.93 GiB \
+memory and 1.250000 seconds
+(EngineCore pid=1) INFO 12-05 05:00:09 [monitor.py:34] torch.compile took 7.62 s in total
+(EngineCore pid=1) INFO 12-05 05:00:14 [gpu_model_runner.py:6582] Graph capturing finished in \
+5 secs, took 0.41 GiB
+(EngineCore pid=1) INFO 12-05 05:00:14 [core.py:403] init engine (profile, create kv cache, \
+warmup model) took 13.10 s (compilation: 7.62 s)
+"""
+
+
+def test_engine_load_compile_and_graph_capture_are_read_off_each_engine_log(tmp_path):
+    (tmp_path / "replica_0.log").write_text(ENGINE_LOG)
+    slower = ENGINE_LOG.replace("took 7.62 s in total", "takes 9.50 s in total")  # older vLLM
+    (tmp_path / "replica_1.log").write_text(slower)
+    phases = engine_log_phases([tmp_path / "replica_0.log", tmp_path / "replica_1.log"])
+    assert phases == {
+        "engine_load_s": 1.25,
+        "engine_compile_s": 9.5,  # the slower engine
+        "engine_graph_capture_s": 5.0,
+        "engine_init_s": 13.1,
+    }
+    assert engine_log_phases([tmp_path / "missing.log"]) == {}
+    # WARNING-level logs (the default) hold none of them: nothing is made up.
+    assert engine_phases(["WARNING ... Enforce eager set, disabling torch.compile"]) == {}
+
+
+def test_the_engines_own_split_is_part_of_engines_s_not_added_to_it():
+    times = StartupTimes(process_start=0.0)
+    times.add("engines_s", 20.0)
+    times.add("engine_compile_s", 8.0)
+    times.add("engine_graph_capture_s", 5.0)
+    times.first_step(now=25.0)
+    assert times.accounted_s() == 20.0 and times.metrics()["startup/other_s"] == 5.0
