@@ -192,6 +192,18 @@ def test_sigkill_at_a_random_step_then_auto_resume_trains_every_prompt_exactly_o
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed"
     assert summary["wall_s"] > checkpoint_state["wall_s"] > 0
+    # The resumed process's start-up (recipe/run/startup.py): every phase, the ranks' and the
+    # engines' side by side counted once, and its first push the first sync after the resume.
+    startup = {k.removeprefix("startup/"): v for k, v in summary.items() if "startup/" in k}
+    assert {"inputs_s", "ray_s", "trainer_init_s", "engines_s", "first_push_s"} <= set(startup)
+    assert all(seconds >= 0 for seconds in startup.values()), startup
+    side_by_side = max(startup["trainer_init_s"], startup["engines_s"])
+    assert startup["to_first_step_s"] >= startup["inputs_s"] + startup["ray_s"] + side_by_side
+    assert startup["to_first_step_s"] == pytest.approx(
+        startup["inputs_s"] + startup["ray_s"] + side_by_side + startup["other_s"]
+    )
+    first_sync = next(r for r in read_metrics(run_dir)[resume_step:] if "sync/total_s" in r)
+    assert startup["first_push_s"] == first_sync["sync/total_s"]
 
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, TOTAL_STEPS + 1))
