@@ -22,8 +22,8 @@ Start-up, in order (each phase's seconds go to ``startup/*`` in summary.json):
     trainer_init_s  trainer built, placement reserved, ranks launched -- ranks load the model
     engines_s       rollouter actor -> start(): the engines load, compile, capture graphs --'
                     (their own split read off their logs: recipe/run/startup.py)
-                    (both side by side; the driver waits on whichever ends first, so a failing
-                    side is raised without waiting for the other)
+                    (both side by side; the driver waits on both together, so a failing side
+                    is raised without waiting for the other)
     then the trainer's fit: initial validation, the first step (TrainingRun records both)
 """
 
@@ -40,7 +40,7 @@ from fully_async_policy.rollouter import FullyAsyncRollouter
 from fully_async_policy.trainer import FullyAsyncTrainer
 from recipe.config import RecipeConfig
 from recipe.run.inputs import RunInputs
-from recipe.run.placement import ENGINE_LOG_DIR, init_ray
+from recipe.run.placement import ENGINE_LOG_DIR, init_ray, resolve_device
 from recipe.run.startup import StartupTimes, engine_log_phases
 from recipe.workers.cluster import on_driver_node, wait_started
 
@@ -59,9 +59,11 @@ class FullyAsyncRecipe:
         import ray
 
         startup = StartupTimes()
-        # Input checks (model, data, reward functions) run first, before Ray starts.
+        # Input checks (model, data, reward functions, the device) run first, before Ray
+        # starts; a resumed run's checkpoint is checked by the trainer, after it.
         with startup.phase("inputs_s"):
             inputs = RunInputs.load(cfg)
+            resolve_device(cfg.trainer.device)
         with startup.phase("ray_s"):
             init_ray(cfg.ray)
         trainer_start = time.perf_counter()
