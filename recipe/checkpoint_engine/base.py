@@ -32,7 +32,6 @@ from recipe.checkpoint_engine.checksums import ChecksumBatch
 from recipe.checkpoint_engine.layout import BucketLayout
 
 SENDER_PEER = "trainer rank 0 (sender)"
-ENGINE_BACKENDS = ("shm", "gloo", "nccl", "cuda_ipc")
 
 
 class WeightSyncError(RuntimeError):
@@ -73,7 +72,7 @@ class TransferPlan:
     """What both ends agree on before the first push (travels as a plain dict)."""
 
     backend: str
-    """One of ``ENGINE_BACKENDS``."""
+    """A transport moved by a ``CheckpointEngine`` (transports.py)."""
     layout: BucketLayout
     """Tensor offsets and bucket cut, computed once from the trainer's metadata."""
     num_receivers: int

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from recipe.checkpoint_engine.transports import backend_choices
 from recipe.utils.config_check import (
     require,
     require_choice,
@@ -13,7 +14,6 @@ from recipe.utils.config_check import (
     require_positive,
 )
 
-BACKENDS = ("auto", "file", "shm", "gloo", "nccl", "cuda_ipc")
 ON_FAILURE = ("stop", "retry")
 
 
@@ -21,7 +21,8 @@ ON_FAILURE = ("stop", "retry")
 class CheckpointEngineConfig:
     backend: str = "auto"
     """Transport: ``auto`` picks the fastest available for the placement (shm on one CPU host,
-    cuda_ipc colocated on one GPU, nccl across GPUs); ``file`` writes a safetensors file."""
+    cuda_ipc colocated on one GPU, nccl across GPUs); ``file`` writes a safetensors file. The
+    choices are the registry's (recipe/checkpoint_engine/transports.py)."""
     bucket_size_mb: int = 0
     """Bucket size in MiB; 0 sizes it from free memory."""
     bucket_memory_fraction: float = 0.05
@@ -43,7 +44,7 @@ class CheckpointEngineConfig:
     """Pushes retried per sync with ``on_failure=retry``."""
 
     def __post_init__(self) -> None:
-        require_choice("checkpoint_engine.backend", self.backend, BACKENDS)
+        require_choice("checkpoint_engine.backend", self.backend, backend_choices())
         require(
             self.bucket_size_mb >= 0,
             "checkpoint_engine.bucket_size_mb",

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from recipe.checkpoint_engine.host import EndpointSite
+from recipe.checkpoint_engine.transports import Placement, choose_transport
 
 MIB = 1 << 20
 MIN_AUTO_BUCKET_BYTES = 1 * MIB
@@ -39,28 +40,15 @@ def order_receivers(groups: Sequence[Sequence[EndpointSite]]) -> list[list[list[
 
 
 def resolve_backend(requested: str, sender: EndpointSite, receivers: Sequence[EndpointSite]) -> str:
-    """The transport for this placement (see the module docstring)."""
-    one_host = all(r.host == sender.host for r in receivers)
+    """The transport for this placement (see the module docstring; the candidates and what
+    each needs are the registry's, transports.py)."""
     cuda = sender.device_uuid is not None and all(r.device_uuid for r in receivers)
-    same_gpu = cuda and all(r.device_uuid == sender.device_uuid for r in receivers)
-    if requested == "auto":
-        if same_gpu:
-            return "cuda_ipc"
-        if cuda:
-            return "nccl"
-        return "shm" if one_host else "gloo"
-    requirements = {
-        "shm": (one_host, "trainer rank 0 and every engine on one host"),
-        "cuda_ipc": (same_gpu, "trainer rank 0 and every engine on one GPU"),
-        "nccl": (cuda, "CUDA devices on trainer rank 0 and every engine"),
-    }
-    fits, need = requirements.get(requested, (True, ""))
-    if not fits:
-        raise ValueError(
-            f"checkpoint_engine.backend={requested!r} does not fit this placement: it needs "
-            f"{need} (use 'auto' to pick a backend that fits)"
-        )
-    return requested
+    placement = Placement(
+        one_host=all(r.host == sender.host for r in receivers),
+        cuda=cuda,
+        same_gpu=cuda and all(r.device_uuid == sender.device_uuid for r in receivers),
+    )
+    return choose_transport(requested, placement)
 
 
 def describe_backend_choice(

@@ -49,12 +49,7 @@ from recipe.checkpoint_engine.config import CheckpointEngineConfig
 from recipe.checkpoint_engine.engines import ServingEngines
 from recipe.checkpoint_engine.layout import BucketLayout
 from recipe.checkpoint_engine.phases import NO_ANSWER
-from recipe.checkpoint_engine.transport import (
-    ADAPTER_BACKEND,
-    FILE_BACKENDS,
-    PushTransport,
-    SendingRanks,
-)
+from recipe.checkpoint_engine.transport import PushTransport, SendingRanks
 from recipe.observability.trace import Tracer
 
 logger = logging.getLogger(__name__)
@@ -200,7 +195,7 @@ class ParameterSynchronizer:
         self._stage_ready(version)  # agree-before; resolves the backend on the first push
         staged = None
         transport = self.transport
-        if self._engines.stage_while_serving and transport.backend not in FILE_BACKENDS:
+        if self._engines.stage_while_serving and transport.stages:
             staged = transport.stage(target)  # transfer + verify while the engines still generate
         self._pause_engines(paused)
         if self._engines.workers() != transport.workers:  # a new worker has nothing staged
@@ -208,12 +203,7 @@ class ParameterSynchronizer:
             self._stage_ready(version)
             staged = None
         pause_start = time.perf_counter()
-        if transport.backend == ADAPTER_BACKEND:
-            metrics = transport.push_adapter(target)
-        elif transport.backend == "file":
-            metrics = transport.push_file(target)
-        else:
-            metrics = transport.load(target, *(staged or transport.stage(target)))
+        metrics = transport.push(target, staged)  # as the backend's registry line moves them
         transport.agree("agree-after", target, commit=True)
         with self.tracer.span("resume", cat="sync"):
             self._engines.resume()

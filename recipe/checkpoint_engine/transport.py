@@ -6,9 +6,12 @@
     stage(v)              transfer + verify: every replica holds v in staging, its engine's
                           own weights untouched
     load(v, id)           every (paused) replica loads staged transfer ``id`` as v
-    push_file(v)          ``backend=file``: one safetensors file, checked and loaded
-    push_adapter(v)       LoRA (``adapter_only``): the adapter's PEFT folder alone, checked,
-                          loaded and probed by every replica (recipe/workers/rollout/lora.py)
+    push(v, staged)       what the backend's registry line moves (transports.py):
+                          buckets: stage(v) unless staged already, then load(v, id)
+                          file (push_file): one safetensors file, checked and loaded
+                          adapter (push_adapter, LoRA ``adapter_only``): the adapter's PEFT
+                          folder alone, checked, loaded and probed by every replica
+                          (recipe/workers/rollout/lora.py)
     close()               both ends released (best effort, never waiting on a hung peer)
 
 Each call is a phase with the deadline ``checkpoint_engine.timeout_s`` whose failure names
@@ -43,6 +46,13 @@ from recipe.checkpoint_engine.placement import (
     resolve_backend,
     resolve_bucket_bytes,
 )
+from recipe.checkpoint_engine.transports import (
+    ADAPTER,
+    ADAPTER_BACKEND,
+    FILE,
+    Transport,
+    get_transport,
+)
 from recipe.observability.trace import SENDER_TID, Tracer
 
 logger = logging.getLogger(__name__)
@@ -50,10 +60,6 @@ logger = logging.getLogger(__name__)
 # A peer's own deadline error says what it waited for; the driver waits a little longer so
 # that error, not the driver's generic one, is what the caller sees.
 _DRIVER_GRACE_S = 2.0
-ADAPTER_BACKEND = "adapter"
-"""The transport of a LoRA run: the adapter's folder, written by rank 0, read by each engine."""
-FILE_BACKENDS = ("file", ADAPTER_BACKEND)
-"""Transports through files in ``file_root``: no process group, no buffers to release."""
 
 
 class SendingRanks(Protocol):
@@ -147,7 +153,7 @@ class PushTransport:
             logger.info("%s", describe_backend_choice(backend, sender, receivers))
         self.backend = backend
         self.phase("placement", self.on_sender(lambda s: s.commit(version)))
-        if self.backend in FILE_BACKENDS:
+        if not self.spec.stages:
             if self._file_dir is None:
                 root = self._file_root or Path(shm_dir())
                 root.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -173,6 +179,26 @@ class PushTransport:
             layout.bucket_bytes,
             layout.model_bytes / 1e6,
         )
+
+    @property
+    def spec(self) -> Transport:
+        """The registry line of the resolved backend (after the first ``connect``)."""
+        assert self.backend is not None, "connect() resolves the backend"
+        return get_transport(self.backend)
+
+    @property
+    def stages(self) -> bool:
+        """The backend stages buckets (so they can be staged while the engines serve)."""
+        return self.backend is not None and self.spec.stages
+
+    def push(self, target: int, staged: tuple[int, dict[str, float]] | None) -> dict[str, float]:
+        """Every (paused) replica ends up loaded with ``target``, the way the backend's
+        registry line moves weights; ``staged``: ``stage``'s result when already staged."""
+        if self.spec.moves == ADAPTER:
+            return self.push_adapter(target)
+        if self.spec.moves == FILE:
+            return self.push_file(target)
+        return self.load(target, *(staged or self.stage(target)))
 
     def _build_layout(self, free_bytes: int) -> BucketLayout:
         assert self._metadata is not None
@@ -303,7 +329,7 @@ class PushTransport:
     def close(self) -> None:
         """Finalize both ends (best effort, bounded by the deadline); re-init on next sync."""
         self.connected = False
-        if self.backend is None or self.backend in FILE_BACKENDS:
+        if not self.stages:  # files: no process group, no buffers to release
             return
         calls = self.on_sender(SenderClient.close)
         calls |= self.on_replicas(lambda _, r: r.close_receivers())
