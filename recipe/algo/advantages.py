@@ -3,7 +3,8 @@
 Every estimator maps one scalar reward per response and the group each response belongs to
 (``rollout.n`` responses of one prompt share a group) to one advantage per response. The
 trainer broadcasts it over the response tokens. Estimators are looked up by
-``algorithm.adv_estimator`` in ``ADVANTAGE_ESTIMATORS``.
+``algorithm.adv_estimator`` in the registry (recipe/algo/registry.py), which calls each with
+one ``AdvantageInputs``.
 
 Both estimators work on a flat batch with arbitrary group order, so the caller never has to
 sort or reshape by group; a group of one response has no baseline and gets advantage 0.
@@ -15,13 +16,25 @@ episode's one counted row.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from recipe.algo.config import AlgorithmConfig
+from recipe.algo.registry import ADV_ESTIMATOR
 
-AdvantageFn = Callable[..., torch.Tensor]
+
+@dataclass(frozen=True, slots=True)
+class AdvantageInputs:
+    """What an advantage estimator is given: one reward per row and its group."""
+
+    rewards_b: torch.Tensor
+    group_index_b: torch.Tensor
+    """Rows of one prompt's ``rollout.n`` responses share an index."""
+    config: AlgorithmConfig
+    """``algorithm.*`` (e.g. ``norm_adv_by_std_in_grpo``)."""
+    counted_b: torch.Tensor | None = None
+    """Rows in the group statistics (None: all); the others get advantage 0."""
 
 
 def _group_sums(
@@ -86,21 +99,22 @@ def rloo_advantages(
     return _only_counted(rewards_b - baseline_b, counts_b, counted_b)
 
 
-def _grpo_from_config(rewards_b, group_index_b, config: AlgorithmConfig, counted_b=None):
+# ---- the registry's entries (recipe/algo/registry.py): one typed argument each ----------
+
+
+def grpo(inputs: AdvantageInputs) -> torch.Tensor:
+    """``algorithm.adv_estimator=grpo``: ``grpo_advantages`` (``norm_adv_by_std_in_grpo``)."""
     return grpo_advantages(
-        rewards_b, group_index_b, norm_by_std=config.norm_adv_by_std_in_grpo, counted_b=counted_b
+        inputs.rewards_b,
+        inputs.group_index_b,
+        norm_by_std=inputs.config.norm_adv_by_std_in_grpo,
+        counted_b=inputs.counted_b,
     )
 
 
-def _rloo_from_config(rewards_b, group_index_b, config: AlgorithmConfig, counted_b=None):
-    return rloo_advantages(rewards_b, group_index_b, counted_b)
-
-
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
-    "grpo": _grpo_from_config,
-    "rloo": _rloo_from_config,
-}
-"""``algorithm.adv_estimator`` -> ``fn(rewards_b, group_index_b, config, counted_b)``."""
+def rloo(inputs: AdvantageInputs) -> torch.Tensor:
+    """``algorithm.adv_estimator=rloo``: ``rloo_advantages``."""
+    return rloo_advantages(inputs.rewards_b, inputs.group_index_b, inputs.counted_b)
 
 
 def compute_advantages(
@@ -109,21 +123,16 @@ def compute_advantages(
     config: AlgorithmConfig,
     counted_b: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Advantages (B,) with the estimator that ``config.adv_estimator`` names; rows where
-    ``counted_b`` is False get 0 and stay out of their group's statistics."""
-    try:
-        fn = ADVANTAGE_ESTIMATORS[config.adv_estimator]
-    except KeyError:
-        raise ValueError(
-            f"algorithm.adv_estimator={config.adv_estimator!r} is not registered: "
-            f"choose one of {sorted(ADVANTAGE_ESTIMATORS)}"
-        ) from None
+    """Advantages (B,) with the estimator that ``config.adv_estimator`` names (a registered
+    name or a user's ``FILE.py:fn``); rows where ``counted_b`` is False get 0 and stay out of
+    their group's statistics."""
+    estimator = ADV_ESTIMATOR.load(config.adv_estimator)
     if rewards_b.shape != group_index_b.shape or rewards_b.dim() != 1:
         raise ValueError(
             f"rewards_b {tuple(rewards_b.shape)} and group_index_b "
             f"{tuple(group_index_b.shape)} must both be (B,)"
         )
-    return fn(rewards_b, group_index_b, config, counted_b)
+    return estimator(AdvantageInputs(rewards_b, group_index_b, config, counted_b))
 
 
 def share_episode_advantages(

@@ -6,12 +6,10 @@ import logging
 from dataclasses import dataclass, field
 
 from recipe.algo.correction import IS_LEVELS, RS_LEVELS
-from recipe.algo.policy_loss import POLICY_LOSSES
+from recipe.algo.registry import ADV_ESTIMATOR, POLICY_LOSS
 from recipe.utils.config_check import require, require_choice, require_positive
 
 logger = logging.getLogger(__name__)
-
-ADV_ESTIMATORS = ("grpo", "rloo")
 
 
 @dataclass
@@ -121,17 +119,20 @@ class FilterGroupsConfig:
 @dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
-    """Advantage estimator over each prompt's group of ``rollout.n`` responses."""
+    """Advantage estimator over each prompt's group of ``rollout.n`` responses: ``grpo`` or
+    ``rloo`` (the registry, ``recipe.algo.registry``), or ``path/to/file.py:function``."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide GRPO advantages by the group's reward std (Dr.GRPO sets this False)."""
     policy_loss: str = "ppo"
     """``ppo`` (clip), ``gspo`` (sequence-level ratio, ``recipe.algo.policy_loss``) or
-    ``cispo`` (clipped, stop-gradient importance weight on every token)."""
+    ``cispo`` (clipped, stop-gradient importance weight on every token), the registry's
+    (``recipe.algo.registry``); or ``path/to/file.py:function`` (or ``package.module:function``)
+    taking one ``PolicyLossInputs``."""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     """How the trainer's old policy relates to the rollout policy."""
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     """DAPO's dynamic sampling (zero-variance groups filtered and replaced)."""
 
     def __post_init__(self) -> None:
-        require_choice("algorithm.adv_estimator", self.adv_estimator, ADV_ESTIMATORS)
-        require_choice("algorithm.policy_loss", self.policy_loss, POLICY_LOSSES)
+        ADV_ESTIMATOR.check(self.adv_estimator)
+        POLICY_LOSS.check(self.policy_loss)

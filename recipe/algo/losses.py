@@ -89,6 +89,32 @@ class PolicyLossStats:
     shards; a tensor, so that reading it does not wait for the device)."""
 
 
+@dataclass(frozen=True, slots=True)
+class PolicyLossInputs:
+    """What a policy loss is given: per-token tensors shaped (B, T) (the conventions of
+    ``recipe.algo.losses``) and the options of this run."""
+
+    logprobs_bt: torch.Tensor
+    """The policy's log-probs of the sampled tokens (with gradient)."""
+    old_logprobs_bt: torch.Tensor
+    """PPO's old policy: rollout log-probs (bypass mode) or the trainer's proximal ones."""
+    advantages_bt: torch.Tensor
+    mask_bt: torch.Tensor
+    """0/1: the response tokens to train on."""
+    clip_low: float
+    """``actor.clip_ratio_low``."""
+    clip_high: float
+    """``actor.clip_ratio_high``."""
+    agg_mode: str
+    """``agg_loss`` mode of ``actor.loss_agg_mode``."""
+    is_weights_bt: torch.Tensor | None = None
+    """Detached rollout-correction weights to multiply into each token loss."""
+    num_tokens: int | float | None = None
+    """The mini-batch's GLOBAL masked tokens (a micro-batch's loss is its exact share)."""
+    num_seqs: int | float | None = None
+    """The mini-batch's GLOBAL sequences with a masked token."""
+
+
 def ppo_clip_loss(
     logprobs_bt: torch.Tensor,
     old_logprobs_bt: torch.Tensor,

@@ -6,7 +6,9 @@ Same conventions as ``recipe.algo.losses``: per-token tensors shaped (B, T), a 0
 of the response tokens to train on, optional detached rollout-correction weights
 ``is_weights_bt`` multiplied into each token loss, and GLOBAL ``num_tokens`` / ``num_seqs`` of
 the mini-batch so that micro-batch losses sum exactly to the mini-batch loss. Each loss
-returns ``(loss, PolicyLossStats)`` like ``ppo_clip_loss``.
+returns ``(loss, PolicyLossStats)`` like ``ppo_clip_loss``; the registry
+(recipe/algo/registry.py) calls each through its entry below, which takes one
+``PolicyLossInputs``.
 
 ``old_logprobs_bt`` is whatever PPO's old policy is in this run: the rollout log-probs in
 bypass mode, the trainer's saved proximal policy in decoupled mode. Every loss here is defined
@@ -15,19 +17,17 @@ against that anchor, so it applies unchanged to stale (off-policy) samples of as
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from recipe.algo.losses import (
     MAX_LOG_RATIO,
+    PolicyLossInputs,
     PolicyLossStats,
     agg_loss,
     masked_mean,
     ppo_clip_loss,
 )
-
-POLICY_LOSSES = ("ppo", "gspo", "cispo")
+from recipe.algo.registry import POLICY_LOSS
 
 
 def _log_ratio(logprobs_bt: torch.Tensor, old_logprobs_bt: torch.Tensor) -> torch.Tensor:
@@ -75,9 +75,9 @@ def gspo_loss(
     per sequence this has GSPO's sequence-level gradient, and a sequence clips as a whole.
 
     Always aggregated as ``seq-mean-token-mean`` (the paper's sequence-level normalisation):
-    ``agg_mode`` and ``num_tokens`` are accepted so the dispatcher can pass one set of keyword
-    arguments, and ignored. The paper's clip ranges are tiny (``clip_low=3e-4``,
-    ``clip_high=4e-4``) because ``s_i`` is a geometric mean, far closer to 1 than token ratios.
+    ``agg_mode`` and ``num_tokens`` are accepted and ignored. The paper's clip ranges are tiny
+    (``clip_low=3e-4``, ``clip_high=4e-4``) because ``s_i`` is a geometric mean, far closer to
+    1 than token ratios.
     """
     del agg_mode, num_tokens  # fixed sequence-level aggregation, see docstring
     log_ratio_bt = _log_ratio(logprobs_bt, old_logprobs_bt)
@@ -127,24 +127,40 @@ def cispo_loss(
     return loss, _stats(weight_bt != ratio_bt, log_ratio_bt, mask_bt)
 
 
-_LOSS_FNS: dict[str, Callable[..., tuple[torch.Tensor, PolicyLossStats]]] = {
-    "ppo": ppo_clip_loss,
-    "gspo": gspo_loss,
-    "cispo": cispo_loss,
-}
+# ---- the registry's entries (recipe/algo/registry.py): one typed argument each ----------
 
 
-def policy_loss(
-    name: str,
-    logprobs_bt: torch.Tensor,
-    old_logprobs_bt: torch.Tensor,
-    advantages_bt: torch.Tensor,
-    mask_bt: torch.Tensor,
-    **kwargs: object,
-) -> tuple[torch.Tensor, PolicyLossStats]:
-    """The policy loss named by ``algorithm.policy_loss`` (one of ``POLICY_LOSSES``), called
-    with the keyword arguments of ``ppo_clip_loss``."""
-    loss_fn = _LOSS_FNS.get(name)
-    if loss_fn is None:
-        raise ValueError(f"algorithm.policy_loss={name!r}: choose one of {POLICY_LOSSES}")
-    return loss_fn(logprobs_bt, old_logprobs_bt, advantages_bt, mask_bt, **kwargs)
+def ppo(inputs: PolicyLossInputs) -> tuple[torch.Tensor, PolicyLossStats]:
+    """``algorithm.policy_loss=ppo``: ``ppo_clip_loss``."""
+    i = inputs
+    return ppo_clip_loss(
+        i.logprobs_bt, i.old_logprobs_bt, i.advantages_bt, i.mask_bt,
+        clip_low=i.clip_low, clip_high=i.clip_high, agg_mode=i.agg_mode,
+        is_weights_bt=i.is_weights_bt, num_tokens=i.num_tokens, num_seqs=i.num_seqs,
+    )  # fmt: skip
+
+
+def gspo(inputs: PolicyLossInputs) -> tuple[torch.Tensor, PolicyLossStats]:
+    """``algorithm.policy_loss=gspo``: ``gspo_loss`` (its own fixed aggregation)."""
+    i = inputs
+    return gspo_loss(
+        i.logprobs_bt, i.old_logprobs_bt, i.advantages_bt, i.mask_bt,
+        clip_low=i.clip_low, clip_high=i.clip_high,
+        is_weights_bt=i.is_weights_bt, num_seqs=i.num_seqs,
+    )  # fmt: skip
+
+
+def cispo(inputs: PolicyLossInputs) -> tuple[torch.Tensor, PolicyLossStats]:
+    """``algorithm.policy_loss=cispo``: ``cispo_loss``."""
+    i = inputs
+    return cispo_loss(
+        i.logprobs_bt, i.old_logprobs_bt, i.advantages_bt, i.mask_bt,
+        clip_low=i.clip_low, clip_high=i.clip_high, agg_mode=i.agg_mode,
+        is_weights_bt=i.is_weights_bt, num_tokens=i.num_tokens, num_seqs=i.num_seqs,
+    )  # fmt: skip
+
+
+def policy_loss(name: str, inputs: PolicyLossInputs) -> tuple[torch.Tensor, PolicyLossStats]:
+    """The policy loss ``algorithm.policy_loss`` names: a registered name or a user's
+    ``FILE.py:fn`` (recipe/algo/registry.py), called with ``inputs``."""
+    return POLICY_LOSS.load(name)(inputs)

@@ -6,14 +6,8 @@ import math
 import pytest
 import torch
 
-from recipe.algo.losses import agg_loss, ppo_clip_loss
-from recipe.algo.policy_loss import (
-    _LOSS_FNS,
-    POLICY_LOSSES,
-    cispo_loss,
-    gspo_loss,
-    policy_loss,
-)
+from recipe.algo.losses import PolicyLossInputs, agg_loss, ppo_clip_loss
+from recipe.algo.policy_loss import cispo_loss, gspo_loss, policy_loss
 from recipe.workers.config import DR_GRPO_AGG_MODE
 from recipe.workers.trainer.actor_loss import aggregation
 
@@ -201,7 +195,7 @@ def test_dr_grpo_aggregation_weighs_tokens_equally_whatever_the_response_length(
 def test_policy_loss_dispatches_on_the_name(name, loss_fn):
     logp, old, adv, mask = _cispo_case()
     kwargs = {**CLIP, "agg_mode": "token-mean"}
-    got, got_stats = policy_loss(name, logp, old, adv, mask, **kwargs)
+    got, got_stats = policy_loss(name, PolicyLossInputs(logp, old, adv, mask, **kwargs))
     want, want_stats = loss_fn(logp, old, adv, mask, **kwargs)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(got_stats.pg_clipfrac, want_stats.pg_clipfrac)
@@ -209,6 +203,6 @@ def test_policy_loss_dispatches_on_the_name(name, loss_fn):
 
 def test_policy_loss_rejects_an_unknown_name_naming_the_key_and_choices():
     logp, old, adv, mask = _cispo_case()
+    inputs = PolicyLossInputs(logp, old, adv, mask, **CLIP, agg_mode="token-mean")
     with pytest.raises(ValueError, match=r"algorithm\.policy_loss='grpo'.*ppo.*gspo.*cispo"):
-        policy_loss("grpo", logp, old, adv, mask, **CLIP, agg_mode="token-mean")
-    assert tuple(_LOSS_FNS) == POLICY_LOSSES
+        policy_loss("grpo", inputs)

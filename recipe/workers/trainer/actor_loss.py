@@ -13,7 +13,7 @@ from typing import Protocol
 
 import torch
 
-from recipe.algo.losses import agg_loss, kl_penalty
+from recipe.algo.losses import PolicyLossInputs, agg_loss, kl_penalty
 from recipe.algo.policy_loss import policy_loss
 from recipe.workers.config import DR_GRPO_AGG_MODE, ActorConfig
 from recipe.workers.trainer.batch import TrainBatch
@@ -67,11 +67,12 @@ def micro_loss(
         micro.old_logprobs_bt if micro.old_logprobs_bt is not None else micro.rollout_logprobs_bt
     )
     agg_mode, counts = aggregation(actor.loss_agg_mode, counts, spec.response_length)
-    pg_loss, stats = policy_loss(
-        spec.policy_loss, logprob_bt, old_bt, micro.advantages_bt, mask_bt,
+    inputs = PolicyLossInputs(
+        logprob_bt, old_bt, micro.advantages_bt, mask_bt,
         clip_low=actor.clip_ratio_low, clip_high=actor.clip_ratio_high,
         agg_mode=agg_mode, is_weights_bt=micro.is_weights_bt, **counts,
     )  # fmt: skip
+    pg_loss, stats = policy_loss(spec.policy_loss, inputs)
     loss = pg_loss
     if actor.entropy_coeff > 0:
         entropy_loss = agg_loss(entropy_bt, mask_bt, agg_mode, **counts)

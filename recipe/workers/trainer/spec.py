@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from recipe.algo.policy_loss import POLICY_LOSSES
+from recipe.algo.registry import POLICY_LOSS
 from recipe.utils.config_check import require_choice, require_positive
 
 
@@ -31,7 +31,7 @@ class TrainerSpec:
 
     def __post_init__(self) -> None:
         require_positive("logits_temperature", self.logits_temperature)
-        require_choice("policy_loss", self.policy_loss, POLICY_LOSSES)
+        POLICY_LOSS.check(self.policy_loss)
         require_positive("response_length", self.response_length)
         require_choice("compute_dtype", self.compute_dtype, ("float32", "bfloat16", "float16"))
         if self.total_optimizer_steps is not None:
