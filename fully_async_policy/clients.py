@@ -6,8 +6,8 @@ renamed method or a wrong argument is a type error (``make lint``) rather than a
 another process at run time. Every method starts the call and returns its ObjectRef: the
 caller waits with its own deadline through the client's ``waits``.
 
-    RolloutClient  FullyAsyncRollouter (rollouter.py): the streaming loop, syncs, restarts,
-                   snapshots, progress
+    RolloutClient  FullyAsyncRollouter (rollouter.py): the streaming loop, syncs (open_sync,
+                   resume_engines, end_sync), restarts, snapshots, progress
     QueueClient    MessageQueue (message_queue.py) of PromptGroups: the trainer's end
     Waits          how the caller waits on what a call returns: ``RayWaits`` (``ray.get``,
                    ``ray.wait``) for actors; a unit test brings in-process actors and their
@@ -25,6 +25,7 @@ from fully_async_policy.messages import (
     PromptGroup,
     RolloutLedger,
     RolloutProgress,
+    SyncOpening,
     SyncPause,
 )
 from recipe.utils.weights_file import WeightsFile
@@ -91,16 +92,13 @@ class RolloutClient:
     def engine_workers(self) -> ObjectRef[list[ReplicaClient]]:
         return self.handle.engine_workers.remote()
 
-    def hold_for_sync(self) -> ObjectRef[None]:
-        return self.handle.hold_for_sync.remote()
-
-    def begin_sync(self) -> ObjectRef[SyncPause]:
-        return self.handle.begin_sync.remote()
+    def open_sync(self) -> ObjectRef[SyncOpening]:
+        return self.handle.open_sync.remote()
 
     def resume_engines(self) -> ObjectRef[None]:
         return self.handle.resume_engines.remote()
 
-    def end_sync(self, version: int, num_trained: int) -> ObjectRef[None]:
+    def end_sync(self, version: int, num_trained: int) -> ObjectRef[SyncPause | None]:
         return self.handle.end_sync.remote(version, num_trained)
 
     def snapshot(self) -> ObjectRef[dict[str, Any]]:

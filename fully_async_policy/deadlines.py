@@ -129,9 +129,12 @@ class RolloutDeadlines:
         # and (after a failure) the queue is closed.
         stream_end = self.cut_back + self.answer + self.answer
         cut_episodes = pause + pause + self.cut_back if multi_turn else NO_WAIT
+        hold = validation + (NO_WAIT if partial else self.generation)
+        begin = pause + (self.cut_back if partial and not multi_turn else NO_WAIT)
         return {
-            "hold_for_sync": validation + (NO_WAIT if partial else self.generation),
-            "begin_sync": pause + (self.cut_back if partial and not multi_turn else NO_WAIT),
+            "open_sync": hold + begin + restart,
+            "hold_for_sync": hold,
+            "begin_sync": begin,
             "resume_engines": pause,
             "end_sync": pause,
             "snapshot": cut_episodes + self.answer,

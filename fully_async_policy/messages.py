@@ -1,7 +1,8 @@
 """Typed messages between the fully async trainer, rollouter and message queue.
 
     rollouter --PromptGroup--> MessageQueue --list[PromptGroup] | EndOfStream--> trainer
-    trainer   --begin_sync / end_sync(version)--> rollouter --SyncPause-->  trainer
+    trainer   --open_sync()--> rollouter --SyncOpening--> trainer (paused; the push's receivers)
+    trainer   --end_sync(version)--> rollouter --SyncPause | None--> trainer (the sync's pause)
     trainer   --poll()--> rollouter --RolloutProgress--> trainer (idle time, val results)
     trainer   --stop()--> rollouter --RolloutLedger--> trainer (end-of-run accounting)
 
@@ -12,8 +13,12 @@ says otherwise.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from recipe.protocol import Trajectory
+
+if TYPE_CHECKING:
+    from recipe.workers.rollout.client import ReplicaClient
 
 
 @dataclass(slots=True)
@@ -75,7 +80,8 @@ class QueueStats:
 
 @dataclass(slots=True, frozen=True)
 class SyncPause:
-    """The rollouter's answer to ``begin_sync``: generation is paused, weights may change."""
+    """What a sync's pause did, in the rollouter's answer to ``end_sync`` (the sync's last
+    call: the rollouter keeps the record from ``open_sync`` until then)."""
 
     num_partial_groups: int
     """Groups cut mid-generation, to be resumed on the new weights (partial rollout; with
@@ -84,6 +90,20 @@ class SyncPause:
     """Groups the sync waited for to finish on the old weights (``partial_rollout=false``)."""
     pause_s: float
     """Time from the request to a quiet engine (aborting or draining, and validation)."""
+    window_s: float = 0.0
+    """Time admission was held: from ``open_sync``'s hold to ``end_sync``'s opening of the
+    window (the rollouter's clock)."""
+
+
+@dataclass(slots=True, frozen=True)
+class SyncOpening:
+    """The rollouter's answer to ``open_sync``: the engines are paused, the weights may change."""
+
+    workers: list[ReplicaClient]
+    """The replicas' current workers' clients, retired ones left out: the push's receivers."""
+    waiting: list[int]
+    """Replicas restarted since the last sync, paused and waiting for the served weights
+    (the trainer sends them: ``install_weights``)."""
 
 
 @dataclass(slots=True, frozen=True)

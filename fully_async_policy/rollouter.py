@@ -3,21 +3,28 @@
 Runs as an async Ray actor beside the trainer; it owns the rollout engines (``RolloutReplicas``)
 and the prompt cursor. One event loop drives everything, so no state needs a lock. The
 streaming loop (admit, generate, score, release into the queue) is ``GroupStream``
-(stream.py); this class holds the state machine around it and the trainer's calls::
+(stream.py); this class holds the state machine around it and the trainer's calls. A sync
+is three calls (the trainer's side: fully_async_policy/trainer.py)::
 
-    trainer: hold_for_sync()          begin_sync()             end_sync(v, trained)
-               stop admitting           partial_rollout=true:    open window v (allowance =
-               wait for running           pause engines (in-       B - carried)
-               validation                 flight groups come     resume engines
-               partial_rollout=false:     back "aborted")        resubmit cut groups with
-                 wait for in-flight     partial_rollout=false:     their tokens so far (new
-                 groups to finish on      pause (nothing in        tokens carry v)
-                 the old weights          flight)                start validation of v
-                                                                   (every test_freq)
-                                                                 admit again
-               multi-turn episodes (partial_rollout=true) are not returned at a pause: the
-               engines stop serving them, their turns wait in the workers and continue on
-               the new weights (per-token versions); environment steps run on
+    open_sync()                     resume_engines()          end_sync(v, trained)
+      hold_for_sync: stop admitting;  (the push loaded v)       open window v (allowance =
+        wait for running validation;  the engines generate        B - carried); resume the
+        DRAIN: in-flight groups         again, each replica       engines only if paused
+        finish on the old weights       once; admission stays     again (a snapshot);
+      begin_sync: pause the engines;    held                      resubmit cut groups with
+        CUT: in-flight groups come                                their tokens so far (new
+        back "aborted" (partials)                                 tokens carry v); start
+      recover: replicas found dead                                validation of v (every
+        restarted, paused                                         test_freq); admit again
+      -> SyncOpening (the push's                                -> SyncPause (what the
+         receivers, replicas waiting                               pause did, the window
+         for the served weights)                                   admission was held)
+
+What the pause does with the groups in flight is the ``PausePolicy`` chosen once from config
+(pause_policy.py): DRAIN (``partial_rollout=false``), CUT (partial, single-turn) or
+KEEP_EPISODES (partial, multi-turn: episodes are not returned at a pause; the engines stop
+serving them, their turns wait in the workers and continue on the new weights with per-token
+versions; environment steps run on).
 
 The long waits of a sync (a validation: ``rollout.generation_timeout_s``; groups finishing on
 the old weights: the same) are ``hold_for_sync``'s, so ``begin_sync``, the pause proper, waits
@@ -41,6 +48,7 @@ it to end so that every val answer comes from one version.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -50,7 +58,14 @@ from typing import TYPE_CHECKING, Any
 from fully_async_policy.admission import AdmissionController, Ticket
 from fully_async_policy.deadlines import RolloutDeadlines, bounded
 from fully_async_policy.engine_replicas import EngineReplicas
-from fully_async_policy.messages import PromptGroup, RolloutLedger, RolloutProgress, SyncPause
+from fully_async_policy.messages import (
+    PromptGroup,
+    RolloutLedger,
+    RolloutProgress,
+    SyncOpening,
+    SyncPause,
+)
+from fully_async_policy.pause_policy import PausePolicy
 from fully_async_policy.replicas import ReplicaSupervisor
 from fully_async_policy.run_plan import RunPlan
 from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE, StreamBook
@@ -130,6 +145,10 @@ class FullyAsyncRollouter:
         """What each wait here may take (deadlines.py)."""
         self._hold = (0.0, 0)
         """When the sync's hold began (``time.perf_counter()``) and the groups it drained."""
+        self._pause: SyncPause | None = None
+        """What the sync's pause did (``begin_sync``), answered by ``end_sync``."""
+        self.pause_policy = PausePolicy.of(cfg)
+        """What a pause does with the groups in flight (pause_policy.py)."""
         self.stream = GroupStream(
             cfg,
             self.inputs,
@@ -192,12 +211,21 @@ class FullyAsyncRollouter:
         trainer then sees the end of the stream) and is raised from here (stream.py)."""
         await self.stream.run()
 
-    # ---- syncs ------------------------------------------------------------------------------
+    # ---- syncs: open_sync, resume_engines, end_sync ------------------------------------------
+
+    async def open_sync(self) -> SyncOpening:
+        """The sync's first call: ``hold_for_sync``, ``begin_sync``, then the replicas found
+        dead restarted and waited for (each within its deadline, replicas.py). Returns the
+        push's receivers and the restarted replicas that wait for the served weights."""
+        await self.hold_for_sync()
+        await self.begin_sync()
+        waiting = await self.replicas.recover()
+        return SyncOpening(self.engine_workers(), waiting)
 
     @traced("hold_for_sync (drain)", tid=ROLLOUTER_TIDS["sync"], cat="sync")
     async def hold_for_sync(self) -> None:
         """A sync's long waits, before ``begin_sync`` pauses the engines: stop admitting, let
-        the running validation end and, with ``partial_rollout=false``, the groups in flight
+        the running validation end and, under ``PausePolicy.DRAIN``, the groups in flight
         finish on the old weights; each within ``rollout.generation_timeout_s``, past which
         ``RunFailure`` names the wait."""
         start = time.perf_counter()
@@ -205,7 +233,7 @@ class FullyAsyncRollouter:
         self.replicas.hold(True)
         await self.validation.finish("hold_for_sync")
         num_drained = 0
-        if not self.cfg.async_training.partial_rollout:
+        if self.pause_policy.drains_at_hold:
             num_drained = len(self.stream.in_flight)
             busy = ", ".join(map(str, self.busy_replicas())) or "?"
             what = (
@@ -216,23 +244,21 @@ class FullyAsyncRollouter:
         self._hold = (start, num_drained)
 
     @traced("begin_sync (pause)", tid=ROLLOUTER_TIDS["sync"], cat="sync")
-    async def begin_sync(self) -> SyncPause:
+    async def begin_sync(self) -> None:
         """Pause the engines so the weights can change (after ``hold_for_sync``): each replica
         within ``checkpoint_engine.timeout_s``, and the groups the pause cut come back within
-        the same."""
+        the same. What the pause did is kept for ``end_sync``'s answer."""
         if self.state is not RolloutState.PAUSED:
             raise RuntimeError(f"begin_sync() while {self.state.name}: hold_for_sync() first")
         start, num_drained = self._hold
         await self.replicas.pause_all()
-        if self.cfg.async_training.partial_rollout and not self.cfg.rollout.multi_turn.enable:
-            # Episodes (recipe.agent) stay in flight: their engine requests ended with the
-            # pause, their turns continue on the new weights, environment steps go on.
+        if self.pause_policy.waits_for_cut_groups:
             what = f"begin_sync: {len(self.stream.in_flight)} prompt groups cut by the pause"
             await bounded(self.stream.quiet(), self.deadlines.cut_back, what)
         num_partial = len(self.book.partials)
-        if self.cfg.rollout.multi_turn.enable and self.cfg.async_training.partial_rollout:
+        if self.pause_policy.keeps_episodes:
             num_partial += len(self.stream.in_flight)  # episodes waiting in the workers
-        return SyncPause(num_partial, num_drained, time.perf_counter() - start)
+        self._pause = SyncPause(num_partial, num_drained, time.perf_counter() - start)
 
     async def resume_engines(self) -> None:
         """The push loaded the new weights: the engines generate again, so episodes in
@@ -240,12 +266,15 @@ class FullyAsyncRollouter:
         await self.replicas.resume_all()
 
     @traced("end_sync (resume)", tid=ROLLOUTER_TIDS["sync"], cat="sync")
-    async def end_sync(self, version: int, num_trained: int) -> None:
-        """The engines serve ``version`` now: open its window and generate again (the
-        engines resume here too, after a snapshot paused them or on a resumed run)."""
+    async def end_sync(self, version: int, num_trained: int) -> SyncPause | None:
+        """The engines serve ``version`` now: open its window and generate again. The engines
+        resume here only if they are paused (a snapshot paused them again); the push's
+        resume was their one resume otherwise. Returns what the sync's pause did (None: a
+        resumed run's replay, which followed no pause here)."""
         self.version = version
         self.admission.open_window(version, num_trained)
-        await self.replicas.resume_all()
+        if self.replicas.paused:
+            await self.replicas.resume_all()
         self.replicas.hold(False)
         partials, self.book.partials = self.book.partials, []
         for ticket, trajs in partials:
@@ -256,6 +285,10 @@ class FullyAsyncRollouter:
         self._enter(RolloutState.RUNNING)
         self.validation.start(version)
         self.stream.wake()
+        pause, self._pause = self._pause, None
+        if pause is None:
+            return None
+        return dataclasses.replace(pause, window_s=time.perf_counter() - self._hold[0])
 
     def _enter(self, state: RolloutState) -> None:
         check_step("the rollouter", self.state, state, ROLLOUT_STEPS)
@@ -322,7 +355,7 @@ class FullyAsyncRollouter:
         if self.state is not RolloutState.PAUSED:
             raise RuntimeError(f"snapshot() while {self.state.name}: take it inside a sync")
         in_flight = self.stream.in_flight
-        if in_flight and not self.cfg.rollout.multi_turn.enable:
+        if in_flight and not self.pause_policy.keeps_episodes:
             raise RuntimeError(f"snapshot() with {len(in_flight)} groups generating")
         async with self.stream.puts_held():
             seen = list(self.book.releases)  # the head may be put (and popped) meanwhile

@@ -6,6 +6,9 @@
     a replica died --> heal(v): the rollouter restarts it; the slot is exported to a file
                        under the run directory and the new replica loads it, serving v again
     resume  --> serve_resumed(v): the trainer's (loaded) weights become every engine's
+    workers() the engines' workers as last seen (a sync's opening names them, a heal asks
+              again, a restart or retirement in the rollouter's progress drops them), so a
+              push asks the rollouter for them only when they may have changed
 
 The slot is needed only while the trainer's own weights differ from the served ones (between
 the first update of a window and the next push), which is when a restarted replica must
@@ -29,6 +32,7 @@ from recipe.run.checkpointing import exported_weights
 
 if TYPE_CHECKING:
     from fully_async_policy.clients import RolloutClient
+    from recipe.workers.rollout.client import ReplicaClient
     from recipe.workers.trainer.ranks import TrainerRanks
 
 PUSHED_SLOT = "pushed"
@@ -48,6 +52,8 @@ class ServedWeights:
         self._within = within
         self.kept_version: int | None = None
         """The version held in ``PUSHED_SLOT`` (None: nothing kept yet)."""
+        self._workers: list[ReplicaClient] | None = None
+        """The engines' workers as last seen (``workers``)."""
 
     def keep(self, version: int, metrics: MetricsAccumulator | None = None) -> None:
         """Save the trainer's weights (those of ``version``, just pushed) to ``PUSHED_SLOT``
@@ -66,16 +72,37 @@ class ServedWeights:
             self._within(self.rollouter.load_weights(weights, version), "load_weights")
         self.keep(version)
 
+    def workers(self) -> list[ReplicaClient]:
+        """The engines' workers as last seen (asked of the rollouter only when unknown:
+        ``seen`` and ``heal`` keep it, ``forget_workers`` drops it)."""
+        if self._workers is None:
+            self._workers = self._within(self.rollouter.engine_workers(), "engine_workers")
+        return self._workers
+
+    def seen(self, workers: list[ReplicaClient]) -> None:
+        """The rollouter named its workers (a sync's opening)."""
+        self._workers = list(workers)
+
+    def forget_workers(self) -> None:
+        """A replica was restarted or retired since the workers were seen (the rollouter's
+        progress counts it): ask again at the next use."""
+        self._workers = None
+
     def heal(self, version: int) -> bool:
         """Have the rollouter restart dead replicas and load the served weights (``version``)
         into every restarted one. True when a replica runs on a new worker since the call
         (a push then reaches it over a rebuilt transport)."""
         rollouter, within = self.rollouter, self._within
         before = within(rollouter.engine_workers(), "engine_workers")
-        waiting = within(rollouter.recover_replicas(), "recover_replicas")
+        self.install(within(rollouter.recover_replicas(), "recover_replicas"), version)
+        self._workers = within(rollouter.engine_workers(), "engine_workers")
+        return self._workers != before
+
+    def install(self, waiting: list[int], version: int) -> None:
+        """Load the served weights (``version``) into each restarted replica of ``waiting``."""
         for replica in waiting:
             if version == 0:  # nothing pushed yet: the model on disk is what is served
-                within(rollouter.install_weights(replica, None, 0), "install_weights")
+                self._within(self.rollouter.install_weights(replica, None, 0), "install_weights")
                 continue
             if self.kept_version != version:
                 raise RuntimeError(
@@ -85,5 +112,5 @@ class ServedWeights:
             tag = f"restart-v{version}"
             kept = exported_weights(self.ranks, self.run_dir, tag, slot=PUSHED_SLOT)
             with kept as weights:
-                within(rollouter.install_weights(replica, weights, version), "install_weights")
-        return within(rollouter.engine_workers(), "engine_workers") != before
+                install = self.rollouter.install_weights(replica, weights, version)
+                self._within(install, "install_weights")

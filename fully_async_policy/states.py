@@ -2,11 +2,12 @@
 
 The rollouter (rollouter.py), driven by the trainer's syncs::
 
-    RUNNING --hold_for_sync--> PAUSED --end_sync--> RUNNING     any --stop--> STOPPED
+    RUNNING --open_sync--> PAUSED --end_sync--> RUNNING     any --stop--> STOPPED
 
 (a resumed run replays ``end_sync`` while RUNNING: staying in a state is no step). Once
-PAUSED (and ``begin_sync`` paused the engines) no engine request of a training group runs, so
-the weights may change, and ``snapshot`` reads the whole state.
+``open_sync`` returned (its hold entered PAUSED, its pause stopped the engines) no engine
+request of a training group runs, so the weights may change, and ``snapshot`` reads the
+whole state.
 
 One rollout replica under the ``ReplicaSupervisor`` (replicas.py)::
 
@@ -42,7 +43,8 @@ class RolloutState(Enum):
     RUNNING = "running"
     """Admitting prompts and generating them."""
     PAUSED = "paused"
-    """A sync (or checkpoint) holds admission; single-turn groups are cut or drained."""
+    """A sync (or checkpoint) holds admission; single-turn groups are cut or drained
+    (``PausePolicy``, pause_policy.py)."""
     STOPPED = "stopped"
     """The run is ending: nothing is admitted again."""
 

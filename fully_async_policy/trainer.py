@@ -5,10 +5,17 @@
                                                     rollouter is behind (feed.py)
         old_lp = pushed-version forward             bypass_mode=false (see below)
         adv    = grpo(rewards); trainer.update_actor(batch)
-        if local == T:  rollouter.hold_for_sync()   admission held, validation done
-                        rollouter.begin_sync()      generation paused (partials kept)
-                        push weights -> version + 1 (the one place weights move)
-                        rollouter.end_sync(version, trained)
+        if local == T:  push weights -> version + 1 (the one place weights move), one
+                        conversation of three rollouter calls (rollout_engines.py):
+                          stage + verify            while the engines generate
+                          rollouter.open_sync()     admission held, validation done,
+                                                    engines paused (PausePolicy), dead
+                                                    replicas restarted -> the receivers
+                          load, agree-after
+                          rollouter.resume_engines()  each replica resumed once
+                        (rollouter.snapshot()       a checkpoint is due)
+                        rollouter.end_sync(version, trained) -> SyncPause: the window
+                                                    opens; what the pause did (sync/*)
 
 Old log-probs (``algorithm.rollout_correction.bypass_mode``): ``true`` (the default) uses
 the rollout log-probs; ``false`` takes them from the version just pushed: local step 1
@@ -119,6 +126,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             self.cfg, rollouter, queue, self.served, tracer=self.tracer, run_dir=self.run_dir
         )
         self.engines = RolloutEngines(rollouter, self.served, lambda: self.version, feed.within)
+        self.served.workers()  # the push's receivers, known before the first push
         if self.run.resume_from is not None:
             self.served.serve_resumed(self.version)
             feed.within(self.rollouter.restore(str(self.run.resume_from)), "restore")
@@ -157,27 +165,26 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
 
     @traced("sync")
     def _sync(self, *, last: bool = False) -> dict[str, float]:
-        """Push weights (version + 1): staged while the engines generate, then the
-        rollouter pauses them for the load and resumes them (rollout_engines.py); the window
-        opens at ``end_sync``. The push reports its own ``sync/*`` phases; this adds the
-        window in which admission was held. When the new version is to be checkpointed, the
-        rollouter's state is taken before ``end_sync``."""
-
+        """Push weights (version + 1): staged while the engines generate, then the push
+        opens the sync (the rollouter holds admission and pauses the engines), loads and
+        resumes them (rollout_engines.py); ``end_sync`` opens the window and answers what the
+        pause did. The push reports its own ``sync/*`` phases; this adds the pause's. When
+        the new version is to be checkpointed, the rollouter's state is taken before
+        ``end_sync``."""
         metrics = MetricsAccumulator()
-        self._fit_update_weights(metrics)  # pauses and resumes through self.engines
-        paused = self._serving_engines().take_pause()
-        start, pause = paused.start, paused.pause
+        self._fit_update_weights(metrics)  # open_sync, resume_engines through self.engines
         if self.run.should_save(self.version, last=last):
             self._rollouter_state = self._feed.within(self.rollouter.snapshot(), "snapshot")
         end = self.rollouter.end_sync(self.version, len(self.trained_uids))
-        self._feed.within(end, "end_sync")
-        pause_window_s = time.perf_counter() - start
+        pause = self._feed.within(end, "end_sync")
+        if pause is None:
+            raise RuntimeError("end_sync answered no pause after a push")
         if self.cfg.rollout.max_restarts > 0:
             # After the engines resumed: the trainer's weights stay the served ones until the
             # next update, so the copy need not hold generation up.
             self.served.keep(self.version, metrics)
         return metrics.reduce() | {
-            "sync/pause_window_s": pause_window_s,
+            "sync/pause_window_s": pause.window_s,
             "sync/quiesce_s": pause.pause_s,
             "sync/partial_groups": float(pause.num_partial_groups),
             "sync/drained_groups": float(pause.num_drained_groups),
@@ -199,6 +206,11 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             "prompts/readmitted": float(progress.num_readmitted),
             "prompts/filtered": float(progress.num_filtered),
         }
+        if (progress.num_restarts, progress.num_retired) != (
+            self._num_rollout_restarts,
+            self._num_rollout_retired,
+        ):
+            self.served.forget_workers()  # a replica runs on a new worker, or on none
         self._num_rollout_restarts = progress.num_restarts
         self._num_rollout_retired = progress.num_retired
         out |= {key: float(count) for key, count in self.fault_counts.items()}

@@ -117,6 +117,60 @@ def test_fit_trains_every_step_pushes_every_t_steps_and_accounts_for_every_promp
     assert all(slot is None for slot, _ in run.ranks.forwards)  # bypass mode
 
 
+class SyncSpy:
+    """The rollouter's handle behind the trainer's client, recording for each push the
+    rollouter calls from its start to ``end_sync`` (by name), and each replica's resumes
+    (``resume:<replica>``) from its start to the trainer's next call after ``end_sync``
+    (which waited for ``end_sync``'s answer, resumes in it included)."""
+
+    def __init__(self, run: Run) -> None:
+        client = run.trainer.rollouter
+        self.handle, client.handle = client.handle, self
+        self.syncs: list[list[str]] = []
+        self.phase = "off"  # "sync": calls and resumes recorded; "closing": resumes only
+        push = run.push.push
+
+        def spied_push(version: int, *, timer: Any = None) -> Any:
+            self.syncs.append([])
+            self.phase = "sync"
+            return push(version, timer=timer)
+
+        run.push.push = spied_push  # type: ignore[method-assign]
+        for replica, worker in enumerate(run.engines.workers):
+            worker.worker.resume = self._resumes(replica, worker.worker.resume)
+
+    def _resumes(self, replica: int, resume: Any) -> Any:
+        async def counted() -> Any:
+            if self.phase != "off":
+                self.syncs[-1].append(f"resume:{replica}")
+            return await resume()
+
+        return counted
+
+    def __getattr__(self, name: str) -> Any:
+        if self.phase == "sync":
+            self.syncs[-1].append(name)
+            if name == "end_sync":
+                self.phase = "closing"
+        elif self.phase == "closing":
+            self.phase = "off"
+        return getattr(self.handle, name)
+
+
+def test_a_sync_is_three_rollouter_calls_and_one_resume_per_replica(tmp_path):
+    run = Run(fully_async_config(), tmp_path, tick_s=0.004)
+    spy = SyncSpy(run)
+    run.fit()
+    assert len(spy.syncs) == run.trainer.version == 4
+    for calls in spy.syncs:
+        assert [c for c in calls if not c.startswith("resume:")] == [
+            "open_sync",
+            "resume_engines",
+            "end_sync",
+        ]
+        assert sorted(c for c in calls if c.startswith("resume:")) == ["resume:0", "resume:1"]
+
+
 def test_decoupled_old_log_probs_read_the_pushed_version_kept_on_the_first_step_of_a_window(
     tmp_path,
 ):

@@ -1,8 +1,9 @@
 """The fully async rollouter's streaming loop, built in-process: scripted engines behind
 actor-like handles (tests/helpers/fake_engines.py), the real MessageQueue, admission,
 supervisor, snapshot and restore, and a trainer loop that takes batches and syncs as
-``FullyAsyncTrainer`` does (the push itself is a pause, a load and a resume, as
-``ParameterSynchronizer``'s sequence is on the engines).
+``FullyAsyncTrainer`` does, through the product's ``RolloutClient`` (the push itself is the
+rollouter's open_sync, a load on every receiver and its resume_engines, as
+``ParameterSynchronizer``'s sequence is through ``RolloutEngines``).
 
 The same loop runs against vLLM engines in tests/integration/test_fully_async.py (partial
 rollout), test_faults.py (killed replicas) and test_resume.py (checkpoints); these tests drive
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from fully_async_policy.clients import RolloutClient
 from fully_async_policy.message_queue import MessageQueue
 from fully_async_policy.messages import PromptGroup
 from fully_async_policy.rollouter import FullyAsyncRollouter
@@ -63,6 +65,7 @@ class Trainer:
         self.engines = engines(self.cfg.rollout, lambda: ScriptedWorker(**self.worker))
         await rollouter.start(self.engines)
         self.rollouter = rollouter
+        self.client = RolloutClient(LocalHandle(rollouter))
         return rollouter
 
     async def take(self) -> list[PromptGroup]:
@@ -72,17 +75,16 @@ class Trainer:
         return got
 
     async def sync(self, *, snapshot: bool = False) -> dict[str, Any] | None:
-        """hold_for_sync and begin_sync, the push's pause-load-resume on every engine,
-        (snapshot), end_sync."""
-        await self.rollouter.hold_for_sync()
-        self.pauses.append(await self.rollouter.begin_sync())
+        """A push's conversation with the rollouter, through the product's client
+        (``RolloutEngines``' calls): open_sync, the load on every receiver it names (paused),
+        resume_engines; then (snapshot) and end_sync, whose answer is the pause's report."""
+        opening = await self.client.open_sync()
         self.version += 1
-        for handle in self.rollouter.engine_workers():
-            await handle.pause()
+        for handle in opening.workers:
             await handle.update_weights_from_file("pushed.safetensors", self.version)
-            await handle.resume()
-        state = await self.rollouter.snapshot() if snapshot else None
-        await self.rollouter.end_sync(self.version, len(self.trained))
+        await self.client.resume_engines()
+        state = await self.client.snapshot() if snapshot else None
+        self.pauses.append(await self.client.end_sync(self.version, len(self.trained)))
         return state
 
     async def steps(self, first: int, last: int) -> None:
@@ -182,10 +184,10 @@ def test_a_replica_that_dies_mid_group_is_restarted_and_its_prompts_generated_ag
         while not rollouter.busy_replicas() or 1 not in rollouter.busy_replicas():
             await asyncio.sleep(0.005)
         trainer.engines.workers[1].kill()
-        await asyncio.wait_for(rollouter.wait_replica_request(), 10)
-        waiting = await rollouter.recover_replicas()
+        await asyncio.wait_for(trainer.client.wait_replica_request(), 10)
+        waiting = await trainer.client.recover_replicas()
         assert waiting == [1] and trainer.engines.restarted == [1]
-        await rollouter.install_weights(1, _weights_file(tmp_path), trainer.version)
+        await trainer.client.install_weights(1, _weights_file(tmp_path), trainer.version)
         assert trainer.engines.workers[1].worker.version == trainer.version
         await trainer.steps(3, trainer.plan.total_steps)
         ledger = await trainer.finish(run)
@@ -219,9 +221,9 @@ def test_a_snapshot_taken_in_a_sync_restores_a_rollouter_that_loses_no_prompt(tm
         second.version, second.trained = saved_version, saved_trained
         resumed = await second.start()
         # As FullyAsyncTrainer.attach: the engines serve the checkpoint's weights, then restore.
-        await resumed.load_weights(_weights_file(tmp_path), saved_version)
-        resumed.restore(str(checkpoint))
-        await resumed.end_sync(second.version, len(second.trained))
+        await second.client.load_weights(_weights_file(tmp_path), saved_version)
+        await second.client.restore(str(checkpoint))
+        assert await second.client.end_sync(second.version, len(second.trained)) is None
         run = asyncio.create_task(resumed.run())
         await second.steps(5, second.plan.total_steps)
         ledger = await second.finish(run)
@@ -341,7 +343,7 @@ def test_a_drain_past_the_generation_deadline_fails_naming_the_groups_in_flight(
         run = asyncio.create_task(rollouter.run())
         await _generating(rollouter, trainer.plan.budget)
         with pytest.raises(RunFailure) as caught:
-            await asyncio.wait_for(rollouter.hold_for_sync(), 5)
+            await asyncio.wait_for(trainer.client.open_sync(), 5)
         assert str(caught.value) == (
             "hold_for_sync: 12 prompt groups in flight on version 0 (rollout replica(s) 0, 1; "
             "engine logs: RUN_DIR/engines/) did not finish within "
