@@ -6,7 +6,11 @@ shared by every mode. Each recipe adds what is its own (timing, queues, idle rat
                         throughput/samples, throughput/tokens, agent/* (multi-turn
                         episodes: recipe/agent/metrics.py)
     staleness_metrics   staleness/mean|max (per response), staleness/token_mean|token_max,
-                        partial/ratio, partial/max_span
+                        partial/ratio, partial/max_span, and where a step trained both
+                        kinds, partial/reward_mean and partial/whole_reward_mean (the mean
+                        reward of its partial and of its single-version responses: whether
+                        responses a sync cut score differently, read beside their lengths,
+                        partial/response_length_mean)
     RunTotals           the same over the run, for summary.json (run_summary)
 
 Staleness of a response = the trainer's weights version when it is trained minus the oldest
@@ -123,7 +127,7 @@ def staleness_metrics(trajs: Sequence[Trajectory], trainer_version: int) -> dict
     staleness = [trainer_version - t.min_version for t in trajs if t.model_versions]
     token_staleness = [trainer_version - v for t in trajs for v in t.model_versions]
     spans = [t.max_version - t.min_version for t in trajs if t.model_versions]
-    return {
+    out = {
         "staleness/mean": _mean(staleness),
         "staleness/max": float(max(staleness, default=0)),
         "staleness/token_mean": _mean(token_staleness),
@@ -131,9 +135,24 @@ def staleness_metrics(trajs: Sequence[Trajectory], trainer_version: int) -> dict
         "partial/ratio": sum(s > 0 for s in spans) / max(len(trajs), 1),
         "partial/max_span": float(max(spans, default=0)),
     }
+    return out | _partial_split(trajs)
 
 
-def _mean(values: Sequence[int]) -> float:
+def _partial_split(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """Rewards of the partial and of the single-version responses, where both were trained
+    (a mean over none is left out, not written as 0)."""
+    partial = [t for t in trajs if t.model_versions and t.max_version > t.min_version]
+    whole = [t for t in trajs if t.model_versions and t.max_version == t.min_version]
+    if not partial or not whole:
+        return {}
+    return {
+        "partial/reward_mean": _mean([t.reward for t in partial]),
+        "partial/whole_reward_mean": _mean([t.reward for t in whole]),
+        "partial/response_length_mean": _mean([t.num_response_tokens for t in partial]),
+    }
+
+
+def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 

@@ -204,6 +204,18 @@ def test_versions_cover_every_segment_and_staleness_sees_the_oldest_token():
     assert metrics["partial/max_span"] == 3.0
 
 
+def test_partial_and_single_version_responses_report_their_rewards_apart():
+    cut = _episode("a", 0, 1.0, [_segment([3], [20, 21, 22], version=2)], version=3)
+    whole = [_episode("b", 1, 0.0, version=3), _episode("c", 2, 0.5, version=2)]
+    metrics = staleness_metrics([cut, *whole], trainer_version=3)
+    assert metrics["partial/reward_mean"] == 1.0
+    assert metrics["partial/whole_reward_mean"] == 0.25
+    assert metrics["partial/response_length_mean"] == cut.num_response_tokens
+    # A step that trained only one kind has no split (not a mean over nothing written as 0).
+    assert "partial/reward_mean" not in staleness_metrics(whole, trainer_version=3)
+    assert "partial/whole_reward_mean" not in staleness_metrics([cut], trainer_version=3)
+
+
 def test_trajectories_with_segments_round_trip_exactly_through_json():
     groups = [_trajs()[:2], _trajs()[2:]]
     groups[0][0].segments[0].rollout_logprobs[0] = -0.1234567890123456
