@@ -11,7 +11,8 @@ clock, its records kept; resumable across machines that lose their files.
         keep    metrics.jsonl, summary.json, config.yaml, snapshots.jsonl, eval.jsonl, the
                 planner's projection from the run's phases to 2, 4 and 8 GPUs
                 (plan-gpusN.txt) and record.json (mode, seed, order, design and data
-                checksums, code commit, GPU telemetry, seconds) into <records>/runs/<tag>/
+                checksums, code commit, GPU telemetry, peak GPU memory of the trainer and
+                the engine, seconds) into <records>/runs/<tag>/
 
 Only the small records are kept (commit them); run directories can go. A run that was cut
 off (no ``summary.json``) is run again from its start in a fresh directory, or resumed from a
@@ -35,6 +36,7 @@ from typing import Any
 
 from recipe.study.design import RunSpec, StudyDesign, Targets, fix_targets
 from recipe.study.evaluate import EVAL_FILE, read_points
+from recipe.study.gpu_memory import GpuProcessMemory, peaks
 from recipe.study.runs import run_logged
 from recipe.study.telemetry import GpuTelemetry, summarize
 
@@ -107,7 +109,7 @@ class Harness:
             if not self.fits("train", spec, end):
                 return OUT_OF_TIME
             started = datetime.now(UTC).isoformat(timespec="seconds")
-            with GpuTelemetry(run_dir / "gpu.csv"):
+            with GpuTelemetry(run_dir / "gpu.csv"), GpuProcessMemory(run_dir / "gpu_memory.csv"):
                 failed, train_s = run_logged(
                     self.train_command(spec), run_dir, timeout_s=self.design.run_timeout_s
                 )
@@ -181,6 +183,7 @@ class Harness:
             "data_sha256": self.data_sha256,
             "commit": _commit(),
             "gpu": summarize(run_dir / "gpu.csv"),
+            "gpu_memory_mib": peaks(run_dir / "gpu_memory.csv"),
         }
         tmp = dest / f".{RECORD_FILE}.partial"
         tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")

@@ -129,6 +129,7 @@ def test_a_study_runs_in_order_fixes_targets_once_and_keeps_every_record(tmp_pat
     assert targets["accuracies"] == [0.2] and targets["budgets_s"] == [20.0, 40.0]
     record = json.loads((records / "runs" / "fully_async-seed1" / RECORD_FILE).read_text())
     assert record["order"] == 4 and record["gpu"] == {"gpus": 0}
+    assert record["gpu_memory_mib"] == {}  # no nvidia-smi here: nothing sampled, nothing guessed
     assert record["design_sha256"] == harness.design.sha256
     res = analyse(records)
     print_results(res)
