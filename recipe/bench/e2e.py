@@ -242,7 +242,7 @@ def agent_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-SYNC_KEYS = ("pause_window_s", "pause_s", "total_s", "gbps")
+SYNC_KEYS = ("pause_window_s", "pause_s", "total_s", "gbps", "bytes")
 """Per-push figures reported as medians over the run (``sync/<key>`` in metrics.jsonl)."""
 
 
