@@ -132,7 +132,7 @@ class RolloutDeadlines:
         hold = validation + (NO_WAIT if partial else self.generation)
         begin = pause + (self.cut_back if partial and not multi_turn else NO_WAIT)
         return {
-            "open_sync": hold + begin + restart,
+            "open_sync": hold + begin + pause,  # the health checks: each within the answer
             "hold_for_sync": hold,
             "begin_sync": begin,
             "resume_engines": pause,

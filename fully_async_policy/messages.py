@@ -101,9 +101,9 @@ class SyncOpening:
 
     workers: list[ReplicaClient]
     """The replicas' current workers' clients, retired ones left out: the push's receivers."""
-    waiting: list[int]
-    """Replicas restarted since the last sync, paused and waiting for the served weights
-    (the trainer sends them: ``install_weights``)."""
+    recovering: bool
+    """A replica is restarting or waits for the served weights: the trainer has the
+    rollouter recover it (``recover_replicas``, ``install_weights``) before the load."""
 
 
 @dataclass(slots=True, frozen=True)

@@ -12,9 +12,10 @@ calls on the common path::
                                                                 done, DRAIN: groups in flight
                                                                 drained; engines paused (CUT:
                                                                 groups come back cut); dead
-                                                                replicas restarted, paused
-                  install(waiting) ---------> install_weights   only a replica restarted since
-                                                                the last sync: back on v
+                                                                replicas start again
+                  heal(v) ------------------> recover_replicas, install_weights: only when
+                                                                a replica is coming back, it
+                                                                serves v, paused
           load, agree-after
           resume() -------------------------> resume_engines()  each replica's one resume;
                                                                 episodes in flight go on;
@@ -24,8 +25,8 @@ calls on the common path::
           opens; the answer is what the pause did
 
 Every call has the deadline of what it waits for (``within``, deadlines.py): ``open_sync``
-the validation's and the drained groups' ``rollout.generation_timeout_s``, the pause's
-``checkpoint_engine.timeout_s`` and a restart's; ``resume_engines`` the pause's.
+the validation's and the drained groups' ``rollout.generation_timeout_s`` and the pause's
+``checkpoint_engine.timeout_s``; a restart's own deadline only for ``recover_replicas``.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ class RolloutEngines:
     def pause(self) -> None:
         opening = self._within(self._rollouter.open_sync(), "open_sync")
         self._served.seen(opening.workers)
-        self._served.install(opening.waiting, self._version())  # pushed too, after the load
+        if opening.recovering:  # a replica died: back on v before the load, pushed too
+            self._served.heal(self._version())
 
     def resume(self) -> None:
         self._within(self._rollouter.resume_engines(), "resume_engines")

@@ -14,11 +14,12 @@ is three calls (the trainer's side: fully_async_policy/trainer.py)::
       begin_sync: pause the engines;    held                      resubmit cut groups with
         CUT: in-flight groups come                                their tokens so far (new
         back "aborted" (partials)                                 tokens carry v); start
-      recover: replicas found dead                                validation of v (every
-        restarted, paused                                         test_freq); admit again
+      health checks: replicas found                               validation of v (every
+        dead start again                                          test_freq); admit again
       -> SyncOpening (the push's                                -> SyncPause (what the
-         receivers, replicas waiting                               pause did, the window
-         for the served weights)                                   admission was held)
+         receivers; whether a replica                              pause did, the window
+         is coming back: the trainer                               admission was held)
+         then recovers it, a 4th call)
 
 What the pause does with the groups in flight is the ``PausePolicy`` chosen once from config
 (pause_policy.py): DRAIN (``partial_rollout=false``), CUT (partial, single-turn) or
@@ -69,7 +70,7 @@ from fully_async_policy.pause_policy import PausePolicy
 from fully_async_policy.replicas import ReplicaSupervisor
 from fully_async_policy.run_plan import RunPlan
 from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE, StreamBook
-from fully_async_policy.states import ROLLOUT_STEPS, RolloutState, check_step
+from fully_async_policy.states import ROLLOUT_STEPS, ReplicaState, RolloutState, check_step
 from fully_async_policy.stream import GroupStream
 from fully_async_policy.validation import VersionValidation, score_val_set
 from recipe.agent.loading import episodes_save_state
@@ -214,13 +215,18 @@ class FullyAsyncRollouter:
     # ---- syncs: open_sync, resume_engines, end_sync ------------------------------------------
 
     async def open_sync(self) -> SyncOpening:
-        """The sync's first call: ``hold_for_sync``, ``begin_sync``, then the replicas found
-        dead restarted and waited for (each within its deadline, replicas.py). Returns the
-        push's receivers and the restarted replicas that wait for the served weights."""
+        """The sync's first call: ``hold_for_sync``, ``begin_sync``, then every replica
+        health-checked and the dead ones restarted, not waited for (replicas.py). Returns the
+        push's receivers and whether a replica is restarting or waits for the served weights
+        (the trainer then calls ``recover_replicas``, with a restart's deadline)."""
         await self.hold_for_sync()
         await self.begin_sync()
-        waiting = await self.replicas.recover()
-        return SyncOpening(self.engine_workers(), waiting)
+        await self.replicas.check_all()
+        if self.replicas.error is not None:
+            raise self.replicas.error
+        coming_back = (ReplicaState.RESTARTING, ReplicaState.WAITING_WEIGHTS)
+        recovering = any(self.replicas.states.where(state) for state in coming_back)
+        return SyncOpening(self.engine_workers(), recovering)
 
     @traced("hold_for_sync (drain)", tid=ROLLOUTER_TIDS["sync"], cat="sync")
     async def hold_for_sync(self) -> None:

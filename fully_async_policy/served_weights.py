@@ -94,15 +94,10 @@ class ServedWeights:
         (a push then reaches it over a rebuilt transport)."""
         rollouter, within = self.rollouter, self._within
         before = within(rollouter.engine_workers(), "engine_workers")
-        self.install(within(rollouter.recover_replicas(), "recover_replicas"), version)
-        self._workers = within(rollouter.engine_workers(), "engine_workers")
-        return self._workers != before
-
-    def install(self, waiting: list[int], version: int) -> None:
-        """Load the served weights (``version``) into each restarted replica of ``waiting``."""
+        waiting = within(rollouter.recover_replicas(), "recover_replicas")
         for replica in waiting:
             if version == 0:  # nothing pushed yet: the model on disk is what is served
-                self._within(self.rollouter.install_weights(replica, None, 0), "install_weights")
+                within(rollouter.install_weights(replica, None, 0), "install_weights")
                 continue
             if self.kept_version != version:
                 raise RuntimeError(
@@ -112,5 +107,6 @@ class ServedWeights:
             tag = f"restart-v{version}"
             kept = exported_weights(self.ranks, self.run_dir, tag, slot=PUSHED_SLOT)
             with kept as weights:
-                install = self.rollouter.install_weights(replica, weights, version)
-                self._within(install, "install_weights")
+                within(rollouter.install_weights(replica, weights, version), "install_weights")
+        self._workers = within(rollouter.engine_workers(), "engine_workers")
+        return self._workers != before

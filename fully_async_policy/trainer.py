@@ -10,7 +10,7 @@
                           stage + verify            while the engines generate
                           rollouter.open_sync()     admission held, validation done,
                                                     engines paused (PausePolicy), dead
-                                                    replicas restarted -> the receivers
+                                                    replicas started again -> the receivers
                           load, agree-after
                           rollouter.resume_engines()  each replica resumed once
                         (rollouter.snapshot()       a checkpoint is due)

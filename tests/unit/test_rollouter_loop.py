@@ -56,6 +56,8 @@ class Trainer:
         self.version = 0
         self.trained: list[PromptGroup] = []
         self.pauses: list[Any] = []
+        self.recovered: list[list[int]] = []
+        """The replicas each sync found coming back and recovered."""
         self.rollouter: FullyAsyncRollouter
 
     async def start(self, engines: type[ScriptedEngines] = ScriptedEngines) -> FullyAsyncRollouter:
@@ -79,8 +81,16 @@ class Trainer:
         (``RolloutEngines``' calls): open_sync, the load on every receiver it names (paused),
         resume_engines; then (snapshot) and end_sync, whose answer is the pause's report."""
         opening = await self.client.open_sync()
+        workers = opening.workers
+        if opening.recovering:  # as ServedWeights.heal: back on the served version, paused
+            waiting = await self.client.recover_replicas()
+            for replica in waiting:
+                served = _weights_file(self.run_dir)
+                await self.client.install_weights(replica, served, self.version)
+            self.recovered.append(waiting)
+            workers = await self.client.engine_workers()
         self.version += 1
-        for handle in opening.workers:
+        for handle in workers:
             await handle.update_weights_from_file("pushed.safetensors", self.version)
         await self.client.resume_engines()
         state = await self.client.snapshot() if snapshot else None
@@ -193,6 +203,29 @@ def test_a_replica_that_dies_mid_group_is_restarted_and_its_prompts_generated_ag
         ledger = await trainer.finish(run)
         assert rollouter.poll().num_restarts == 1
         assert rollouter.admission.num_readmitted > 0  # the groups it lost
+        _check_tokens(trainer.trained, trainer)
+        _balanced(ledger)
+
+    asyncio.run(scenario())
+
+
+def test_a_sync_opened_while_a_replica_restarts_recovers_it_before_the_load(tmp_path):
+    async def scenario() -> None:
+        cfg = fully_async_config(**{"rollout.max_restarts": 1})
+        trainer = Trainer(cfg, tmp_path, tick_s=0.004)
+        rollouter = await trainer.start()
+        run = asyncio.create_task(rollouter.run())
+        await trainer.steps(1, 2)  # one sync: the restarted replica must get version 1
+        while 1 not in rollouter.busy_replicas():
+            await asyncio.sleep(0.005)
+        trainer.engines.workers[1].kill()
+        while trainer.engines.restarted != [1]:
+            await asyncio.sleep(0.005)
+        await trainer.sync()  # opened while replica 1 restarts: the push waits for it
+        assert trainer.recovered == [[1]]
+        assert trainer.engines.workers[1].worker.version == trainer.version == 2
+        await trainer.steps(3, trainer.plan.total_steps)
+        ledger = await trainer.finish(run)
         _check_tokens(trainer.trained, trainer)
         _balanced(ledger)
 
