@@ -4,6 +4,10 @@ byte-level tokenizer's special tokens."""
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 from recipe.tiny import EOS_TOKEN
 
 
@@ -40,3 +44,14 @@ TOOLS = [
         },
     }
 ]
+
+
+def copy_with_tools_template(model: Path, dest: Path, eos: str) -> Path:
+    """A copy of the model folder ``model`` at ``dest`` whose tokenizer carries
+    ``tools_template(eos)`` (as a user's chat model); returns ``dest``."""
+    shutil.copytree(model, dest)
+    config_file = dest / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["chat_template"] = tools_template(eos)
+    config_file.write_text(json.dumps(config))
+    return dest

@@ -7,13 +7,13 @@ By prompt uid (crc32 % 8):
 
     0       branches: its last request summarises the history (a second segment)
     1       raises after its first turn (its episodes end as env_error)
-    2, 3    one-message conversations (a segment each) until the weights version
-            answering changes (``system_fingerprint``), at most ``SHORT_REQUESTS``: groups
-            still running when a sync comes, whose requests it finds mid-turn. The first
-            ``BACK_TO_BACK`` go back to back (the engine stays busy, so a sync finds
-            requests mid-turn); the rest ``PACE_S`` apart, as behind a slow tool, so that the
-            episode outlasts the time to the next sync (unpaced, 40 requests could all
-            finish within one version)
+    2, 3    one-message conversations back to back (a segment each) until the weights
+            version answering changes (``system_fingerprint``), at most ``SHORT_REQUESTS``:
+            groups still running when a sync comes, whose requests it finds mid-turn. Back
+            to back, the engine stays busy, so a sync finds requests mid-turn; the cap is
+            high enough that an episode outlasts the time to the next sync (at 40, all the
+            trained ones once finished within one version; pacing them instead left the
+            engine idle when a sync came)
     4       one conversation, with ``HOSTILE_REQUESTS`` bad requests on the way (a token id
             past any vocabulary, an assistant message whose ``tool_calls`` holds a string):
             each is refused with 400 and the conversation goes on (before the endpoint's
@@ -27,16 +27,13 @@ agent was given.
 
 from __future__ import annotations
 
-import asyncio
 import zlib
 
 import openai
 
 TURNS = 3
-SHORT_REQUESTS = 40
+SHORT_REQUESTS = 80
 HOSTILE_REQUESTS = 2
-BACK_TO_BACK = 20
-PACE_S = 0.5
 TOOLS = [
     {
         "type": "function",
@@ -123,6 +120,4 @@ async def _short_requests(client, record) -> float:
         first = first or out.system_fingerprint
         if out.system_fingerprint != first:
             break
-        if part >= BACK_TO_BACK:
-            await asyncio.sleep(PACE_S)
     return digest(content)

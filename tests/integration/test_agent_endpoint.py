@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from recipe.protocol import PromptRecord
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout import GenerationRequest, make_rollout_worker_cls
 from tests.helpers import command_agent, openai_agents
-from tests.helpers.chat_templates import tools_template
+from tests.helpers.chat_templates import copy_with_tools_template
 from tests.helpers.models import EOS
 from tests.helpers.runs import (
     assert_ledger_balances,
@@ -58,13 +57,8 @@ NUM_STEPS = 4
 @pytest.fixture(scope="module")
 def tools_model_path(rollout_model_path: Path, tmp_path_factory) -> Path:
     """The random tiny Qwen2 with a chat template that renders tools (as a user's model)."""
-    path = tmp_path_factory.mktemp("tools_model") / "model"
-    shutil.copytree(rollout_model_path, path)
-    config_file = path / "tokenizer_config.json"
-    config = json.loads(config_file.read_text())
-    config["chat_template"] = tools_template(EOS)
-    config_file.write_text(json.dumps(config))
-    return path
+    dest = tmp_path_factory.mktemp("tools_model") / "model"
+    return copy_with_tools_template(rollout_model_path, dest, EOS)
 
 
 def _agent_overrides(model_path: Path) -> dict[str, Any]:

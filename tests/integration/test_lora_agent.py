@@ -11,8 +11,6 @@ without a word).
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ import pytest
 
 from recipe.workers.rollout.lora import ADAPTER_ID, ADAPTER_NAME
 from tests.helpers import lora_agent
-from tests.helpers.chat_templates import tools_template
+from tests.helpers.chat_templates import copy_with_tools_template
 from tests.helpers.models import EOS
 from tests.helpers.runs import build_recipe, read_metrics, spy_on_groups
 
@@ -57,13 +55,8 @@ _INTERNAL = ("adapter-probe-", "cache-check-")
 @pytest.fixture(scope="module")
 def chat_model_path(rollout_model_path: Path, tmp_path_factory) -> Path:
     """The random tiny Qwen2 with a chat template (as a user's model)."""
-    path = tmp_path_factory.mktemp("chat_model") / "model"
-    shutil.copytree(rollout_model_path, path)
-    config_file = path / "tokenizer_config.json"
-    config = json.loads(config_file.read_text())
-    config["chat_template"] = tools_template(EOS)
-    config_file.write_text(json.dumps(config))
-    return path
+    dest = tmp_path_factory.mktemp("chat_model") / "model"
+    return copy_with_tools_template(rollout_model_path, dest, EOS)
 
 
 def _record_engine_requests(worker: Any) -> None:

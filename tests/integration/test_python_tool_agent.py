@@ -11,7 +11,6 @@ back, and the trained sequence holds the sandbox's ``42`` as a tool response (ma
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 
 from recipe.agent.examples import python_tool_agent as agent
 from recipe.model import HFModelConfig
-from tests.helpers.chat_templates import tools_template
+from tests.helpers.chat_templates import copy_with_tools_template
 from tests.helpers.models import EOS
 from tests.helpers.runs import build_recipe, read_metrics, spy_on_groups
 
@@ -60,10 +59,7 @@ def python_tool_model(rollout_model_path: Path, tmp_path_factory) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = tmp_path_factory.mktemp("python_tool_model") / "model"
-    shutil.copytree(rollout_model_path, path)
-    config = json.loads((path / "tokenizer_config.json").read_text())
-    config["chat_template"] = tools_template(EOS)
-    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    copy_with_tools_template(rollout_model_path, path, EOS)
     tokenizer = AutoTokenizer.from_pretrained(path)
 
     def length(messages: list[dict[str, Any]], generation: bool) -> int:
