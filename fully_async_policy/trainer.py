@@ -73,21 +73,23 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         cfg: RecipeConfig,
         run_dir: Path,
         *,
-        inputs: RunInputs | None = None,
+        inputs: RunInputs,
         ranks: TrainerRanks | None = None,
     ) -> None:
-        """``inputs`` and ``ranks``: what a unit test brings instead of loading the run's
-        inputs and starting trainer ranks (tests/unit/test_fully_async_trainer.py)."""
-        super().__init__(cfg, run_dir, inputs=inputs)
+        """``inputs``: the run's, checked by the driver before Ray started (of them the
+        trainer keeps the model; the prompt sets go into the run's records). ``ranks``: what
+        a unit test brings instead of starting trainer ranks
+        (tests/unit/test_fully_async_trainer.py)."""
+        super().__init__(cfg, run_dir, inputs)
         run = self.run
-        self.plan = plan_run(cfg, len(self.train_records))
+        self.plan = plan_run(cfg, len(inputs.train_records))
         if run.resume_from is not None:
             self._check_resume_plan()
         optimizer_steps_per_step = cfg.async_training.require_batches * cfg.actor.ppo_epochs
         if ranks is not None:
-            self._ranks = ranks
+            self.ppo.use_ranks(ranks)
         else:  # they load the model while the rollouter starts the engines (attach waits)
-            self._start_ranks(
+            self.ppo.start_ranks(
                 total_optimizer_steps=self.plan.total_steps * optimizer_steps_per_step, wait=False
             )
         self.rollouter: RolloutClient
@@ -149,14 +151,14 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
     def _train_step(self, local_step: int) -> dict[str, float]:
         metrics = MetricsAccumulator()
         groups = self._feed.take(self.plan.prompts_per_step, self.version)
-        batch = self._make_batch([g.trajectories for g in groups])
+        batch = self.ppo.make_batch([g.trajectories for g in groups])
         decoupled = not self.cfg.algorithm.rollout_correction.bypass_mode
         if decoupled and local_step == 1 and self.plan.steps_per_sync > 1:
             self.served.keep(self.version, metrics)
         slot = PUSHED_SLOT if decoupled and local_step > 1 else None
-        batch = self._compute_old_log_prob(batch, metrics, slot=slot)
-        batch = self._compute_advantages(batch)
-        self._update_actor(batch, metrics)
+        batch = self.ppo.old_log_prob(batch, metrics, slot=slot)
+        batch = self.ppo.advantages(batch)
+        self.ppo.update(batch, metrics)
         self.trained_uids += [g.prompt_uid for g in groups]
         self.run.totals.add([t for g in groups for t in g.trajectories], self.version)
         return {**metrics.reduce(), **group_metrics(groups, self.version)}
@@ -342,7 +344,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
             "queue/max_size": queue_stats.max_size,
             "queue/blocked_puts": queue_stats.num_blocked_puts,
             **self.fault_counts,
-            **self.sync_summary,
+            **self.ppo.sync_summary,
         }
         return self.run.finish(
             step=self.global_step, version=self.version, final_val=final, wall_s=wall_s, extra=extra

@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from recipe.algo.dynamic_sampling import sample_step
+from recipe.batch_trainer import BatchTrainer
 from recipe.checkpoint import num_filtered
 from recipe.checkpoint.codec import decode_groups, encode_groups
 from recipe.config import RecipeConfig
-from recipe.data.cursor import PromptCursor
 from recipe.faults import fails_cleanly
 from recipe.observability.progress import step_bar, update_bar
 from recipe.observability.trace import now_us, traced
@@ -43,7 +43,6 @@ from recipe.observability.trace_file import busy_s, rollout_slices
 from recipe.observability.tracking import MetricsAccumulator
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.run.metrics import sample_metrics, staleness_metrics
-from recipe.separate_trainer import SeparateRayPPOTrainer
 from recipe.workers.rollout.requests import GroupRequest
 
 logger = logging.getLogger(__name__)
@@ -66,19 +65,12 @@ class PendingBatch:
     """Uids of the prompts dynamic sampling filtered out of this batch."""
 
 
-class OneStepOffTrainer(SeparateRayPPOTrainer):
+class OneStepOffTrainer(BatchTrainer):
     """Train batch k while the rollout workers generate batch k+1; one push per step."""
 
     def __init__(self, cfg: RecipeConfig, run_dir: Path) -> None:
         super().__init__(cfg, run_dir)
-        run = self.run
-        self.cursor = PromptCursor(self.train_records, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
-        self.total_steps = self._plan_batch_steps()
-        mini_batches = cfg.prompts_per_step // cfg.actor.ppo_mini_batch_size
-        self._start_ranks_and_engines(
-            total_optimizer_steps=self.total_steps * mini_batches * cfg.actor.ppo_epochs
-        )
-        self._resumed_pending = self._resume() if run.resume_from is not None else None
+        self._resumed_pending = self._resume_pending() if self.run.resume_from is not None else None
 
     # ---- the loop -----------------------------------------------------------------------
 
@@ -141,7 +133,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
             self.rollout.submit(
                 GroupRequest(
                     r.uid,
-                    self.prompt_ids[r.uid],
+                    self.inputs.prompt_ids[r.uid],
                     self.version,
                     cfg.n,
                     cfg.temperature,
@@ -184,15 +176,12 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
             "pending": saved,
         }
 
-    def _resume(self) -> PendingBatch | None:
-        """Load the checkpoint, make the engines serve its version; the pending batch."""
-        state = self._load_checkpoint()
-        self._restore_engines()
-        self.cursor.load_state_dict(state["cursor"])
-        saved = state["pending"]
+    def _resume_pending(self) -> PendingBatch | None:
+        """Resume (``BatchTrainer._resume``); the pending batch the checkpoint holds."""
+        saved = self._resume()["pending"]
         if saved is None:
             return None
-        by_uid = {r.uid: r for r in self.train_records}
+        by_uid = {r.uid: r for r in self.inputs.train_records}
         records = [by_uid[uid] for uid in saved["uids"]]
         groups = decode_groups(saved["groups"])
         return PendingBatch(records, [], saved["version"], groups, saved.get("filtered", []))
@@ -205,7 +194,7 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
             if pending.groups is None:
                 groups = self.rollout.get(pending.refs)
                 for record, trajs in zip(pending.records, groups, strict=True):
-                    self._score(record, trajs)
+                    self.inputs.reward_fn.score_group(record, trajs)
                 # Refills run on pending.version: the push that ends it waits for this.
                 filled = sample_step(
                     self.cfg.algorithm.filter_groups,
@@ -218,11 +207,6 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
                 pending.filtered = filled.filtered
                 metrics.add("prompts/filtered", float(len(filled.filtered)), reduce="sum")
         return pending.groups
-
-    def _more(self, num_prompts: int) -> tuple[list[PromptRecord], list[list[Trajectory]]]:
-        """A refill round of dynamic sampling: the next prompts, generated and scored."""
-        records = self.cursor.take(num_prompts)
-        return records, self._generate_scored(records)
 
     def _num_ready(self, pending: PendingBatch) -> int:
         """Groups of ``pending`` already generated (the trainer's queue depth)."""
@@ -252,10 +236,10 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
         """Old log-probs, advantages and update on one scored batch at ``self.version``."""
         trajs = [t for g in groups for t in g]
         out = self._sample_metrics(trajs)
-        batch = self._make_batch(groups)
-        batch = self._compute_old_log_prob(batch, metrics)
-        batch = self._compute_advantages(batch)
-        self._update_actor(batch, metrics)
+        batch = self.ppo.make_batch(groups)
+        batch = self.ppo.old_log_prob(batch, metrics)
+        batch = self.ppo.advantages(batch)
+        self.ppo.update(batch, metrics)
         return out
 
     def _sample_metrics(self, trajs: list[Trajectory]) -> dict[str, float]:
@@ -278,6 +262,6 @@ class OneStepOffTrainer(SeparateRayPPOTrainer):
                 "prompts/in_flight": 0 if pending is None else len(pending.records),
                 "prompts/filtered": num_filtered(self.run_dir),
                 **self.fault_counts,
-                **self.sync_summary,
+                **self.ppo.sync_summary,
             },
         )

@@ -22,39 +22,28 @@ from pathlib import Path
 from typing import Any
 
 from recipe.algo.dynamic_sampling import sample_step
+from recipe.batch_trainer import BatchTrainer
 from recipe.checkpoint import num_filtered
 from recipe.config import RecipeConfig
-from recipe.data.cursor import PromptCursor
 from recipe.faults import fails_cleanly
 from recipe.observability.progress import step_bar, update_bar
 from recipe.observability.tracking import MetricsAccumulator
-from recipe.protocol import PromptRecord, Trajectory
 from recipe.run.metrics import sample_metrics, staleness_metrics
-from recipe.separate_trainer import SeparateRayPPOTrainer
 
 logger = logging.getLogger(__name__)
 
 
-class SyncTrainer(SeparateRayPPOTrainer):
+class SyncTrainer(BatchTrainer):
     """Generate, score, train and push in lock step on shared resources."""
 
     def __init__(self, cfg: RecipeConfig, run_dir: Path) -> None:
         super().__init__(cfg, run_dir)
-        run = self.run
-        self.cursor = PromptCursor(self.train_records, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
-        self.total_steps = self._plan_batch_steps()
-        mini_batches = cfg.prompts_per_step // cfg.actor.ppo_mini_batch_size
-        self._start_ranks_and_engines(
-            total_optimizer_steps=self.total_steps * mini_batches * cfg.actor.ppo_epochs
-        )
         self._trained_now: list[str] = []
         """Prompt uids of the step being trained (for ledger.jsonl)."""
         self._filtered_now: list[str] = []
         """Prompt uids filtered by dynamic sampling in this step (for ledger.jsonl)."""
-        if run.resume_from is not None:
-            state = self._load_checkpoint()
-            self.cursor.load_state_dict(state["cursor"])
-            self._restore_engines()
+        if self.run.resume_from is not None:
+            self._resume()
 
     @fails_cleanly
     def fit(self) -> dict[str, Any]:
@@ -97,18 +86,13 @@ class SyncTrainer(SeparateRayPPOTrainer):
                 "prompts/admitted": self.cursor.num_handed_out,
                 "prompts/filtered": num_filtered(self.run_dir),
                 **self.fault_counts,
-                **self.sync_summary,
+                **self.ppo.sync_summary,
             },
         )
 
     def _checkpoint(self) -> None:
         state = {"cursor": self.cursor.state_dict()}
         self.run.save(self.ranks, step=self.global_step, version=self.version, state=state)
-
-    def _more(self, num_prompts: int) -> tuple[list[PromptRecord], list[list[Trajectory]]]:
-        """A refill round of dynamic sampling: the next prompts, generated and scored."""
-        records = self.cursor.take(num_prompts)
-        return records, self._generate_scored(records)
 
     def _train_step(self) -> dict[str, float]:
         cfg = self.cfg
@@ -129,10 +113,10 @@ class SyncTrainer(SeparateRayPPOTrainer):
         trajs = [t for g in groups for t in g]
         samples = sample_metrics(trajs) | staleness_metrics(trajs, self.version)
         self.run.totals.add(trajs, self.version)  # before the push: the version that generated them
-        batch = self._make_batch(groups)
-        batch = self._compute_old_log_prob(batch, metrics)
-        batch = self._compute_advantages(batch)
-        self._update_actor(batch, metrics)
+        batch = self.ppo.make_batch(groups)
+        batch = self.ppo.old_log_prob(batch, metrics)
+        batch = self.ppo.advantages(batch)
+        self.ppo.update(batch, metrics)
         self._fit_update_weights(metrics)
         step_s = time.perf_counter() - step_start
         out = metrics.reduce() | samples

@@ -29,9 +29,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from recipe.batch_trainer import validation
 from recipe.config import RecipeConfig, load_config
+from recipe.observability.trace import traced
+from recipe.run.inputs import RunInputs
+from recipe.run.placement import Placement
 from recipe.run.snapshots import INDEX_FILE, SNAPSHOT_DIR, Snapshot, read_index
-from recipe.separate_trainer import SeparateRayPPOTrainer
+from recipe.run.training_run import TrainingRun
 from recipe.utils.weights_file import WeightsFile
 
 logger = logging.getLogger(__name__)
@@ -95,14 +99,33 @@ def eval_config(run_dir: Path, overrides: list[str]) -> RecipeConfig:
     return load_config(merged)
 
 
-class SnapshotEvaluator(SeparateRayPPOTrainer):
+class SnapshotEvaluator:
     """The engines of a sync run, without a trainer: they load each snapshot and validate."""
 
     def __init__(self, cfg: RecipeConfig, run_dir: Path) -> None:
-        super().__init__(cfg, Path(run_dir) / EVAL_DIR)
+        self.cfg, self.inputs = cfg, RunInputs.load(cfg)
+        eval_dir = Path(run_dir) / EVAL_DIR
+        eval_dir.mkdir(parents=True, exist_ok=True)
+        self.run = TrainingRun(
+            cfg, eval_dir, train=self.inputs.train_records, val=self.inputs.val_records
+        )
+        self.tracer = self.run.tracer
+        self.placement = Placement(cfg, eval_dir)
+        self.version = 0
         self.source = Path(run_dir)
         self.eval_file = self.source / SNAPSHOT_DIR / EVAL_FILE
-        self._start_engines()
+        assert self.inputs.model is not None
+        self.rollout = self.placement.start_engines(self.inputs.model)
+
+    def close(self) -> None:
+        """The records (the engines' last trace events among them), then the engines."""
+        self.run.close([self.rollout.drain_trace])
+        self.rollout.shutdown()
+        self.placement.release()
+
+    @traced("validate")
+    def _validate(self) -> dict[str, float]:
+        return validation(self.rollout, self.inputs, self.cfg.rollout, self.version)
 
     def evaluate_all(self, *, keep: bool = False) -> list[EvalPoint]:
         """Evaluate the initial weights and every snapshot not in ``eval.jsonl`` yet."""

@@ -51,13 +51,13 @@ NUM_STEPS = 2  # one_step_off: batch 0 filled at the top, batch 1 before the pus
 def _spy_on_batches(trainer: Any) -> list[list[list]]:
     """The groups of every batch the trainer builds (after dynamic sampling)."""
     seen: list[list[list]] = []
-    make_batch = trainer._make_batch
+    make_batch = trainer.ppo.make_batch
 
     def recording(groups):
         seen.append([list(g) for g in groups])
         return make_batch(groups)
 
-    trainer._make_batch = recording
+    trainer.ppo.make_batch = recording
     return seen
 
 

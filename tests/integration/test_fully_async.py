@@ -442,8 +442,8 @@ def test_slow_trainer_blocks_the_rollouter_and_old_log_probs_come_from_the_pushe
     pushed: dict[int, dict[str, torch.Tensor] | None] = {0: None}  # None: the model on disk
     checks: list[tuple[int, Any, torch.Tensor, torch.Tensor]] = []
     update, old_log_prob, push = (
-        trainer._update_actor,
-        trainer._compute_old_log_prob,
+        trainer.ppo.update,
+        trainer.ppo.old_log_prob,
         trainer._fit_update_weights,
     )
 
@@ -462,8 +462,8 @@ def test_slow_trainer_blocks_the_rollouter_and_old_log_probs_come_from_the_pushe
         pushed[trainer.version + 1] = trainer.ranks.full_state_dict()
         push(metrics, **kw)
 
-    trainer._update_actor = slow_update
-    trainer._compute_old_log_prob = recording_old_log_prob
+    trainer.ppo.update = slow_update
+    trainer.ppo.old_log_prob = recording_old_log_prob
     trainer._fit_update_weights = recording_push
     try:
         summary = recipe.fit()

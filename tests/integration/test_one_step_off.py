@@ -51,7 +51,7 @@ def _recorded_run(run_dir: Path, num_steps: int) -> dict[str, Any]:
     trainer._train_batch = recording
     try:
         summary = trainer.fit()
-        train_records, seed = trainer.train_records, trainer.cfg.data.seed
+        train_records, seed = trainer.inputs.train_records, trainer.cfg.data.seed
     finally:
         trainer.close()
     return {

@@ -40,6 +40,7 @@ from recipe.config import load_config
 from recipe.faults import RunFailure
 from recipe.launch import CONFIG_DIR
 from recipe.main import recipe_class
+from recipe.run.inputs import RunInputs
 from tests.helpers import task_shapes as shapes
 from tests.helpers.runs import read_metrics
 
@@ -114,16 +115,17 @@ def test_sync_chat_template_gsm8k_long_prompts_over_the_token_budget_dict_reward
         ],
     )
     ledger = check_complete(run_dir, summary, steps=2)
-    lengths = {uid: len(ids) for uid, ids in recipe.prompt_ids.items()}
+    lengths = {uid: len(ids) for uid, ids in recipe.inputs.prompt_ids.items()}
     # "7+5=" is 4 tokens, 28 inside the template's turn markers.
     assert min(lengths.values()) <= 30 and max(lengths.values()) >= 300, sorted(lengths.values())
     for record in ledger:  # every step asked the engine for many budgets' worth of prefill
         prefill_tokens = sum(lengths[uid] for uid in record["trained"]) * 8
         assert prefill_tokens >= 5 * BUDGET_TOKENS, prefill_tokens
     chat_uid = "train:gsm8k_train.jsonl:0"  # a chat-message row: rendered by the template
-    assert recipe.model.tokenizer.decode(recipe.prompt_ids[chat_uid]).startswith("<|user|>\n")
+    decode, prompt_ids = recipe.model.tokenizer.decode, recipe.inputs.prompt_ids
+    assert decode(prompt_ids[chat_uid]).startswith("<|user|>\n")
     plain_uid = "train:gsm8k_train.jsonl:1"  # a plain string: the template wraps it too
-    assert recipe.model.tokenizer.decode(recipe.prompt_ids[plain_uid]).startswith("<|user|>\n")
+    assert decode(prompt_ids[plain_uid]).startswith("<|user|>\n")
     steps = [r for r in read_metrics(run_dir) if r["step"] > 0]
     for record in steps:  # the dict's extra numbers, the string "pred" is not one
         assert {"reward/acc", "reward/has_number"} <= record.keys()
@@ -176,7 +178,9 @@ def test_fully_async_parquet_plain_strings_math_and_gsm8k_scorers_responses_cut_
     assert max(r["partial/ratio"] for r in steps) > 0, "no response was cut by a sync"
     assert max(r["partial/max_span"] for r in steps) >= 1
     assert summary["staleness/max"] <= summary["staleness/bound"]
-    lengths = [len(ids) for ids in recipe.trainer.prompt_ids.values()]
+    # The rollouter's prompt ids, as the driver encoded them for it.
+    prompt_ids = RunInputs.load(recipe.trainer.cfg).prompt_ids
+    lengths = [len(ids) for ids in prompt_ids.values()]
     assert min(lengths) <= 8 and max(lengths) >= 300, sorted(lengths)
 
 

@@ -70,7 +70,7 @@ class Run:
         client = RolloutClient(ThreadHandle(self.rollouter, self.loop), waits)
         self.trainer.attach(client, QueueClient(ThreadHandle(queue, self.loop), waits))
         self.push = ScriptedPush(self.trainer.engines, self.ranks, self.loop)
-        self.trainer.param_sync = self.push  # type: ignore[assignment]
+        self.trainer.ppo.param_sync = self.push  # type: ignore[assignment]
 
     def fit(self) -> dict[str, Any]:
         try:

@@ -13,9 +13,9 @@ import torch
 from recipe.algo.advantages import compute_advantages, share_episode_advantages
 from recipe.algo.config import AlgorithmConfig
 from recipe.checkpoint.codec import decode_groups, decode_trajectory, encode_groups
+from recipe.ppo_step import PPOStep
 from recipe.protocol import ENV_TOKEN_VERSION, Trajectory, TrajectorySegment
 from recipe.run.metrics import staleness_metrics
-from recipe.separate_trainer import SeparateRayPPOTrainer
 from recipe.workers.trainer.batch import TrainBatch
 from recipe.workers.trainer.micro_batches import device_micro_batches, token_budget_plan
 
@@ -68,7 +68,7 @@ def _trajs() -> list[Trajectory]:
 
 
 def _trainer(estimator: str = "grpo") -> SimpleNamespace:
-    """What ``SeparateRayPPOTrainer._compute_advantages`` reads of its trainer."""
+    """What ``PPOStep.advantages`` reads of its step."""
     tracer = SimpleNamespace(span=lambda *args, **kwargs: contextlib.nullcontext())
     cfg = SimpleNamespace(algorithm=AlgorithmConfig(adv_estimator=estimator))
     return SimpleNamespace(cfg=cfg, tracer=tracer)
@@ -76,7 +76,7 @@ def _trainer(estimator: str = "grpo") -> SimpleNamespace:
 
 def _advantages_b(batch: TrainBatch, estimator: str = "grpo") -> torch.Tensor:
     """Per-row advantage the trainer gives ``batch`` (read off its first response column)."""
-    out = SeparateRayPPOTrainer._compute_advantages(_trainer(estimator), batch)
+    out = PPOStep.advantages(_trainer(estimator), batch)
     assert out.advantages_bt is not None
     first_b = out.response_mask_bt.float().argmax(dim=1)
     return out.advantages_bt.gather(1, first_b[:, None]).squeeze(1)
@@ -153,7 +153,7 @@ def test_every_segment_takes_its_episode_advantage_and_the_baseline_is_over_epis
 
 def test_advantages_reach_every_trained_token_of_a_segment_and_no_other():
     batch = TrainBatch.from_trajectories(_trajs(), pad_token_id=PAD)
-    out = SeparateRayPPOTrainer._compute_advantages(_trainer(), batch)
+    out = PPOStep.advantages(_trainer(), batch)
     assert out.advantages_bt is not None
     adv0 = float(out.advantages_bt[0, 2])
     assert adv0 > 0
@@ -182,7 +182,7 @@ def test_an_env_error_episode_trains_none_of_its_segments_and_stays_out_of_the_b
     assert batch.response_mask_bt.sum(dim=1).tolist() == [0, 0, 0, 3, 3]
     assert batch.counted_b is not None
     assert batch.counted_b.tolist() == [False, False, False, True, True]
-    out = SeparateRayPPOTrainer._compute_advantages(_trainer(), batch)
+    out = PPOStep.advantages(_trainer(), batch)
     assert out.advantages_bt is not None
     assert out.advantages_bt[:3].abs().sum() == 0
     two = compute_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), AlgorithmConfig())

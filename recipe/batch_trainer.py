@@ -1,0 +1,163 @@
+"""``BatchTrainer``: the layer the two batch recipes (sync, one_step_off) share.
+
+    __init__    RunInputs.load (bad input: one error line) -> ranks and engines started side
+                by side; a seeded PromptCursor; total steps planned and logged
+    loop        cursor.take(k) -> engines.generate (served version) -> reward scores -> PPO
+                step (recipe/ppo_step.py) -> push to the engines, paused directly
+                (``DirectEngines``: idle between batches, no replica is ever replaced)
+    resume      checkpoint -> ranks, cursor; the engines load the resumed weights
+
+The engines (``rollout``), the data, the prompts' token ids and the reward function live in
+this process, so generation, scoring and validation are plain calls here; the subclasses
+hold only their loops. The fully async trainer has none of this: its rollouter actor owns
+the engines, the data and the reward.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from recipe.config import RecipeConfig
+from recipe.data.cursor import PromptCursor
+from recipe.observability.trace import traced
+from recipe.protocol import PromptRecord, Trajectory
+from recipe.run.checkpointing import exported_weights
+from recipe.run.inputs import RunInputs
+from recipe.run.metrics import val_metrics, val_sampling
+from recipe.run.training_run import TraceSource
+from recipe.separate_trainer import SeparateRayPPOTrainer
+from recipe.workers.config import RolloutConfig
+
+if TYPE_CHECKING:
+    from recipe.checkpoint_engine.engines import ServingEngines
+    from recipe.workers.rollout.replicas import RolloutReplicas
+
+logger = logging.getLogger(__name__)
+
+
+def scored_groups(
+    engines: RolloutReplicas, inputs: RunInputs, records: list[PromptRecord], **sampling: Any
+) -> list[list[Trajectory]]:
+    """One group per record generated on ``engines`` with ``sampling`` (version, n,
+    temperature, ...), each scored by the run's reward function (in place)."""
+    prompt_ids = [inputs.prompt_ids[r.uid] for r in records]
+    groups = engines.generate(records, prompt_ids, **sampling)
+    for record, trajs in zip(records, groups, strict=True):
+        inputs.reward_fn.score_group(record, trajs)
+    return groups
+
+
+def validation(
+    engines: RolloutReplicas, inputs: RunInputs, rollout: RolloutConfig, version: int
+) -> dict[str, float]:
+    """``val/*`` of greedy (``rollout.val_temperature``) answers to the val set on
+    ``version``, scored; nothing without a val set."""
+    if not inputs.val_records:
+        return {}
+    start = time.perf_counter()
+    sampling = val_sampling(version, rollout.val_temperature)
+    groups = scored_groups(engines, inputs, inputs.val_records, **sampling)
+    return val_metrics(groups, start, rollout.response_length)
+
+
+class BatchTrainer(SeparateRayPPOTrainer):
+    """Engines in this process, a cursor, generate + score (module docstring)."""
+
+    def __init__(self, cfg: RecipeConfig, run_dir: Path) -> None:
+        inputs = RunInputs.load(cfg)  # before any worker: each check names the key or row
+        super().__init__(cfg, run_dir, inputs)
+        self.inputs = inputs
+        """The run's records, prompt token ids and reward function."""
+        self.cursor = PromptCursor(
+            inputs.train_records, seed=cfg.data.seed, shuffle=cfg.data.shuffle
+        )
+        self.total_steps = cfg.num_trainer_steps(len(inputs.train_records))
+        logger.info(
+            "mode=%s: %d trainer steps x %d prompts x %d responses",
+            cfg.mode,
+            self.total_steps,
+            cfg.prompts_per_step,
+            cfg.rollout.n,
+        )
+        self._rollout: RolloutReplicas | None = None
+        mini_batches = cfg.prompts_per_step // cfg.actor.ppo_mini_batch_size
+        # The ranks load the model while the engines start.
+        ranks = self.ppo.start_ranks(
+            total_optimizer_steps=self.total_steps * mini_batches * cfg.actor.ppo_epochs,
+            wait=False,
+        )
+        try:
+            self._rollout = self.placement.start_engines(self.model)
+        except BaseException:
+            ranks.shutdown(graceful=False)
+            raise
+        ranks.wait_ready()
+
+    @property
+    def rollout(self) -> RolloutReplicas:
+        """The engines; an error once closed."""
+        if self._rollout is None:
+            raise RuntimeError(f"{type(self).__name__}: the rollout engines are closed")
+        return self._rollout
+
+    def _generate_scored(self, records: list[PromptRecord]) -> list[list[Trajectory]]:
+        """The groups of ``records`` on the served version, scored."""
+        rollout = self.cfg.rollout
+        return scored_groups(
+            self.rollout,
+            self.inputs,
+            records,
+            version=self.version,
+            n=rollout.n,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+        )
+
+    def _more(self, num_prompts: int) -> tuple[list[PromptRecord], list[list[Trajectory]]]:
+        """A refill round of dynamic sampling: the next prompts, generated and scored."""
+        records = self.cursor.take(num_prompts)
+        return records, self._generate_scored(records)
+
+    @traced("validate")
+    def _validate(self) -> dict[str, float]:
+        """Greedy (``rollout.val_temperature``) answers to the val set, scored."""
+        return validation(self.rollout, self.inputs, self.cfg.rollout, self.version)
+
+    def _serving_engines(self) -> ServingEngines:
+        """The rollout side of a push: the engines, idle between batches, paused directly."""
+        from recipe.checkpoint_engine.engines import DirectEngines
+
+        group = self.rollout
+        return DirectEngines(lambda: group.workers, self.cfg.checkpoint_engine.timeout_s)
+
+    def _resume(self) -> dict[str, Any]:
+        """Load the checkpoint (ranks, step, version, cursor) and make the engines serve its
+        version (they start from ``model.path`` at version 0): the trainer exports the
+        weights once, every replica loads them. Returns the checkpoint's loop state."""
+        state = self._load_checkpoint()
+        self.cursor.load_state_dict(state["cursor"])
+        assert self.version > 0, "checkpoints are taken after a push"
+        with exported_weights(self.ranks, self.run_dir, f"resume-v{self.version}") as weights:
+            self.rollout.update_weights_from_file(weights, self.version)
+        logger.info("engines serve the resumed version %d", self.version)
+        return state
+
+    def _trace_sources(self, *, final: bool = False) -> list[TraceSource]:
+        """The engines' buffered trace events."""
+        return [self.rollout.drain_trace] if self._rollout is not None else []
+
+    def close(self, *, release_placement: bool = True) -> None:
+        """The run's records and the ranks (the base's), then the engines."""
+        super().close(release_placement=False)
+        engines, self._rollout = self._rollout, None
+        if engines is not None:
+            try:
+                engines.shutdown()
+            except Exception:  # the placement is released all the same
+                logger.exception("shutting down the rollout engines failed")
+        if release_placement:
+            self.placement.release()
