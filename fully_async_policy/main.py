@@ -17,7 +17,8 @@ pauses and resumes generation around a push.
 
 Start-up, in order (each phase's seconds go to ``startup/*`` in summary.json):
 
-    inputs_s        model, data, reward functions checked, before Ray (bad input: exit 2)
+    inputs_s        model, data, reward functions checked, before Ray (bad input: exit 2);
+                    loaded once: the rollouter actor is handed them, not loading them again
     ray_s           Ray started
     trainer_init_s  trainer built, placement reserved, ranks launched -- ranks load the model
     engines_s       rollouter actor -> start(): the engines load, compile, capture graphs --'
@@ -77,8 +78,11 @@ class FullyAsyncRecipe:
             # Reserved with the trainer's, before any worker started; the rollouter owns it.
             engines = self.trainer.placement.take("rollout")
             actor: Any = ray.remote(num_cpus=0)(FullyAsyncRollouter)
+            # The inputs checked above, not loaded again: records and prompt ids pickle as
+            # they are, the reward function as its config (it imports reward.custom_fn
+            # again in the actor: a function loaded from a file has no importable name).
             self.rollouter = actor.options(scheduling_strategy=on_driver_node()).remote(
-                cfg, run_dir, self.queue, plan, engines
+                cfg, run_dir, self.queue, plan, engines, inputs=inputs
             )
             client = RolloutClient(self.rollouter)
             engines_start = time.perf_counter()

@@ -107,13 +107,14 @@ class FullyAsyncRollouter:
         plan: RunPlan,
         engines: Any,
         *,
-        inputs: RunInputs | None = None,
+        inputs: RunInputs,
     ) -> None:
         """``queue``: the MessageQueue actor released groups go into; ``engines``: the
         engines' placement group, reserved by the driver with the trainer's; ``inputs``: the
-        data, prompt ids and reward function (None: read and checked from ``cfg``)."""
+        data, prompt ids and reward function the driver loaded and checked (never loaded
+        again here)."""
         self.cfg, self.run_dir = cfg, Path(run_dir)
-        self.inputs = inputs if inputs is not None else RunInputs.load(cfg)
+        self.inputs = inputs
         self.reward_fn, self.prompt_ids = self.inputs.reward_fn, self.inputs.prompt_ids
         self.val_records = self.inputs.val_records
         self.placement = Placement(cfg, self.run_dir)

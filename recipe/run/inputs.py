@@ -8,9 +8,12 @@
       agents     multi-turn import paths, arguments and chat-template deltas
 
 Each check raises a ValueError (or ``ModelPathError``) naming the key, file or row, so bad
-input fails at startup with one line, before Ray starts. The trainer side keeps these inputs
-(``SeparateRayPPOTrainer``) and the rollout side loads its own (``FullyAsyncRollouter``); a
-test that brings its own engines builds ``RunInputs`` by hand without a model.
+input fails at startup with one line, before Ray starts. Each process loads them once: the
+batch recipes in their one process (``BatchTrainer`` keeps them all); fully_async in the
+driver, which keeps the model and the prompt sets' fingerprints (``FullyAsyncTrainer``) and
+hands the whole to the rollouter actor through Ray (the reward function travels as its
+config, ``RewardFunction.__reduce__``). A test that brings its own engines builds
+``RunInputs`` by hand without a model.
 """
 
 from __future__ import annotations
