@@ -3,10 +3,10 @@
 # full fine-tuning counterpart, run by the same command:
 #
 #   ci/lora_gpu.sh memory OUT [SIZES] [KEY=VALUE ...]
-#       fully_async on random-init Qwen2.5 shapes (recipe/bench/models.py; SIZES default
+#       fully_async on random-init Qwen2.5 shapes (recipe/tools/bench/models.py; SIZES default
 #       0.5B,7B), LoRA (actor.lora.rank=LORA_RANK, default 32) and full fine-tuning each:
 #       samples/s, push bytes and pause (medians), and the peak GPU memory of the trainer and
-#       the engine (python -m recipe.study.gpu_memory), into OUT/<size>-<lora|full>/; a run
+#       the engine (python -m recipe.tools.study.gpu_memory), into OUT/<size>-<lora|full>/; a run
 #       that fails (a full fine-tuning that does not fit beside its engine) keeps its log and
 #       the memory each side held up to the failure
 #   ci/lora_gpu.sh gsm8k [MODES]
@@ -35,8 +35,8 @@ memory() {  # memory OUT [SIZES] [KEY=VALUE ...]
       mkdir -p "$dir"
       local lora=()
       [ "$variant" = lora ] && lora=(actor.lora.rank="$RANK")
-      "$PYTHON" -m recipe.study.gpu_memory "$dir/gpu_memory.csv" -- \
-        timeout "${RUN_TIMEOUT_S:-900}" "$PYTHON" -m recipe.bench.e2e model="$size" \
+      "$PYTHON" -m recipe.tools.study.gpu_memory "$dir/gpu_memory.csv" -- \
+        timeout "${RUN_TIMEOUT_S:-900}" "$PYTHON" -m recipe.tools.bench.e2e model="$size" \
         modes=fully_async steps="${STEPS:-8}" trainer.device=cuda model.dtype=bfloat16 \
         rollout.response_length=384 rollout.max_num_seqs=512 json="$dir/result.json" \
         "${lora[@]}" "$@" > "$dir/bench.log" 2>&1 || status=1

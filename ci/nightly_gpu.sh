@@ -30,21 +30,21 @@ for stage in "${stages[@]}"; do
     smoke)
       "$PYTHON" -m pytest -q -m gpu tests 2>&1 | tee "$out/smoke.log" ;;
     rollout)
-      "$PYTHON" -m recipe.bench.rollout --device cuda --model 0.5B --prompts 64 --n 16 \
+      "$PYTHON" -m recipe.tools.bench.rollout --device cuda --model 0.5B --prompts 64 --n 16 \
         --max-tokens 256 --max-num-seqs 512 --json "$out/rollout.json" 2>&1 \
         | tee "$out/rollout.log" ;;
     trainer)
-      "$PYTHON" -m recipe.bench.trainer --device cuda --model 0.5B --json "$out/trainer.json" \
+      "$PYTHON" -m recipe.tools.bench.trainer --device cuda --model 0.5B --json "$out/trainer.json" \
         2>&1 | tee "$out/trainer.log" ;;
     weight_sync)
-      "$PYTHON" -m recipe.bench.weight_sync --device cuda --sizes 0.5B,1.5B,7B \
+      "$PYTHON" -m recipe.tools.bench.weight_sync --device cuda --sizes 0.5B,1.5B,7B \
         --backends "$backends" --repeats 3 --json "$out/weight_sync.json" 2>&1 \
         | tee "$out/weight_sync.log" ;;
     engine_push)
-      "$PYTHON" -m recipe.bench.engine_push --model 0.5B --json "$out/engine_push.json" 2>&1 \
+      "$PYTHON" -m recipe.tools.bench.engine_push --model 0.5B --json "$out/engine_push.json" 2>&1 \
         | tee "$out/engine_push.log" ;;
     e2e)
-      "$PYTHON" -m recipe.bench.e2e model=0.5B workload=longtail steps=${E2E_STEPS:-16} $layout \
+      "$PYTHON" -m recipe.tools.bench.e2e model=0.5B workload=longtail steps=${E2E_STEPS:-16} $layout \
         trainer.device=cuda model.dtype=bfloat16 rollout.response_length=384 \
         rollout.max_num_seqs=512 json="$out/e2e.json" 2>&1 | tee "$out/e2e.log" ;;
     run)

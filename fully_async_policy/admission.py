@@ -33,7 +33,7 @@ With T = 2 and staleness_threshold = 0.5 (B - W = R, the defaults) every window'
 trains the previous window's R late finishers (staleness 1, the longest groups, cut by the
 push if they were still generating), its second step the window's own R early finishers
 (staleness 0). Where the longer answers are the worse ones (cut at the length limit) the
-training reward zigzags from step to step (``python -m recipe.study.zigzag RUN_DIR``
+training reward zigzags from step to step (``python -m recipe.tools.study.zigzag RUN_DIR``
 measures it). Each window still trains the same groups; shuffling them across its steps
 removed the zigzag, changed neither training reward nor validation accuracy at equal samples,
 and doubled the trainer's wait (the first step then waits for the window's early finishers),

@@ -105,7 +105,7 @@ class TrainerConfig:
     snapshot_samples: int = 0
     """Export the policy's weights to ``snapshots/`` each time the trained samples reach a
     multiple of this, with the training clock at that point, to evaluate after the run, off
-    the clock (``python -m recipe.study``; recipe/run/snapshots.py). 0: never."""
+    the clock (``python -m recipe.tools.study``; recipe/run/snapshots.py). 0: never."""
 
     def __post_init__(self) -> None:
         require_positive("trainer.total_epochs", self.total_epochs)

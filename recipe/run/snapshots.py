@@ -10,7 +10,7 @@ before the first generation in every mode), across resumes, minus the time the t
 blocked in work a study must not charge to a mode: these exports and validations run inside
 the loop (sync, one_step_off). So two modes compare by when their weights existed, not by how
 often they validated or exported. A study evaluates the files afterwards
-(``python -m recipe.study.evaluate``) and may delete them; the index stays.
+(``python -m recipe.tools.study.evaluate``) and may delete them; the index stays.
 
 A resumed run keeps the index lines up to its checkpoint's step; later lines (and their files)
 came from steps that are trained again, and are dropped (a fresh start drops them all).

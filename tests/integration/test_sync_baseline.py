@@ -109,7 +109,7 @@ def _check_trace_and_report(run_dir: Path) -> None:
         )
     assert len(requests(events, training=False)) == 3 * 32
 
-    from recipe.report.cli import write_report
+    from recipe.tools.report.cli import write_report
 
     report = write_report([run_dir], run_dir / "report")
     images = {p.name for p in report.parent.glob("*.png")}

@@ -193,7 +193,7 @@ def test_the_first_step_of_a_window_trains_the_last_finishers_of_the_window_befo
     (B - W = R): the first step the R groups of the window before that finished last (one
     version old), the second the R of its own window that finished first. Where the longer
     responses are the worse ones, the training reward zigzags from step to step
-    (``python -m recipe.study.zigzag`` measures it); every group is still trained once."""
+    (``python -m recipe.tools.study.zigzag`` measures it); every group is still trained once."""
     per_step, sync_every = 4, 2
     ctrl = AdmissionController(
         budget=window_budget(per_step, sync_every, 0.5),

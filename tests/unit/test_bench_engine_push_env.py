@@ -1,4 +1,4 @@
-"""``python -m recipe.bench.engine_push`` and vLLM's pickle switch: set only by the bench's
+"""``python -m recipe.tools.bench.engine_push`` and vLLM's pickle switch: set only by the bench's
 entrypoint, only when vLLM's own methods run, and restored after (no vLLM is started here:
 the engine and the run are fakes that record the environment they saw)."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from recipe.bench import engine_push
+from recipe.tools.bench import engine_push
 
 KEY = "VLLM_ALLOW_INSECURE_SERIALIZATION"
 

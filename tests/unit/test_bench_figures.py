@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from recipe.bench.e2e import phase_shares, trainer_rates
-from recipe.bench.flops import ModelFlops, mfu
+from recipe.tools.bench.e2e import phase_shares, trainer_rates
+from recipe.tools.bench.flops import ModelFlops, mfu
 
 
 def _config(tmp_path, **overrides):
@@ -78,7 +78,7 @@ def test_trainer_rates_count_tokens_over_busy_time(tmp_path):
 
 
 def test_the_multiturn_workload_composes_in_every_mode_with_given_keys_winning():
-    from recipe.bench.e2e import MODES, bench_config, multiturn_overrides
+    from recipe.tools.bench.e2e import MODES, bench_config, multiturn_overrides
 
     overrides = multiturn_overrides({"rollout.response_length": 96})
     assert overrides["rollout.multi_turn.max_turn_tokens"] == 24
@@ -95,7 +95,7 @@ def test_the_multiturn_workload_composes_in_every_mode_with_given_keys_winning()
 
 
 def test_the_agent_workload_runs_the_same_episodes_through_the_endpoint():
-    from recipe.bench.e2e import MODES, agent_overrides, bench_config, multiturn_overrides
+    from recipe.tools.bench.e2e import MODES, agent_overrides, bench_config, multiturn_overrides
 
     overrides = agent_overrides({"rollout.response_length": 96})
     episodes = multiturn_overrides({"rollout.response_length": 96})
@@ -113,7 +113,7 @@ def test_the_agent_workload_runs_the_same_episodes_through_the_endpoint():
     [(1, (1, 1), (1, 1)), (2, (2, 2), (1, 1)), (4, (4, 4), (2, 2)), (3, (3, 3), (1, 2))],
 )
 def test_equal_gpus_colocate_sync_and_split_the_async_modes(gpus, sync, split):
-    from recipe.bench.e2e import MODES, bench_config
+    from recipe.tools.bench.e2e import MODES, bench_config
 
     for mode in MODES:
         cfg = bench_config(mode, 4, {}, gpus=gpus)

@@ -1,5 +1,5 @@
-"""The peer benchmark (recipe/bench/peers) without a GPU: both systems' commands state the same
-terms (ours composed by our real Hydra config, verl's checked against our defaults), the
+"""The peer benchmark (recipe/tools/bench/peers) without a GPU: both systems' commands state the
+same terms (ours composed by our real Hydra config, verl's checked against our defaults), the
 readers and the one rule that turns each system's log into figures, the harness on real
 subprocesses, and bad keys. The runs themselves are GPU runs (docs/results.md)."""
 
@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from recipe.bench.peers import __main__ as peers
-from recipe.bench.peers import measure, ours, verl
-from recipe.bench.peers.data import prepare_peer_data
-from recipe.bench.peers.measure import Measured, run_measured
-from recipe.bench.peers.result import summarize
-from recipe.bench.peers.terms import Terms
 from recipe.config import load_config, register_configs
+from recipe.tools.bench.peers import __main__ as peers
+from recipe.tools.bench.peers import measure, ours, verl
+from recipe.tools.bench.peers.data import prepare_peer_data
+from recipe.tools.bench.peers.measure import Measured, run_measured
+from recipe.tools.bench.peers.result import summarize
+from recipe.tools.bench.peers.terms import Terms
 from tests.helpers.escaping import escaping_command, gone
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,7 +120,7 @@ def test_verl_runs_from_its_own_wheels_and_logs_into_the_run_dir(tmp_path):
 
 
 def test_verls_reward_is_our_scorer():
-    from recipe.bench.peers.verl_reward import compute_score
+    from recipe.tools.bench.peers.verl_reward import compute_score
 
     assert compute_score("openai/gsm8k", "so 12 apples\n#### 12", "12") == 1.0
     assert compute_score("openai/gsm8k", "so 12 apples", "12") == 0.0  # strict, as verl's
@@ -261,8 +261,8 @@ def test_a_system_with_a_result_is_not_run_again_and_the_table_has_it(
 
 
 def test_ratios_are_ours_to_verl_and_fully_async_to_sync_among_the_finished():
-    from recipe.bench.peers.report import ratios
-    from recipe.bench.peers.result import SystemResult
+    from recipe.tools.bench.peers.report import ratios
+    from recipe.tools.bench.peers.result import SystemResult
 
     def result(system: str, rate: float, failed: str | None = None) -> SystemResult:
         return SystemResult(system, failed, samples_per_s=rate, startup_s=100.0)

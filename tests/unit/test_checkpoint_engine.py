@@ -452,7 +452,7 @@ def test_receiver_loads_only_a_verified_push_and_only_once():
 def test_push_across_processes_is_bitwise_exact_for_mixed_dtypes_and_two_receivers(backend):
     import argparse
 
-    from recipe.bench.weight_sync import run_backend, synthetic_metadata
+    from recipe.tools.bench.weight_sync import run_backend, synthetic_metadata
 
     meta = synthetic_metadata("2M", "bfloat16")  # bf16 weights, fp32 norms, 1.5 MB embedding
     args = argparse.Namespace(

@@ -1,5 +1,5 @@
 """The device backends across real processes: ``cuda_ipc`` (trainer and engine on one GPU)
-and ``nccl`` (two GPUs). Each push goes through ``recipe.bench.weight_sync``'s sender and
+and ``nccl`` (two GPUs). Each push goes through ``recipe.tools.bench.weight_sync``'s sender and
 receiver processes and is checked bitwise (a hash of every tensor on both sides)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import argparse
 import pytest
 import torch
 
-from recipe.bench.weight_sync import run_backend, synthetic_metadata
+from recipe.tools.bench.weight_sync import run_backend, synthetic_metadata
 
 pytestmark = pytest.mark.gpu
 

@@ -1,4 +1,4 @@
-"""Unit tests of ``python -m recipe.data.prepare``: GSM8K's published files -> parquet rows
+"""Unit tests of ``python -m recipe.tools.prepare``: GSM8K's published files -> parquet rows
 in verl's schema that our loader reads and the GSM8K scorer scores; bad input exits 2 with
 one line and leaves no file behind."""
 
@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from recipe.data.loaders import load_records
-from recipe.data.prepare import __main__ as prepare_cli
-from recipe.data.prepare import common, gsm8k
 from recipe.reward import get_scorer
+from recipe.tools.prepare import __main__ as prepare_cli
+from recipe.tools.prepare import common, gsm8k
 
 REPO = Path(__file__).resolve().parents[2]
 REAL_GSM8K = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k"
@@ -206,7 +206,7 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(
 
 def test_module_entry_point_exits_2_with_one_line(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "recipe.data.prepare", "nope", str(tmp_path), str(tmp_path)],
+        [sys.executable, "-m", "recipe.tools.prepare", "nope", str(tmp_path), str(tmp_path)],
         capture_output=True,
         text=True,
         cwd=REPO,

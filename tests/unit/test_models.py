@@ -219,7 +219,7 @@ def test_a_gguf_that_is_not_a_convertible_causal_lm_is_refused(tmp_path, tokeniz
 
 def _cli(*args: str, cache: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "recipe.models", "--cache-dir", str(cache), *args],
+        [sys.executable, "-m", "recipe.tools.models", "--cache-dir", str(cache), *args],
         cwd=REPO,
         capture_output=True,
         text=True,

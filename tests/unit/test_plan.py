@@ -1,5 +1,6 @@
-"""The pipeline simulation (recipe/plan/sim.py) against closed forms, the planner's
-sweep and recommendation (recipe/plan/cli.py), and its measured inputs (recipe/plan/inputs.py)."""
+"""The pipeline simulation (recipe/tools/plan/sim.py) against closed forms, the planner's
+sweep and recommendation (recipe/tools/plan/cli.py), and its measured inputs
+(recipe/tools/plan/inputs.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ import json
 
 import pytest
 
-from recipe.plan.cli import Row, main, recommend, sweep
-from recipe.plan.inputs import measure
-from recipe.plan.modes import simulate
-from recipe.plan.spec import Layout, Workload
-from recipe.report.data import load_run
+from recipe.tools.plan.cli import Row, main, recommend, sweep
+from recipe.tools.plan.inputs import measure
+from recipe.tools.plan.modes import simulate
+from recipe.tools.plan.spec import Layout, Workload
+from recipe.tools.report.data import load_run
 
 N, R, LENGTH = 4, 8, 10
 SAMPLES = N * R
@@ -260,7 +261,7 @@ def test_contention_is_the_training_slowdown_per_unit_of_overlap(tmp_path):
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     # generation covers [start, start + 0.5 s]: 0.25 s of the 0.75 s of training; 1.5x slower
     # over a third of the time means 2.5x slower while overlapped
-    from recipe.plan.inputs import estimate_contention
+    from recipe.tools.plan.inputs import estimate_contention
 
     contention = estimate_contention(base, load_run(run))
     assert contention == pytest.approx(2.5)

@@ -1,4 +1,4 @@
-"""``python -m recipe.data.prepare math``: MATH's published rows -> parquet rows that our loader
+"""``python -m recipe.tools.prepare math``: MATH's published rows -> parquet rows that our loader
 reads and ``math_score`` scores, each with its level and subject; rows without an answer are
 skipped and said, level 0.0 rows kept and named, ``--levels`` keeps some levels only, bad
 input exits 2 with one line. The last test runs on the real files when they are present."""
@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from recipe.data.loaders import load_records
-from recipe.data.prepare import PrepareError, prepare
-from recipe.data.prepare import __main__ as prepare_cli
-from recipe.data.prepare.math import INSTRUCTION
 from recipe.reward import get_scorer
+from recipe.tools.prepare import PrepareError, prepare
+from recipe.tools.prepare import __main__ as prepare_cli
+from recipe.tools.prepare.math import INSTRUCTION
 
 REPO = Path(__file__).resolve().parents[2]
 REAL_MATH = Path(__file__).resolve().parents[3] / "shared" / "data" / "math"
@@ -146,7 +146,7 @@ def test_a_bad_source_is_one_line_and_exit_2(tmp_path):
         (tmp_path / "src", f"error: {tmp_path / 'src' / 'train.json'}: cannot read a JSON array"),
     ):
         proc = subprocess.run(
-            [sys.executable, "-m", "recipe.data.prepare", "math", str(src), str(tmp_path / "o")],
+            [sys.executable, "-m", "recipe.tools.prepare", "math", str(src), str(tmp_path / "o")],
             capture_output=True,
             text=True,
             cwd=REPO,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import time
 
-from recipe.study.runs import run_logged
+from recipe.tools.study.runs import run_logged
 from recipe.utils.process_tree import descendants, kill_tree
 from tests.helpers.escaping import escaping_command, gone
 

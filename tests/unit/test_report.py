@@ -1,4 +1,4 @@
-"""``python -m recipe.report``: the files it writes for one run and for several, on small
+"""``python -m recipe.tools.report``: the files it writes for one run and for several, on small
 run directories written here (the integration tests run it on real runs)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from recipe.report.cli import main, write_report
-from recipe.report.data import depth_of, load_run, smooth, top_level
+from recipe.tools.report.cli import main, write_report
+from recipe.tools.report.data import depth_of, load_run, smooth, top_level
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -259,9 +259,11 @@ def test_the_product_packages_have_no_import_circle():
 def part_of(module: str) -> str:
     """The part of the layout a module belongs to: a top-level package, or one of
     ``recipe``'s direct children (a subpackage such as ``recipe.run``, or a module such as
-    ``recipe.separate_trainer``)."""
+    ``recipe.separate_trainer``), or one of ``recipe.tools``'s (``recipe.tools.plan``)."""
     parts = module.split(".")
-    return ".".join(parts[:2]) if parts[0] == "recipe" else parts[0]
+    if parts[0] != "recipe":
+        return parts[0]
+    return ".".join(parts[:3] if parts[1:2] == ["tools"] else parts[:2])
 
 
 def collapse(graph: Graph, part: Callable[[str], str] = part_of) -> Graph:

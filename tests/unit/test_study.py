@@ -1,5 +1,5 @@
 """The staleness study's grid, commands and aggregation, on run directories written here (the
-runs themselves are real ``python -m recipe`` runs: ``python -m recipe.study.staleness``)."""
+runs themselves are real ``python -m recipe`` runs: ``python -m recipe.tools.study.staleness``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from recipe.study.staleness import CORRECTIONS, main, parse
-from recipe.study.table import Cell, area, collect
+from recipe.tools.study.staleness import CORRECTIONS, main, parse
+from recipe.tools.study.table import Cell, area, collect
 
 
 def _write_run(out, cell, curve, samples_per_s=100.0, staleness=(0.5, 1), masked=0.01):
@@ -96,9 +96,9 @@ def test_a_failed_run_is_no_seed_and_runs_again(tmp_path, capsys, monkeypatch):
     assert row["seeds"] == 1 and row["final_acc"] == 0.5
     ran = []
     monkeypatch.setattr(
-        "recipe.study.staleness.run_logged", lambda cmd, run_dir, timeout_s: ran.append(run_dir)
-        or ("exit code 1", 1.0)
-    )  # fmt: skip
+        "recipe.tools.study.staleness.run_logged",
+        lambda cmd, run_dir, timeout_s: ran.append(run_dir) or ("exit code 1", 1.0),
+    )
     args = ["thresholds=0.5", "corrections=bypass", "seeds=0,1", f"out={tmp_path}"]
     assert main([*args, f"records={tmp_path / 'records'}"]) == 0
     assert ran == [tmp_path / cells[1].name]  # the failed seed only, not the recorded one

@@ -1,4 +1,4 @@
-"""GPU memory per process and role beside a run (recipe/study/gpu_memory.py), with a fake
+"""GPU memory per process and role beside a run (recipe/tools/study/gpu_memory.py), with a fake
 ``nvidia-smi`` on PATH: the sampler, the roles, the peaks and the command wrapper."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from recipe.study import gpu_memory
-from recipe.study.gpu_memory import GpuProcessMemory, parse_apps, peaks, role_of
+from recipe.tools.study import gpu_memory
+from recipe.tools.study.gpu_memory import GpuProcessMemory, parse_apps, peaks, role_of
 
 
 def test_roles_come_from_the_command_line():

@@ -1,4 +1,4 @@
-"""``python -m recipe.study.graders``: our MATH grader against math-verify. The table and the
+"""``python -m recipe.tools.study.graders``: our MATH grader against math-verify. The table and the
 rewrites are checked with graders written here; the command itself on responses and on
 reference answers with math-verify (an optional extra: those tests skip without it), and on
 the real MATH-500 answers when ../shared/data/math is present."""
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from recipe.data.prepare import prepare
-from recipe.study import graders
-from recipe.study.graders import Case, compare, rewrites
+from recipe.tools.prepare import prepare
+from recipe.tools.study import graders
+from recipe.tools.study.graders import Case, compare, rewrites
 
 REAL_MATH = Path(__file__).resolve().parents[3] / "shared" / "data" / "math"
 ROW = {"data_source": "math", "prompt": "p", "reward_model": {"style": "rule"}}

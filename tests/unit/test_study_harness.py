@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from recipe.study.__main__ import main
-from recipe.study.analysis import analyse, print_results
-from recipe.study.design import DesignError, RunSpec, StudyDesign, register, registered
-from recipe.study.harness import EXIT_MORE, RECORD_FILE, Harness
+from recipe.tools.study.__main__ import main
+from recipe.tools.study.analysis import analyse, print_results
+from recipe.tools.study.design import DesignError, RunSpec, StudyDesign, register, registered
+from recipe.tools.study.harness import EXIT_MORE, RECORD_FILE, Harness
 
 # A run: accuracy rises by a mode's rate per 100 samples; fully_async runs twice as fast.
 FAKE_RUN = """

@@ -1,12 +1,12 @@
-"""The lengths study's statistics (``recipe.study.length_stats``) on responses written here,
-and its command line's study keys (``recipe.study.lengths.parse``); the end-to-end run on a
+"""The lengths study's statistics (``recipe.tools.study.length_stats``) on responses written here,
+and its command line's study keys (``recipe.tools.study.lengths.parse``); the end-to-end run on a
 real engine is tests/integration/test_study_lengths_cli.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from recipe.study.length_stats import (
+from recipe.tools.study.length_stats import (
     ALL,
     Response,
     batch_tail,
@@ -15,7 +15,7 @@ from recipe.study.length_stats import (
     groups_in_order,
     summarize,
 )
-from recipe.study.lengths import parse
+from recipe.tools.study.lengths import parse
 
 
 def _group(uid: str, tokens: list[int], *, level: int | None = 1, cut: int = 0, reward=0.0):

@@ -1,7 +1,7 @@
-"""The modes study's records and table (``recipe.study.accuracy``), on run directories written
+"""The modes study's records and table (``recipe.tools.study.accuracy``), on run directories written
 here: validation points land at the samples and seconds of the version they measured, blocking
 validations are taken out of the clock, and the time to sync's final accuracy is a ratio to
-sync's own (the runs themselves are real: ``python -m recipe.study.modes``)."""
+sync's own (the runs themselves are real: ``python -m recipe.tools.study.modes``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import math
 
 import pytest
 
-from recipe.study.accuracy import RunRecord, read_run, table
-from recipe.study.modes import parse
+from recipe.tools.study.accuracy import RunRecord, read_run, table
+from recipe.tools.study.modes import parse
 
 
 def _write_run(path, mode, steps, *, step_s, val_s, versions_per_step, vals):

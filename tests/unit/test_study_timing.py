@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from recipe.study.timing import (
+from recipe.tools.study.timing import (
     INF,
     Point,
     accuracy_at,

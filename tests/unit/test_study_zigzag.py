@@ -1,4 +1,4 @@
-"""``recipe.study.zigzag`` on run directories and study records written here: positions in
+"""``recipe.tools.study.zigzag`` on run directories and study records written here: positions in
 the sync window, the trend-free contrast between positions, the autocorrelation against its
 shuffled null, the groups' lengths and carry-over from the ledger and the trace."""
 
@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from recipe.study.zigzag import (
+from recipe.tools.study.zigzag import (
     across_push,
     by_window,
     contrast,

@@ -162,7 +162,7 @@ def test_a_checkpoint_resumes_the_adapter_and_refuses_another_base(model_dir, tm
 def test_python_m_recipe_export_writes_the_adapter_and_the_merged_model(model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from recipe.export import main as export
+    from recipe.tools.export import main as export
 
     batch = random_train_batch(model_dir, seed=5)
     worker = _worker(model_dir)

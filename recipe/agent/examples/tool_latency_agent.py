@@ -1,7 +1,7 @@
 """The ``tool_latency`` episodes (``recipe.agent.builtin.ToolLatency``) as an agent written
 against the OpenAI API: ``TURNS`` model turns, each followed by a tool whose latency has a
 long tail (``SHORT_S``, or ``LONG_S`` with probability ``LONG_P``), its result appended to
-the conversation. The workload of ``python -m recipe.bench.e2e workload=agent``.
+the conversation. The workload of ``python -m recipe.tools.bench.e2e workload=agent``.
 
 Plain-text prompts go through ``/v1/completions`` (the text so far, the tool's result
 appended: the environment's observations, token for token); chat prompts through

@@ -1,0 +1,88 @@
+"""``python -m recipe.tools.study``: a time-to-accuracy study fixed before its runs.
+
+    python -m recipe.tools.study register configs/study/NAME.yaml records=docs/study/NAME
+        the design (design.py) written to records/design.json; commit it before any run
+    python -m recipe.tools.study run records=docs/study/NAME data=DATA_DIR [out=outputs/study/NAME]
+                               [deadline_s=inf] [archive=PATH.tar.gz]
+        the runs not done yet, in the design's order, each trained, evaluated off the clock and
+        kept (harness.py); a phase (training, evaluation) starts only when its estimate fits
+        before ``deadline_s``; exit 0 when all are done (then the results), 3 when runs remain
+        (call again, on this machine or a fresh one given the records), 1 when a run failed;
+        ``archive``: the records as one file, rewritten after each kept run
+    python -m recipe.tools.study table records=docs/study/NAME
+        results.json, the table and accuracy.png from what is kept (analysis.py)
+
+Bad input (a design that cannot run, a changed design, a missing data folder): one line,
+exit code 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from pathlib import Path
+
+from recipe.tools.study.analysis import analyse, print_results
+from recipe.tools.study.design import DesignError, StudyDesign, register, registered
+from recipe.tools.study.harness import Harness
+
+USAGE = __doc__.split("\n\n")[1]
+
+
+def _keys(args: list[str], allowed: dict[str, str]) -> dict[str, str]:
+    values = dict(allowed)
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if not sep or key not in allowed:
+            raise ValueError(f"{arg!r}: expected one of {', '.join(f'{k}=' for k in allowed)}")
+        values[key] = value
+    if missing := [k for k, v in values.items() if v == ""]:
+        raise ValueError(f"missing {', '.join(f'{k}=' for k in missing)}")
+    return values
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.WARNING)
+    if not argv or argv[0] not in ("register", "run", "table"):
+        print(USAGE)
+        return 2
+    command, rest = argv[0], argv[1:]
+    try:
+        if command == "register":
+            if not rest:
+                raise ValueError("register needs the design file")
+            keys = _keys(rest[1:], {"records": ""})
+            path = register(StudyDesign.load(Path(rest[0])), Path(keys["records"]))
+            print(f"registered: {path}")
+            return 0
+        if command == "table":
+            keys = _keys(rest, {"records": ""})
+            print_results(analyse(Path(keys["records"])))
+            return 0
+        allowed = {"records": "", "data": "-", "out": "-", "deadline_s": "inf", "archive": "-"}
+        keys = _keys(rest, allowed)
+        records = Path(keys["records"])
+        design = registered(records)
+        out = Path(f"outputs/study/{design.name}" if keys["out"] == "-" else keys["out"])
+        data = "" if keys["data"] == "-" else keys["data"]
+        if not data and any("{data}" in a for a in [*design.overrides, *design.eval_overrides]):
+            raise ValueError(f"{records}: the design's overrides name {{data}}: give data=DIR")
+        archive = None if keys["archive"] == "-" else Path(keys["archive"])
+        harness = Harness(design, records, out, data, archive=archive)
+        deadline_s = float(keys["deadline_s"])
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        code = harness.run_all(deadline_s if math.isfinite(deadline_s) else 1e12)
+    except DesignError as exc:  # the warm-up gives no targets on a rising curve
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if code == 0:
+        print_results(analyse(records))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
