@@ -39,7 +39,7 @@ T = TypeVar("T")
 
 Within = Callable[[Any, str], Any]
 """``within(ref, call)``: the result of the rollouter call ``call`` within its deadline, else
-a ``RunFailure`` naming it (``RolloutAnswers.within``, feed.py)."""
+a ``RunFailure`` naming it (``RolloutAnswers.within``, driver/feed.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +118,7 @@ class RolloutDeadlines:
         return self._calls[name] + self.answer
 
     def _call_waits(self, cfg: RecipeConfig) -> dict[str, Deadline]:
-        """What each rollouter call the trainer makes may wait for (rollouter.py), in order."""
+        """What each call on the rollouter (rollouter/actor.py) may wait for, in order."""
         multi_turn = cfg.rollout.multi_turn.enable
         partial = cfg.async_training.partial_rollout
         pause = self.answer  # every replica at once, each within it

@@ -35,10 +35,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fully_async_policy.clients import QueueClient, RolloutClient
+from fully_async_policy.driver.clients import QueueClient, RolloutClient
+from fully_async_policy.driver.trainer import FullyAsyncTrainer
 from fully_async_policy.message_queue import make_message_queue
-from fully_async_policy.rollouter import FullyAsyncRollouter
-from fully_async_policy.trainer import FullyAsyncTrainer
+from fully_async_policy.rollouter.actor import FullyAsyncRollouter
 from recipe.config import RecipeConfig
 from recipe.run.inputs import RunInputs
 from recipe.run.placement import ENGINE_LOG_DIR, init_ray, resolve_device

@@ -5,6 +5,8 @@
     trainer   --end_sync(version)--> rollouter --SyncPause | None--> trainer (the sync's pause)
     trainer   --poll()--> rollouter --RolloutProgress--> trainer (idle time, val results)
     trainer   --stop()--> rollouter --RolloutLedger--> trainer (end-of-run accounting)
+    trainer   --snapshot()--> rollouter --dict--> trainer, which writes it to
+              ``ROLLOUTER_STATE_FILE``; a resumed rollouter reads it there (``restore``)
 
 Every message is a slotted dataclass; times are seconds, counts are prompts unless a name
 says otherwise.
@@ -19,6 +21,10 @@ from recipe.protocol import Trajectory
 
 if TYPE_CHECKING:
     from recipe.workers.rollout.client import ReplicaClient
+
+ROLLOUTER_STATE_FILE = "rollouter_state.json"
+"""The rollouter's checkpoint state (``snapshot()``), under the checkpoint's ``run_state/``:
+written by the trainer, read by the rollouter of a resumed run."""
 
 
 @dataclass(slots=True)

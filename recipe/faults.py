@@ -9,10 +9,10 @@
                                           (RECIPE_DEBUG=1: the traceback)
 
 What is recovered before it gets here: a rollout worker that dies in ``mode=fully_async`` is
-restarted (``rollout.max_restarts``, fully_async_policy/replicas.py); a failed weight push is
-retried when ``checkpoint_engine.on_failure=retry``. Everything else ends the run within a
-bounded time: a dead trainer rank is seen at the next call that waits on it (the first failed
-rank is raised at once, its peers blocked in a collective are not waited for).
+restarted (``rollout.max_restarts``, fully_async_policy/rollouter/replicas.py); a failed
+weight push is retried when ``checkpoint_engine.on_failure=retry``. Everything else ends the
+run within a bounded time: a dead trainer rank is seen at the next call that waits on it (the
+first failed rank is raised at once, its peers blocked in a collective are not waited for).
 """
 
 from __future__ import annotations

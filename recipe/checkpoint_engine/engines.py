@@ -16,8 +16,8 @@ generation owns that state, and a push asks it through this interface::
 Two owners implement it:
 - ``DirectEngines`` (below): the batch recipes' own ``RolloutReplicas``, idle between batches,
   paused for the push by the calls on its workers.
-- ``RolloutEngines`` (fully_async_policy/rollout_engines.py): the fully async rollouter, whose
-  ``ReplicaSupervisor`` is the only place its engines are paused or resumed.
+- ``RolloutEngines`` (fully_async_policy/driver/rollout_engines.py): the fully async
+  rollouter, whose ``ReplicaSupervisor`` is the only place its engines are paused or resumed.
 """
 
 from __future__ import annotations

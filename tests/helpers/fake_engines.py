@@ -247,7 +247,8 @@ class ScriptedWorker(RolloutWorker):
 
 
 class ScriptedEngines:
-    """``EngineReplicas`` (fully_async_policy/engine_replicas.py) of in-process ScriptedWorkers."""
+    """``EngineReplicas`` (fully_async_policy/rollouter/engine_replicas.py) of in-process
+    ScriptedWorkers."""
 
     def __init__(self, cfg: RolloutConfig, make_worker: Callable[[], ScriptedWorker]) -> None:
         self.cfg = cfg

@@ -6,7 +6,7 @@
     ThreadHandle(obj) ``h.method.remote(...)`` from any thread runs ``obj.method(...)`` on the
                       loop (awaited when it is a coroutine) and returns a
                       ``concurrent.futures.Future``, the ObjectRef of these actors
-    FutureWaits       ``Waits`` (fully_async_policy/clients.py) over those futures
+    FutureWaits       ``Waits`` (fully_async_policy/driver/clients.py) over those futures
 
 Arguments and results are passed by reference, not serialised as Ray would: a test that
 needs Ray's copy semantics runs against real actors (tests/integration/).

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE
+from fully_async_policy.messages import ROLLOUTER_STATE_FILE
 from recipe.agent.config import MultiTurnConfig
 from recipe.agent.metrics import agent_metrics
 from recipe.checkpoint.store import RUN_STATE_DIR

@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from fully_async_policy.clients import QueueClient, RolloutClient
-from fully_async_policy.feed import RolloutFeed
+from fully_async_policy.driver.clients import QueueClient, RolloutClient
+from fully_async_policy.driver.feed import RolloutFeed
 from recipe.faults import RunFailure
 from recipe.utils.weights_file import WeightsFile
 from recipe.workers.rollout.client import ReplicaClient
@@ -50,7 +50,7 @@ class _Silent:
 
 
 def _feed_waiting_on(silent, timeout_s: float) -> RolloutFeed:
-    """The fully async trainer's feed (fully_async_policy/feed.py) on the silent actor."""
+    """The fully async trainer's feed (fully_async_policy/driver/feed.py) on the silent actor."""
     cfg = fully_async_config(**{"rollout.generation_timeout_s": timeout_s})
     tracer = SimpleNamespace(span=lambda *a, **k: contextlib.nullcontext())
     feed = RolloutFeed(

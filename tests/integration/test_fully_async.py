@@ -18,7 +18,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE
+from fully_async_policy.messages import ROLLOUTER_STATE_FILE
 from recipe.checkpoint import read_ledger
 from recipe.checkpoint.store import RUN_STATE_DIR
 from tests.helpers import agent_envs

@@ -267,7 +267,7 @@ def test_fully_async_checkpoints_across_nodes_and_a_resumed_run_finishes_it(
     """The resumed run hands the engines on the rollout nodes the trainer's weights as a file
     under the run directory (every node reads it; checked against its sha256 there), never
     in a node's shared memory: a path one node's /dev/shm holds is on no other host."""
-    import fully_async_policy.served_weights as served_weights
+    import fully_async_policy.driver.served_weights as served_weights
 
     exported: list[str] = []
     export = served_weights.exported_weights

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from fully_async_policy.replicas import ReplicaSupervisor
+from fully_async_policy.rollouter.replicas import ReplicaSupervisor
 from recipe.checkpoint.store import write_checkpoint
 from recipe.checkpoint_engine.base import WeightSyncError
 from recipe.faults import (

@@ -13,7 +13,7 @@ import pytest
 from fully_async_policy.admission import AdmissionController
 from fully_async_policy.message_queue import MessageQueue
 from fully_async_policy.messages import PromptGroup
-from fully_async_policy.snapshot import (
+from fully_async_policy.rollouter.snapshot import (
     decode_group,
     decode_partials,
     encode_group,

@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
-from fully_async_policy.clients import QueueClient, RolloutClient
+from fully_async_policy.driver.clients import QueueClient, RolloutClient
+from fully_async_policy.driver.served_weights import PUSHED_SLOT
+from fully_async_policy.driver.trainer import FullyAsyncTrainer
 from fully_async_policy.message_queue import MessageQueue
 from fully_async_policy.messages import PromptGroup
-from fully_async_policy.rollouter import FullyAsyncRollouter
-from fully_async_policy.served_weights import PUSHED_SLOT
-from fully_async_policy.trainer import FullyAsyncTrainer
+from fully_async_policy.rollouter.actor import FullyAsyncRollouter
 from recipe.checkpoint.ledger import read_ledger
 from recipe.config import RecipeConfig
 from recipe.faults import RunFailure

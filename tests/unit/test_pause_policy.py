@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fully_async_policy.pause_policy import PausePolicy
+from fully_async_policy.rollouter.pause_policy import PausePolicy
 from tests.helpers.in_process import fully_async_config
 
 

@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from fully_async_policy.clients import QueueClient, RolloutClient
 from fully_async_policy.deadlines import Deadline, RolloutDeadlines
-from fully_async_policy.feed import RolloutAnswers, RolloutFeed
+from fully_async_policy.driver.clients import QueueClient, RolloutClient
+from fully_async_policy.driver.feed import RolloutAnswers, RolloutFeed
+from fully_async_policy.driver.served_weights import ServedWeights
 from fully_async_policy.messages import EndOfStream
-from fully_async_policy.served_weights import ServedWeights
-from fully_async_policy.states import ReplicaState, ReplicaStates
-from fully_async_policy.validation import VersionValidation
+from fully_async_policy.rollouter.states import ReplicaState, ReplicaStates
+from fully_async_policy.rollouter.validation import VersionValidation
 from recipe.faults import RunFailure
 from recipe.observability.trace import Tracer
 from tests.helpers import agent_envs
@@ -116,7 +116,7 @@ def test_a_validation_with_no_replica_in_service_is_skipped_said_and_marked(capl
 
     states = [ReplicaState.RESTARTING, ReplicaState.WAITING_WEIGHTS]
     validation = _validation(states, validate)
-    with caplog.at_level(logging.WARNING, logger="fully_async_policy.validation"):
+    with caplog.at_level(logging.WARNING, logger="fully_async_policy.rollouter.validation"):
         result = asyncio.run(validation.result(3))
     assert result == {"val/skipped": 1.0}
     (warning,) = [r.getMessage() for r in caplog.records]

@@ -23,12 +23,11 @@ from typing import Any
 
 import pytest
 
-from fully_async_policy.clients import RolloutClient
+from fully_async_policy.driver.clients import RolloutClient
 from fully_async_policy.message_queue import MessageQueue
-from fully_async_policy.messages import PromptGroup
-from fully_async_policy.rollouter import FullyAsyncRollouter
+from fully_async_policy.messages import ROLLOUTER_STATE_FILE, PromptGroup
+from fully_async_policy.rollouter.actor import FullyAsyncRollouter
 from fully_async_policy.run_plan import RunPlan, plan_run
-from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE
 from recipe.checkpoint.store import RUN_STATE_DIR
 from recipe.config import RecipeConfig
 from recipe.faults import RunFailure
@@ -43,7 +42,7 @@ def _expected_tokens(prompt_first: int, sample_index: int, length: int) -> list[
 
 
 class Trainer:
-    """The trainer's side of the protocol (fully_async_policy/trainer.py), without training:
+    """The trainer's side of the protocol (fully_async_policy/driver/trainer.py), without training:
     R groups per step from the queue, a sync every T steps."""
 
     def __init__(self, cfg: RecipeConfig, run_dir: Path, **worker: Any) -> None:
@@ -318,7 +317,7 @@ def test_a_group_that_ignores_its_cut_ends_the_failed_run_at_the_deadline_naming
         assert 0.3 <= time.monotonic() - start < 5
         rollouter.close()
 
-    with caplog.at_level(logging.ERROR, logger="fully_async_policy.stream"):
+    with caplog.at_level(logging.ERROR, logger="fully_async_policy.rollouter.stream"):
         asyncio.run(scenario())
     (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert re.match(r"the rollouter ends with 12 prompt groups still in flight \(p\d{3}, ", line)
@@ -360,7 +359,7 @@ def test_a_stop_with_releases_the_queue_never_takes_ends_at_the_deadline_and_kee
         assert Counter(ledger.unreleased_uids) == Counter(ledger.admitted_uids)
         rollouter.close()
 
-    with caplog.at_level(logging.ERROR, logger="fully_async_policy.stream"):
+    with caplog.at_level(logging.ERROR, logger="fully_async_policy.rollouter.stream"):
         asyncio.run(scenario())
     (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert "finished prompt groups were not put into the message queue within" in line

@@ -1,5 +1,5 @@
-"""The fully async rollout side's state machines (fully_async_policy/states.py): every step
-the docstrings draw is allowed, every other one is refused naming the machine and both
+"""The fully async rollout side's state machines (fully_async_policy/rollouter/states.py):
+every step the docstrings draw is allowed, every other one is refused naming the machine and both
 states, and the supervisor and the rollouter take only allowed steps in their own paths."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from fully_async_policy.states import (
+from fully_async_policy.rollouter.states import (
     REPLICA_STEPS,
     ROLLOUT_STEPS,
     ReplicaState,

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from fully_async_policy.clients import QueueClient, RolloutClient
-from fully_async_policy.feed import RolloutFeed
+from fully_async_policy.driver.clients import QueueClient, RolloutClient
+from fully_async_policy.driver.feed import RolloutFeed
 from recipe.config import load_config
 from recipe.observability.trace import Tracer
 

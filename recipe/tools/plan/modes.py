@@ -6,7 +6,8 @@ speed (slower under contention); ``("sleep", s)`` takes ``s`` seconds (a push: t
 are paused, nothing else computes); ``("until", predicate)`` waits, idle, for groups;
 ``("drain", predicate)`` waits for in-flight groups before a push (not idle time, as in the
 recipe's ``trainer/idle_ratio``). Each loop follows its recipe: recipe/sync_trainer.py,
-one_step_off/trainer.py, fully_async_policy/trainer.py and rollouter.py.
+one_step_off/trainer.py, fully_async_policy/driver/trainer.py and
+fully_async_policy/rollouter/.
 """
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ class RolloutWorker(ABC):
 
     async def check_health(self) -> None:
         """Return if the engine can serve; raise if it cannot (e.g. its process died). The
-        caller restarts a worker that raises here (fully_async_policy/replicas.py)."""
+        caller restarts a worker that raises here (fully_async_policy/rollouter/replicas.py)."""
         self._check_open()
         await self._check_engine()
 

@@ -31,7 +31,7 @@ from recipe.observability.tracking import MetricsAccumulator
 from recipe.run.checkpointing import exported_weights
 
 if TYPE_CHECKING:
-    from fully_async_policy.clients import RolloutClient
+    from fully_async_policy.driver.clients import RolloutClient
     from recipe.workers.rollout.client import ReplicaClient
     from recipe.workers.trainer.ranks import TrainerRanks
 

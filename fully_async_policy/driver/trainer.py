@@ -41,14 +41,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fully_async_policy.clients import QueueClient, RolloutClient, Waits
-from fully_async_policy.feed import RolloutAnswers, RolloutFeed
-from fully_async_policy.messages import RolloutProgress
-from fully_async_policy.metrics import group_metrics
-from fully_async_policy.rollout_engines import RolloutEngines
+from fully_async_policy.driver.clients import QueueClient, RolloutClient, Waits
+from fully_async_policy.driver.feed import RolloutAnswers, RolloutFeed
+from fully_async_policy.driver.metrics import group_metrics
+from fully_async_policy.driver.rollout_engines import RolloutEngines
+from fully_async_policy.driver.served_weights import PUSHED_SLOT, ServedWeights
+from fully_async_policy.messages import ROLLOUTER_STATE_FILE, RolloutProgress
 from fully_async_policy.run_plan import plan_run
-from fully_async_policy.served_weights import PUSHED_SLOT, ServedWeights
-from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE
 from recipe.checkpoint.store import write_json
 from recipe.config import RecipeConfig
 from recipe.faults import fails_cleanly
@@ -282,7 +281,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
 
     def _checkpoint(self) -> None:
         """Checkpoint the version just pushed with the rollouter's state from that sync
-        (fully_async_policy/snapshot.py)."""
+        (fully_async_policy/rollouter/snapshot.py)."""
         rollouter_state, self._rollouter_state = self._rollouter_state, None
 
         def write_rollouter_state(run_state_dir: Path) -> None:

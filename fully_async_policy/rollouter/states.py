@@ -35,7 +35,7 @@ def check_step(what: str, now: State, new: State, steps: Mapping[State, frozense
     if new is not now and new not in steps[now]:
         raise RuntimeError(
             f"{what}: {now.name} -> {new.name} is not a step of its state machine "
-            "(fully_async_policy/states.py)"
+            "(fully_async_policy/rollouter/states.py)"
         )
 
 

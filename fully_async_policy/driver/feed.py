@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fully_async_policy.clients import QueueClient, RolloutClient
 from fully_async_policy.deadlines import RolloutDeadlines
+from fully_async_policy.driver.clients import QueueClient, RolloutClient
+from fully_async_policy.driver.served_weights import ServedWeights
 from fully_async_policy.messages import EndOfStream, PromptGroup
-from fully_async_policy.served_weights import ServedWeights
 from recipe.config import RecipeConfig
 from recipe.faults import RunFailure, resume_hint
 from recipe.observability.trace import Tracer, traced
@@ -140,7 +140,7 @@ class RolloutFeed:
             raise RuntimeError("the rollouter stopped while the trainer waited for groups")
         got = self.waits.get(ref)
         if isinstance(got, EndOfStream):  # the rollouter failed: its run() raises (its end
-            self.within(self.run_ref, "run")  # is bounded: stream.py)
+            self.within(self.run_ref, "run")  # is bounded: rollouter/stream.py)
             raise RuntimeError(f"the message queue closed with {got.num_left} groups left")
         return got
 

@@ -6,8 +6,8 @@ renamed method or a wrong argument is a type error (``make lint``) rather than a
 another process at run time. Every method starts the call and returns its ObjectRef: the
 caller waits with its own deadline through the client's ``waits``.
 
-    RolloutClient  FullyAsyncRollouter (rollouter.py): the streaming loop, syncs (open_sync,
-                   resume_engines, end_sync), restarts, snapshots, progress
+    RolloutClient  FullyAsyncRollouter (rollouter/actor.py): the streaming loop, syncs
+                   (open_sync, resume_engines, end_sync), restarts, snapshots, progress
     QueueClient    MessageQueue (message_queue.py) of PromptGroups: the trainer's end
     Waits          how the caller waits on what a call returns: ``RayWaits`` (``ray.get``,
                    ``ray.wait``) for actors; a unit test brings in-process actors and their

@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING
 
 from fully_async_policy.admission import AdmissionController, Ticket
 from fully_async_policy.deadlines import RolloutDeadlines, bounded
-from fully_async_policy.engine_replicas import EngineReplicas
 from fully_async_policy.messages import PromptGroup
-from fully_async_policy.replicas import ReplicaSupervisor
-from fully_async_policy.snapshot import StreamBook
-from fully_async_policy.states import RolloutState
+from fully_async_policy.rollouter.engine_replicas import EngineReplicas
+from fully_async_policy.rollouter.replicas import ReplicaSupervisor
+from fully_async_policy.rollouter.snapshot import StreamBook
+from fully_async_policy.rollouter.states import RolloutState
 from recipe.algo.dynamic_sampling import FilteredOutError, has_signal
 from recipe.config import RecipeConfig
 from recipe.observability.trace import ROLLOUTER_TIDS, Tracer, now_us

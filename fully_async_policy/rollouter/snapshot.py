@@ -35,9 +35,6 @@ from recipe.checkpoint.codec import decode_trajectory, encode_trajectory
 from recipe.data.cursor import PromptCursor
 from recipe.protocol import Trajectory
 
-ROLLOUTER_STATE_FILE = "rollouter_state.json"
-"""The rollouter's state, under the checkpoint's ``run_state/``."""
-
 
 def encode_ticket(ticket: Ticket) -> list[Any]:
     return [ticket.ticket, ticket.uid, ticket.window]

@@ -25,8 +25,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from fully_async_policy.deadlines import Deadline, bounded
-from fully_async_policy.engine_replicas import EngineReplicas
-from fully_async_policy.replicas import ReplicaSupervisor
+from fully_async_policy.rollouter.engine_replicas import EngineReplicas
+from fully_async_policy.rollouter.replicas import ReplicaSupervisor
 from recipe.faults import RolloutWorkerError, RunFailure
 from recipe.protocol import PromptRecord
 from recipe.reward import RewardFunction

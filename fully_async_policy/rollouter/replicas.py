@@ -33,8 +33,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fully_async_policy.engine_replicas import EngineReplicas
-from fully_async_policy.states import ReplicaState, ReplicaStates
+from fully_async_policy.rollouter.engine_replicas import EngineReplicas
+from fully_async_policy.rollouter.states import ReplicaState, ReplicaStates
 from recipe.faults import RolloutWorkerError
 from recipe.utils.weights_file import WeightsFile
 from recipe.workers.cluster import PlacementError

@@ -4,7 +4,7 @@ Runs as an async Ray actor beside the trainer; it owns the rollout engines (``Ro
 and the prompt cursor. One event loop drives everything, so no state needs a lock. The
 streaming loop (admit, generate, score, release into the queue) is ``GroupStream``
 (stream.py); this class holds the state machine around it and the trainer's calls. A sync
-is three calls (the trainer's side: fully_async_policy/trainer.py)::
+is three calls (the trainer's side: fully_async_policy/driver/trainer.py)::
 
     open_sync()                     resume_engines()          end_sync(v, trained)
       hold_for_sync: stop admitting;  (the push loaded v)       open window v (allowance =
@@ -39,7 +39,7 @@ trainer may change the engines' weights (episodes in flight wait inside the work
 single-turn groups came back as partials and wait for ``end_sync``).
 Checkpoints use the same pause: ``snapshot()`` (after the push, before ``end_sync``) is then
 the rollouter's whole state; ``restore()`` loads it before ``run()``, and the trainer replays
-``end_sync`` (fully_async_policy/snapshot.py).
+``end_sync`` (fully_async_policy/rollouter/snapshot.py).
 
 Validation runs here, on the engines, at the start of a window and next to the window's
 training generation, so the trainer never waits for it; the next ``hold_for_sync`` waits for
@@ -58,21 +58,27 @@ from typing import TYPE_CHECKING, Any
 
 from fully_async_policy.admission import AdmissionController, Ticket
 from fully_async_policy.deadlines import RolloutDeadlines, bounded
-from fully_async_policy.engine_replicas import EngineReplicas
 from fully_async_policy.messages import (
+    ROLLOUTER_STATE_FILE,
     PromptGroup,
     RolloutLedger,
     RolloutProgress,
     SyncOpening,
     SyncPause,
 )
-from fully_async_policy.pause_policy import PausePolicy
-from fully_async_policy.replicas import ReplicaSupervisor
+from fully_async_policy.rollouter.engine_replicas import EngineReplicas
+from fully_async_policy.rollouter.pause_policy import PausePolicy
+from fully_async_policy.rollouter.replicas import ReplicaSupervisor
+from fully_async_policy.rollouter.snapshot import StreamBook
+from fully_async_policy.rollouter.states import (
+    ROLLOUT_STEPS,
+    ReplicaState,
+    RolloutState,
+    check_step,
+)
+from fully_async_policy.rollouter.stream import GroupStream
+from fully_async_policy.rollouter.validation import VersionValidation, score_val_set
 from fully_async_policy.run_plan import RunPlan
-from fully_async_policy.snapshot import ROLLOUTER_STATE_FILE, StreamBook
-from fully_async_policy.states import ROLLOUT_STEPS, ReplicaState, RolloutState, check_step
-from fully_async_policy.stream import GroupStream
-from fully_async_policy.validation import VersionValidation, score_val_set
 from recipe.agent.loading import episodes_save_state
 from recipe.checkpoint.rng import capture_rng, restore_rng
 from recipe.checkpoint.store import RUN_STATE_DIR
@@ -142,7 +148,7 @@ class FullyAsyncRollouter:
         """Partials, resumes, deferred re-admissions, releases: what a checkpoint carries."""
         self.state = RolloutState.RUNNING
         """RUNNING --hold_for_sync--> PAUSED --end_sync--> RUNNING, any --stop--> STOPPED
-        (fully_async_policy/states.py)."""
+        (fully_async_policy/rollouter/states.py)."""
         self.deadlines = RolloutDeadlines(cfg)
         """What each wait here may take (deadlines.py)."""
         self._hold = (0.0, 0)
@@ -269,7 +275,7 @@ class FullyAsyncRollouter:
 
     async def resume_engines(self) -> None:
         """The push loaded the new weights: the engines generate again, so episodes in
-        flight go on; admission stays held until ``end_sync`` (rollout_engines.py)."""
+        flight go on; admission stays held until ``end_sync`` (driver/rollout_engines.py)."""
         await self.replicas.resume_all()
 
     @traced("end_sync (resume)", tid=ROLLOUTER_TIDS["sync"], cat="sync")
@@ -318,7 +324,7 @@ class FullyAsyncRollouter:
         for ticket, uid in groups:
             self.stream.admit_again(ticket, uid)
 
-    # ---- validation (fully_async_policy/validation.py) -------------------------------------
+    # ---- validation (validation.py) -------------------------------------------------------
 
     async def validate(self) -> dict[str, float]:
         """Validation metrics of the version the engines serve now (once per version)."""
@@ -337,7 +343,7 @@ class FullyAsyncRollouter:
     # ---- checkpoints ------------------------------------------------------------------------
 
     async def snapshot(self) -> dict[str, Any]:
-        """This side's checkpoint state (fully_async_policy/snapshot.py), taken while PAUSED
+        """This side's checkpoint state (snapshot.py), taken while PAUSED
         for a sync, after the push and before ``end_sync``. Single responses: nothing
         generates (admission is held, partials wait for ``end_sync``), so it is complete.
         Episodes (``rollout.multi_turn``) go on in the workers through a sync (their
@@ -445,7 +451,7 @@ class FullyAsyncRollouter:
             filtered_uids=list(self.admission.filtered_uids),
         )
 
-    # ---- dead replicas (fully_async_policy/replicas.py) -------------------------------------
+    # ---- dead replicas (replicas.py) ------------------------------------------------------
 
     async def recover_replicas(self) -> list[int]:
         """Restart the replicas found dead and wait for every restart; returns the replicas

@@ -35,12 +35,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fully_async_policy.deadlines import Within
-from fully_async_policy.served_weights import ServedWeights
+from fully_async_policy.driver.served_weights import ServedWeights
 from recipe.checkpoint_engine.base import WeightSyncError
 from recipe.workers.rollout.client import ReplicaClient
 
 if TYPE_CHECKING:
-    from fully_async_policy.clients import RolloutClient
+    from fully_async_policy.driver.clients import RolloutClient
 
 
 class RolloutEngines:
