@@ -4,7 +4,7 @@
     group:    engine result --> score --> AdmissionController.complete --> release deque
     release:  release deque --put (blocks when full)--> MessageQueue   (one put at a time: FIFO)
 
-The rollouter (rollouter.py) owns the state machine and the syncs: the stream admits only
+The rollouter (actor.py, sync.py) owns the state machine and the syncs: the stream admits only
 while the rollouter is RUNNING and ends when the rollouter's ``stop`` says so (``end``), once
 it paused the engines. A group cut by a pause goes to the book's partials, one that waited for
 a replica through a sync to its deferred tickets; the rollouter starts both again at
