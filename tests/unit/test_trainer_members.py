@@ -4,7 +4,7 @@ rollouter actor owns all of them, inherits none (recipe/separate_trainer.py)."""
 
 from __future__ import annotations
 
-from fully_async_policy.trainer import FullyAsyncTrainer
+from fully_async_policy.driver.trainer import FullyAsyncTrainer
 from recipe.batch_trainer import BatchTrainer
 from recipe.separate_trainer import SeparateRayPPOTrainer
 from tests.helpers.fake_ranks import ScriptedRanks
