@@ -12,7 +12,7 @@ Three ways, one per pair of ``async_training.partial_rollout`` and ``rollout.mul
                                                                             workers; their turns go
                                                                             on on the new weights
 
-The rollouter (rollouter.py) asks its policy at each step of a sync instead of reading the
+The rollouter (sync.py, checkpoint.py) asks its policy at each step of a sync instead of reading the
 flags again, so a fourth way is one more member here.
 """
 

@@ -1,6 +1,6 @@
 """The fully async rollout side's two state machines, as enums with their steps checked.
 
-The rollouter (rollouter.py), driven by the trainer's syncs::
+The rollouter (sync.py), driven by the trainer's syncs::
 
     RUNNING --open_sync--> PAUSED --end_sync--> RUNNING     any --stop--> STOPPED
 
