@@ -207,7 +207,8 @@ def test_the_harness_times_each_step_line_and_kills_at_the_deadline(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["bogus=1"], "'bogus=1': expected key=value with a key in"),
+        (["bogus=1"], "'bogus=1': unknown key; known ["),
+        (["bogus"], "'bogus': expected key=value"),
         (["systems=verl,trl"], "systems=verl,trl: unknown ['trl']"),
         ([], "model= is required"),
         (["model={tmp}", "warmup_steps=5", "steps=5"], "warmup_steps=5: must be in [0, steps)"),

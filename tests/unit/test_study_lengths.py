@@ -92,6 +92,6 @@ def test_study_keys_are_taken_out_of_the_overrides():
     assert (args.num_prompts, args.batch_prompts, str(args.out)) == (8, 2, "/tmp/x")
     assert args.overrides == ("rollout.n=4", "data.seed=3")
     assert parse([]).batch_prompts is None
-    for bad, message in (("prompts=0", "prompts=0"), ("seed=x", "seed='x'"), ("oops", "oops")):
+    for bad, message in (("prompts=0", "prompts=0"), ("seed=x", "seed='x'")):
         with pytest.raises(ValueError, match=message):
             parse([bad])

@@ -56,6 +56,7 @@ from recipe.config import load_config
 from recipe.run.placement import resolve_device
 from recipe.tools.bench.flops import ModelFlops, device_peak_flops, mfu
 from recipe.tools.bench.models import resolve_bench_model
+from recipe.tools.cli import fail, parse_key_values
 
 logger = logging.getLogger(__name__)
 
@@ -258,23 +259,23 @@ def _fmt(value: Any, spec: str) -> str:
 
 def main(argv: list[str]) -> dict[str, float]:
     logging.basicConfig(level=logging.WARNING)
-    args = dict(arg.split("=", 1) for arg in argv)
+    args = parse_key_values(argv, __doc__)
     steps = int(args.pop("steps", "20"))
     modes = tuple(args.pop("modes", ",".join(MODES)).split(","))
     unknown = set(modes) - set(MODES)
     if unknown or "sync" not in modes:
-        raise SystemExit(f"modes={','.join(modes)}: allowed {MODES}, sync included")
+        fail(f"modes={','.join(modes)}: allowed {MODES}, sync included")
     model = args.pop("model", "tiny")
     workload = args.pop("workload", "longtail")
     json_path = args.pop("json", None)
     gpus_arg = args.pop("gpus", None)
     if gpus_arg is not None and not (gpus_arg.isdigit() and int(gpus_arg) >= 1):
-        raise SystemExit(f"gpus={gpus_arg}: a whole number of GPUs, at least 1")
+        fail(f"gpus={gpus_arg}: a whole number of GPUs, at least 1")
     gpus = None if gpus_arg is None else int(gpus_arg)
     overrides = {key: yaml.safe_load(value) for key, value in args.items()}
     overrides["model.path"] = str(resolve_bench_model(model))
     if workload not in WORKLOADS:
-        raise SystemExit(f"workload={workload}: allowed {', '.join(WORKLOADS)}")
+        fail(f"workload={workload}: allowed {', '.join(WORKLOADS)}")
     overrides["rollout.length_profile"] = "longtail" if workload == "longtail" else "natural"
     if workload == "multiturn":
         overrides = multiturn_overrides(overrides)

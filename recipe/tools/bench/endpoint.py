@@ -34,6 +34,7 @@ from typing import Any
 from recipe.agent.context import AgentContext
 from recipe.agent.interface import AgentLoop
 from recipe.protocol import PromptRecord, Trajectory
+from recipe.tools.cli import fail, parse_key_values
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ async def _side(name: str, worker: Any, requests: list[Any], rounds: int) -> dic
 
 def main(argv: list[str]) -> dict[str, Any]:
     logging.basicConfig(level=logging.WARNING)
-    args = dict(arg.split("=", 1) for arg in argv)
+    args = parse_key_values(argv, __doc__)
     from recipe.model import HFModelConfig
     from recipe.tools.bench.models import resolve_bench_model
     from recipe.workers.rollout.requests import GenerationRequest
@@ -116,10 +117,10 @@ def main(argv: list[str]) -> dict[str, Any]:
     rounds, device = int(args.pop("rounds", "3")), args.pop("device", "cpu")
     json_path = args.pop("json", None)
     if args:
-        raise SystemExit(f"unknown keys: {', '.join(sorted(args))}")
+        fail(f"unknown keys: {', '.join(sorted(args))}")
     tokenizer = HFModelConfig(model).tokenizer
     if getattr(tokenizer, "chat_template", None):
-        raise SystemExit(f"model={model}: the benchmark sends text prompts (no chat template)")
+        fail(f"model={model}: the benchmark sends text prompts (no chat template)")
     budget = turns * (turn_tokens + len(tokenizer.encode(OBSERVATION))) + 1
     requests = []
     for g in range(groups):

@@ -23,6 +23,7 @@ import math
 import sys
 from pathlib import Path
 
+from recipe.tools.cli import exit_on_help, parse_pairs
 from recipe.tools.study.analysis import analyse, print_results
 from recipe.tools.study.design import DesignError, StudyDesign, register, registered
 from recipe.tools.study.harness import Harness
@@ -32,10 +33,10 @@ USAGE = __doc__.split("\n\n")[1]
 
 def _keys(args: list[str], allowed: dict[str, str]) -> dict[str, str]:
     values = dict(allowed)
-    for arg in args:
-        key, sep, value = arg.partition("=")
-        if not sep or key not in allowed:
-            raise ValueError(f"{arg!r}: expected one of {', '.join(f'{k}=' for k in allowed)}")
+    for key, value in parse_pairs(args, __doc__)[1]:
+        if key not in allowed:
+            expected = ", ".join(f"{k}=" for k in allowed)
+            raise ValueError(f"{f'{key}={value}'!r}: unknown key; expected one of {expected}")
         values[key] = value
     if missing := [k for k, v in values.items() if v == ""]:
         raise ValueError(f"missing {', '.join(f'{k}=' for k in missing)}")
@@ -44,8 +45,9 @@ def _keys(args: list[str], allowed: dict[str, str]) -> dict[str, str]:
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING)
+    exit_on_help(argv, __doc__)
     if not argv or argv[0] not in ("register", "run", "table"):
-        print(USAGE)
+        print(f"error: expected register, run or table first\n{USAGE}", file=sys.stderr)
         return 2
     command, rest = argv[0], argv[1:]
     try:

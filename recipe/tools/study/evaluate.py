@@ -36,6 +36,7 @@ from recipe.run.inputs import RunInputs
 from recipe.run.placement import Placement
 from recipe.run.snapshots import INDEX_FILE, SNAPSHOT_DIR, Snapshot, read_index
 from recipe.run.training_run import TrainingRun
+from recipe.tools.cli import exit_on_help, fail, parse_pairs
 from recipe.utils.weights_file import WeightsFile
 
 logger = logging.getLogger(__name__)
@@ -195,11 +196,11 @@ def evaluate_run(run_dir: Path, overrides: list[str], *, keep: bool = False) -> 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if not argv or "=" in argv[0]:
-        print("usage: python -m recipe.tools.study.evaluate RUN_DIR [keep=true] [key=value ...]")
-        return 2
-    run_dir, rest = Path(argv[0]), argv[1:]
-    keep = "keep=true" in rest
-    overrides = [a for a in rest if a not in ("keep=true", "keep=false")]
+        exit_on_help(argv, __doc__)
+        fail("give the run directory first: python -m recipe.tools.study.evaluate RUN_DIR ...")
+    (run_dir_arg,), pairs = parse_pairs(argv, __doc__, num_positional=1)
+    run_dir, keep = Path(run_dir_arg), ("keep", "true") in pairs
+    overrides = [f"{k}={v}" for k, v in pairs if k != "keep"]
     try:
         points = evaluate_run(run_dir, overrides, keep=keep)
     except ValueError as exc:

@@ -30,6 +30,8 @@ from collections import defaultdict
 from pathlib import Path
 from types import TracebackType
 
+from recipe.tools.cli import exit_on_help
+
 QUERY = ["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
 ROLES = (("EngineCore", "engine"), ("VLLM", "engine"), ("Trainer", "trainer"))
 """(substring of the command line, role), first match wins; no match: ``other``."""
@@ -120,9 +122,11 @@ def peaks(path: Path) -> dict[str, int]:
 
 
 def main(argv: list[str]) -> int:
+    exit_on_help(argv, __doc__)
     if len(argv) < 3 or argv[1] != "--":
         print(
-            "usage: python -m recipe.tools.study.gpu_memory OUT.csv -- COMMAND ...", file=sys.stderr
+            "error: usage: python -m recipe.tools.study.gpu_memory OUT.csv -- COMMAND ...",
+            file=sys.stderr,
         )
         return 2
     out = Path(argv[0])

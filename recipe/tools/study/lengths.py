@@ -42,6 +42,7 @@ from recipe.config import RecipeConfig, load_config
 from recipe.launch import CONFIG_DIR
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.run.inputs import RunInputs
+from recipe.tools.cli import keys_and_overrides
 from recipe.tools.study.length_stats import Response, format_table, summarize
 from recipe.utils.overrides import check_command_line
 
@@ -61,16 +62,7 @@ class LengthsArgs:
 
 def parse(argv: list[str]) -> LengthsArgs:
     """Study keys and config overrides of ``argv``; ``ValueError`` naming a bad one."""
-    args = dict(STUDY_KEYS)
-    overrides = []
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep:
-            raise ValueError(f"{arg!r}: expected key=value")
-        if key in STUDY_KEYS:
-            args[key] = value
-        else:
-            overrides.append(arg)
+    args, overrides = keys_and_overrides(argv, __doc__, STUDY_KEYS)
     ints = {}
     for key in ("prompts", "seed", "batch"):
         try:

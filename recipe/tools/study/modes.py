@@ -31,6 +31,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipe.tools.cli import fail, keys_and_overrides
 from recipe.tools.study.accuracy import (
     RunRecord,
     print_rows,
@@ -85,24 +86,16 @@ def run_name(mode: str, seed: int) -> str:
 
 
 def parse(argv: list[str]) -> tuple[Study, bool]:
-    """(the study, table_only) from ``key=value`` arguments; ``SystemExit`` naming a bad one."""
-    args = dict(STUDY_KEYS)
-    overrides = []
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep:
-            raise SystemExit(f"error: {arg!r}: expected key=value")
-        if key in STUDY_KEYS:
-            args[key] = value
-        elif key in ("mode", "trainer.seed", "rollout.seed", "hydra.run.dir"):
-            raise SystemExit(f"error: {key} is set by the study per run; use modes= / seeds=")
-        else:
-            overrides.append(arg)
+    """(the study, table_only) from ``key=value`` arguments; exit code 2 naming a bad one."""
+    args, overrides = keys_and_overrides(argv, __doc__, STUDY_KEYS)
+    for key in (o.partition("=")[0] for o in overrides):
+        if key in ("mode", "trainer.seed", "rollout.seed", "hydra.run.dir"):
+            fail(f"{key} is set by the study per run; use modes= / seeds=")
     modes = tuple(args["modes"].split(","))
     if unknown := sorted(set(modes) - set(MODES)):
-        raise SystemExit(f"error: modes={args['modes']}: unknown {unknown}; known {MODES}")
+        fail(f"modes={args['modes']}: unknown {unknown}; known {MODES}")
     if "sync" not in modes:
-        raise SystemExit("error: modes= must include sync (its final accuracy is the target)")
+        fail("modes= must include sync (its final accuracy is the target)")
     study = Study(
         modes=tuple(sorted(modes, key=lambda m: m != "sync")),
         seeds=tuple(int(x) for x in args["seeds"].split(",")),

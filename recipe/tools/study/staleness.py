@@ -37,6 +37,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipe.tools.cli import fail, keys_and_overrides
 from recipe.tools.study.runs import run_logged
 from recipe.tools.study.table import Cell, collect, print_table, run_row, write_plot, write_results
 
@@ -129,23 +130,12 @@ class Study:
 
 
 def parse(argv: list[str]) -> tuple[Study, bool]:
-    """(the study, table_only) from ``key=value`` arguments; ``SystemExit`` naming a bad one."""
-    args = dict(STUDY_KEYS)
-    overrides = []
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep:
-            raise SystemExit(f"{arg!r}: expected key=value")
-        if key in STUDY_KEYS:
-            args[key] = value
-        else:
-            overrides.append(arg)
+    """(the study, table_only) from ``key=value`` arguments; exit code 2 naming a bad one."""
+    args, overrides = keys_and_overrides(argv, __doc__, STUDY_KEYS)
     corrections = tuple(args["corrections"].split(","))
     unknown = sorted(set(corrections) - set(CORRECTIONS))
     if unknown:
-        raise SystemExit(
-            f"corrections={args['corrections']}: unknown {unknown}; known {sorted(CORRECTIONS)}"
-        )
+        fail(f"corrections={args['corrections']}: unknown {unknown}; known {sorted(CORRECTIONS)}")
     study = Study(
         thresholds=tuple(float(x) for x in args["thresholds"].split(",")),
         corrections=corrections,

@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from recipe.tools.cli import exit_on_help
 from recipe.tools.report.data import load_run
 
 STUDY_KEYS = {"sync_every": "", "trend": "5", "permutations": "2000", "seed": "0"}
@@ -396,6 +397,7 @@ def _nanmean(values: list[float]) -> float:
 def parse(argv: list[str]) -> tuple[list[Path], dict[str, int | None]]:
     """Run paths and study keys; ``ValueError`` naming a bad one."""
     paths, keys = [], dict(STUDY_KEYS)
+    exit_on_help(argv, __doc__)
     for arg in argv:
         key, sep, value = arg.partition("=")
         if not sep:

@@ -44,6 +44,7 @@ from recipe.tools.bench.peers.measure import SETTLE_S, Measured, run_measured
 from recipe.tools.bench.peers.report import print_table, ratios, versions
 from recipe.tools.bench.peers.result import SystemResult, summarize
 from recipe.tools.bench.peers.terms import Terms
+from recipe.tools.cli import fail, parse_pairs
 
 SYSTEMS = ("verl", *ours.SYSTEMS)
 VERL_PREFIX = "verl:"
@@ -77,25 +78,24 @@ def parse(argv: list[str]) -> tuple[Terms, dict[str, str]]:
     fields = {f.name: f for f in dataclasses.fields(Terms) if f.name not in SET_HERE}
     raw: dict[str, Any] = {}
     verl_extra = []
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if key.startswith(VERL_PREFIX) and sep:
-            verl_extra.append(arg.removeprefix(VERL_PREFIX))
+    for key, value in parse_pairs(argv, __doc__)[1]:
+        if key.startswith(VERL_PREFIX):
+            verl_extra.append(f"{key.removeprefix(VERL_PREFIX)}={value}")
             continue
-        if not sep or (key not in options and key not in fields):
+        if key not in options and key not in fields:
             known = sorted(set(options) | set(fields))
-            _fail(f"{arg!r}: expected key=value with a key in {known}")
+            fail(f"{f'{key}={value}'!r}: unknown key; known {known}")
         if key in options:
             options[key] = value
         else:
             raw[key] = value
     systems = options["systems"].split(",")
     if unknown := sorted(set(systems) - set(SYSTEMS)):
-        _fail(f"systems={options['systems']}: unknown {unknown}; known {list(SYSTEMS)}")
+        fail(f"systems={options['systems']}: unknown {unknown}; known {list(SYSTEMS)}")
     if raw.get("device", "cuda") != "cuda" and "verl" in systems:
-        _fail(f"systems=verl needs device=cuda (verl trains on GPUs only), not {raw['device']}")
+        fail(f"systems=verl needs device=cuda (verl trains on GPUs only), not {raw['device']}")
     if not options["model"]:
-        _fail("model= is required (a model folder, a catalog name or a size such as 0.5B)")
+        fail("model= is required (a model folder, a catalog name or a size such as 0.5B)")
     try:
         values = {k: _typed(fields[k].type, v) for k, v in raw.items()}
         model = _model(options["model"])
@@ -104,7 +104,7 @@ def parse(argv: list[str]) -> tuple[Terms, dict[str, str]]:
         terms = Terms(model=model, train_file=train, val_file=val, **values)
         terms = dataclasses.replace(terms, verl_extra=tuple(verl_extra))
     except (ValueError, OSError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
     return terms, options
 
@@ -126,11 +126,6 @@ def _model(spec: str) -> Path:
     if not (path / "config.json").is_file():
         raise ValueError(f"model={spec}: {path} is not a model folder (no config.json)")
     return path
-
-
-def _fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def run_system(system: str, terms: Terms, options: dict[str, str]) -> SystemResult:
