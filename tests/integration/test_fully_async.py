@@ -10,6 +10,7 @@ and that the default settings learn.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -537,12 +538,16 @@ def test_default_settings_raise_validation_accuracy_over_the_warm_start(tiny_mod
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 50
     assert summary["param_version"] == 25 and summary["staleness/max"] <= 1
     records = read_metrics(run_dir)
-    # One 256-prompt val set is noisy (std ~0.03) and so is the version a window ends on: the
-    # best validation must clear +8 points, the final one must still be above the start.
-    # Measured (2026-12-01): 0.367 -> 0.434 (v10), 0.465 (v20), 0.395 (v25).
+    # One 256-prompt evaluation of one version is too noisy to check alone: over the start, the
+    # best of this run's validations gained 0.059-0.105 and the final one 0.004-0.047 across
+    # rollout.seed=trainer.seed 0-4 (2026-12-05), while the mean of every validation after
+    # training began (v10, v20, final) gained 0.053, 0.047, 0.046, 0.061, 0.055 (mean 0.052,
+    # sd 0.006). The check is 0.8 x that mean: a 20% regression fails, a healthy run passes
+    # about 19 times in 20.
     initial = summary["initial/val_accuracy"]
-    best = max(r["val/accuracy"] for r in records if "val/accuracy" in r)
-    assert best >= initial + 0.08 and summary["final/val_accuracy"] > initial, summary
+    trained = [r["val/accuracy"] for r in records if r["step"] > 0 and "val/accuracy" in r]
+    late_gain = statistics.mean([*trained, summary["final/val_accuracy"]]) - initial
+    assert late_gain >= 0.042, (late_gain, trained, summary)
     assert [r["step"] for r in records] == list(range(51))
     for record in records[1:]:
         assert record.keys() >= STEP_KEYS, STEP_KEYS - record.keys()
