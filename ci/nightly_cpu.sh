@@ -18,9 +18,10 @@ seeds_of() {  # KEY -> the number of seeds its check averages
 }
 # KEY (mode or env/mode), then the run's overrides: one run per seed, checked on their mean.
 check_key() {
-  local key=$1 name=${1//\//-} dirs=()
+  local key=$1 name=${1//\//-} dirs=() seeds
   shift
-  for ((seed = 0; seed < $(seeds_of "$key"); seed++)); do
+  seeds=$(seeds_of "$key")
+  for ((seed = 0; seed < seeds; seed++)); do
     dirs+=("$out/$name-t$seed")
     .venv/bin/python -m recipe "$@" trainer.seed=$seed rollout.seed=$seed logger.quiet=true hydra.run.dir="$out/$name-t$seed" || status=1
   done
