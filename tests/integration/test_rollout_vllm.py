@@ -80,16 +80,19 @@ def _worker_left_running(request, ray_for_module):
             ray_for_module.get(worker.resume.remote(), timeout=60)
 
 
-def _pause_mid_generation(ray, worker, request: GenerationRequest):
-    """Start ``request`` and pause the worker a third of the way through it; the reference
-    of the running call. The third is measured on this machine by one uninterrupted run of
-    the same (greedy or seeded) request first, so a faster or a slower engine still pauses
-    mid-generation."""
-    started = time.perf_counter()
-    ray.get(worker.generate.remote(request), timeout=300)
-    full_s = time.perf_counter() - started
+def _pause_mid_generation(ray, worker, request: GenerationRequest, fraction: float = 1 / 3):
+    """Start ``request`` and pause the worker ``fraction`` of the way through it; the
+    reference of the running call. The fraction is of the faster of two uninterrupted runs
+    of the same (greedy or seeded) request measured on this machine first, so a faster or a
+    slower engine still pauses mid-generation, and a first run slowed by warm-up does not
+    push the pause late."""
+    full_s = float("inf")
+    for _ in range(2):
+        started = time.perf_counter()
+        ray.get(worker.generate.remote(request), timeout=300)
+        full_s = min(full_s, time.perf_counter() - started)
     ref = worker.generate.remote(request)
-    time.sleep(full_s / 3)
+    time.sleep(full_s * fraction)
     ray.get(worker.pause.remote(), timeout=60)
     return ref
 
@@ -387,7 +390,9 @@ def test_a_pause_inside_an_episode_turn_continues_it_on_the_new_weights(
     ray = ray_for_module
     eos_ids = HFModelConfig(rollout_model_path).eos_token_ids
     version = ray.get(worker.get_version.remote())
-    ref = _pause_mid_generation(ray, worker, _episode_request("ep-sync", 1000, seed=7))
+    # Early in the first turn: the group's shorter episode must still be running at the pause
+    # (a late pause left it whole on the old weights), and the turn boundaries lie later.
+    ref = _pause_mid_generation(ray, worker, _episode_request("ep-sync", 1000, seed=7), 1 / 6)
     ready, _ = ray.wait([ref], timeout=1.0)
     assert not ready, "an episode returned at a pause: its turn should wait for the weights"
     perturbed = _perturbed_file(hf_model, tmp_path / "episode_next.safetensors")
