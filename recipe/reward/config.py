@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from recipe.reward.custom import split_custom_fn_spec
+from recipe.reward.judge.config import JudgeConfig
 from recipe.utils.config_check import ConfigError
 
 
@@ -46,6 +47,9 @@ class RewardConfig:
     None: the built-in scorer registered for each record's ``data_source``."""
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     """DAPO's soft overlong punishment (off by default)."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """An LLM judge that scores responses (off unless ``reward.judge.model`` or
+    ``reward.judge.base_url`` is set)."""
 
     def __post_init__(self) -> None:
         if self.custom_fn is None:
