@@ -59,17 +59,25 @@ class JudgeBackend(Protocol):
 class EndpointBackend:
     """``JudgeBackend`` over an OpenAI-compatible server (``reward.judge.base_url``).
 
-    The ``openai`` client is made on the first call, on the calling event loop (its HTTP
-    connections belong to that loop), and again if a later call comes from another loop. It
-    never retries by itself (``max_retries=0``): the ``Judge`` does, and counts them.
+    The ``openai`` package is imported here, not in a call: its import takes about half a
+    second, which would block the event loop and eat the first call's deadline. The client
+    is made on the first call, on the calling event loop (its HTTP connections belong to
+    that loop), and again if a later call comes from another loop. It never retries by
+    itself (``max_retries=0``): the ``Judge`` does, and counts them.
     """
 
     def __init__(self, cfg: JudgeConfig) -> None:
         if cfg.base_url is None or not cfg.endpoint_model:
             raise ValueError("EndpointBackend needs reward.judge.base_url and endpoint_model")
+        from openai import AsyncOpenAI  # only runs that call an endpoint need the package
+
         self.cfg = cfg
+        self._client_type = AsyncOpenAI
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __reduce__(self) -> tuple[type[EndpointBackend], tuple[JudgeConfig]]:
+        return (EndpointBackend, (self.cfg,))  # a process of its own makes its own client
 
     async def complete(self, call: JudgeCall) -> JudgeReply:
         extra: dict[str, Any] = {} if call.seed is None else {"seed": call.seed}
@@ -99,9 +107,7 @@ class EndpointBackend:
     def _client_on_this_loop(self) -> Any:
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
-            from openai import AsyncOpenAI  # only runs that call an endpoint need it
-
-            self._client = AsyncOpenAI(
+            self._client = self._client_type(
                 base_url=self.cfg.base_url,
                 api_key=os.environ.get(self.cfg.api_key_env) or EMPTY_API_KEY,
                 max_retries=0,
