@@ -208,7 +208,7 @@ class ScriptedJudge:
             await asyncio.sleep(self.delay_s)
             text = self.answer(call)
             if text == SLOW:
-                await asyncio.sleep(30)
+                await asyncio.sleep(5)
             return JudgeReply(text=text, prompt_tokens=10, completion_tokens=3)
         finally:
             self.in_flight -= 1
@@ -229,16 +229,7 @@ def _script(*answers: str | Exception) -> Callable[[JudgeCall], str]:
 def _group(*responses: str, uid: str = "train-7") -> tuple[PromptRecord, list[Trajectory]]:
     record = PromptRecord(uid=uid, prompt="q", ground_truth="4", data_source="judged")
     trajs = [
-        Trajectory(
-            prompt_uid=uid,
-            sample_index=i,
-            prompt_ids=[1],
-            response_ids=[],
-            rollout_logprobs=[],
-            token_versions=[],
-            finish_reason="stop",
-            response_text=r,
-        )
+        Trajectory(uid, i, [1], [], [], [], finish_reason="stop", response_text=r)
         for i, r in enumerate(responses)
     ]
     return record, trajs
@@ -266,15 +257,20 @@ def test_pointwise_scores_each_response_in_order(tmp_path):
 
 
 def test_pairwise_scores_are_win_fractions_with_ties_as_halves(tmp_path):
-    def better(call: JudgeCall) -> str:
-        a, b = _value_of(call, "A"), _value_of(call, "B")
+    def better(call: JudgeCall) -> str:  # compares the tens: 20 and 21 tie
+        a, b = _value_of(call, "A") // 10, _value_of(call, "B") // 10
         return "Winner: tie" if a == b else f"Winner: {'A' if a > b else 'B'}"
 
     backend = ScriptedJudge(better)
     judge = _judge(tmp_path, backend, mode="pairwise")
-    assert asyncio.run(judge.score_group(*_group("1", "3", "2", "2"))) == [0.0, 1.0, 0.5, 0.5]
-    shown = [(_value_of(c, "A"), _value_of(c, "B")) for c in backend.calls]
-    assert len(shown) == 6  # every unordered pair once
+    values = [10, 30, 20, 21]
+    scores = asyncio.run(judge.score_group(*_group(*map(str, values))))
+    assert scores == [0.0, 1.0, 0.5, 0.5]
+    shown = [
+        (values.index(_value_of(c, "A")), values.index(_value_of(c, "B"))) for c in backend.calls
+    ]
+    # every unordered pair once, the lower index shown first in pairs 0, 2, 4
+    assert shown == [(0, 1), (2, 0), (0, 3), (2, 1), (1, 3), (3, 2)]
 
 
 def test_a_judge_that_always_says_a_gives_every_response_one_half(tmp_path):
@@ -289,6 +285,19 @@ def test_pairwise_needs_two_responses(tmp_path):
     judge = _judge(tmp_path, ScriptedJudge(lambda call: "Winner: A"), mode="pairwise")
     with pytest.raises(JudgeError, match=r"rollout.n >= 2: prompt train-7"):
         asyncio.run(judge.score_group(*_group("only")))
+
+
+def test_score_one_is_pointwise_in_either_mode(tmp_path):
+    backend = ScriptedJudge(lambda call: "Score: 4")
+    judge = _judge(tmp_path, backend, mode="pairwise")
+    assert asyncio.run(judge.score_one([{"role": "user", "content": "2+2?"}], "4", "4")) == 0.4
+    assert "[Response]\n4" in backend.calls[0].messages[0]["content"]  # the built-in rubric
+
+
+def test_engine_knobs_warn_with_an_endpoint(caplog):
+    with caplog.at_level("WARNING"):
+        JudgeConfig(base_url="http://h/v1", endpoint_model="m", replicas=2)
+    assert "reward.judge.replicas has no effect with reward.judge.base_url" in caplog.text
 
 
 @pytest.mark.parametrize(
