@@ -210,7 +210,7 @@ class Judge:
                 points[b] += 0.5
             else:
                 points[a if winner == "A" else b] += 1.0
-        return [p / (n - 1) for p in points] if n else []
+        return [p / (n - 1) for p in points]
 
     async def _compare(self, record: PromptRecord, trajs: list[Trajectory], a: int, b: int) -> str:
         """The verdict on responses ``a`` (shown as A) and ``b`` (shown as B)."""
