@@ -44,6 +44,7 @@ from recipe.run.inputs import RunInputs
 from recipe.run.placement import ENGINE_LOG_DIR, init_ray, resolve_device
 from recipe.run.startup import StartupTimes, engine_log_phases
 from recipe.workers.cluster import on_driver_node, wait_started
+from recipe.workers.judge_server import stop_judge
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -72,11 +73,13 @@ class FullyAsyncRecipe:
         self.trainer.run.startup = startup
         self.queue: ActorHandle | None = None
         self.rollouter: ActorHandle | None = None
+        self.judge: ActorHandle | None = None
         try:
             plan = self.trainer.plan
             self.queue = make_message_queue(plan.budget)
             # Reserved with the trainer's, before any worker started; the rollouter owns it.
             engines = self.trainer.placement.take("rollout")
+            self.judge = self.trainer.placement.start_judge()  # starts beside the engines
             actor: Any = ray.remote(num_cpus=0)(FullyAsyncRollouter)
             # The inputs checked above, not loaded again: records and prompt ids pickle as
             # they are, the reward function as its config (it imports reward.custom_fn
@@ -88,8 +91,9 @@ class FullyAsyncRecipe:
             engines_start = time.perf_counter()
             ranks = self.trainer.ranks
             ranks_ready = [w.__ray_ready__.remote() for w in ranks.workers]
+            judge_ready = [self.judge.ready.remote()] if self.judge is not None else []
             ended_at = wait_started(
-                {"engines": [client.start()], "trainer": ranks_ready},
+                {"engines": [client.start(), *judge_ready], "trainer": ranks_ready},
                 on_failure={"trainer": ranks.wait_ready},  # shuts the ranks down, raises
             )
             startup.add("engines_s", ended_at["engines"] - engines_start)
@@ -127,5 +131,6 @@ class FullyAsyncRecipe:
                 ray.kill(self.rollouter)
             if self.queue is not None:
                 ray.kill(self.queue)
-            self.rollouter = self.queue = None
+            stop_judge(self.judge)
+            self.rollouter = self.queue = self.judge = None
             self.trainer.placement.release()

@@ -134,6 +134,9 @@ class RolloutProgress:
     """Rollout replicas lost with their node (``faults/rollout_retired``)."""
     num_filtered: int = 0
     """Groups filtered by dynamic sampling (``algorithm.filter_groups``)."""
+    judge: dict[str, float] = field(default_factory=dict)
+    """The judge's ``judge/*`` metrics since the previous poll (``reward.judge``; empty
+    without one)."""
 
 
 @dataclass(slots=True, frozen=True)

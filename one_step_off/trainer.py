@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from recipe.algo.dynamic_sampling import sample_step
-from recipe.batch_trainer import BatchTrainer
+from recipe.batch_trainer import BatchTrainer, score_timed
 from recipe.checkpoint import num_filtered
 from recipe.checkpoint.codec import decode_groups, encode_groups
 from recipe.config import RecipeConfig
@@ -42,7 +42,7 @@ from recipe.observability.trace import now_us, traced
 from recipe.observability.trace_file import busy_s, rollout_slices
 from recipe.observability.tracking import MetricsAccumulator
 from recipe.protocol import PromptRecord, Trajectory
-from recipe.run.metrics import sample_metrics, staleness_metrics
+from recipe.run.metrics import judge_metrics, sample_metrics, staleness_metrics
 from recipe.workers.rollout.requests import GroupRequest
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class OneStepOffTrainer(BatchTrainer):
         bar = step_bar(self.total_steps, self.cfg.mode, quiet=self.cfg.logger.quiet)
         pending = self._first_batch()
         while pending is not None:
-            metrics = MetricsAccumulator()
+            metrics = self.step_metrics = MetricsAccumulator()
             step_start = time.perf_counter()
             current = pending
             groups = self._wait(current, metrics)
@@ -98,6 +98,7 @@ class OneStepOffTrainer(BatchTrainer):
             out["timing/step_s"] = time.perf_counter() - step_start
             out["throughput/samples_per_s"] = out["throughput/samples"] / out["timing/step_s"]
             out["throughput/tokens_per_s"] = out.pop("throughput/tokens") / out["timing/step_s"]
+            out |= judge_metrics(self.inputs.reward_fn, out)
             out_of_time = pending is not None and run.out_of_time(start)
             save = run.should_save(self.version, last=pending is None or out_of_time)
             last_val = (
@@ -193,8 +194,7 @@ class OneStepOffTrainer(BatchTrainer):
         with metrics.timer("timing/wait_prev_gen_s"):  # ~0 for a batch already waited for
             if pending.groups is None:
                 groups = self.rollout.get(pending.refs)
-                for record, trajs in zip(pending.records, groups, strict=True):
-                    self.inputs.reward_fn.score_group(record, trajs)
+                score_timed(self.inputs, pending.records, groups, metrics)
                 # Refills run on pending.version: the push that ends it waits for this.
                 filled = sample_step(
                     self.cfg.algorithm.filter_groups,

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from recipe.config import RecipeConfig
 from recipe.data.cursor import PromptCursor
 from recipe.observability.trace import traced
+from recipe.observability.tracking import MetricsAccumulator
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.run.checkpointing import exported_weights
 from recipe.run.inputs import RunInputs
@@ -30,6 +31,7 @@ from recipe.run.metrics import val_metrics, val_sampling
 from recipe.run.training_run import TraceSource
 from recipe.separate_trainer import SeparateRayPPOTrainer
 from recipe.workers.config import RolloutConfig
+from recipe.workers.judge_server import stop_judge, wait_judge
 
 if TYPE_CHECKING:
     from recipe.checkpoint_engine.engines import ServingEngines
@@ -45,9 +47,20 @@ def scored_groups(
     temperature, ...), each scored by the run's reward function (in place)."""
     prompt_ids = [inputs.prompt_ids[r.uid] for r in records]
     groups = engines.generate(records, prompt_ids, **sampling)
-    for record, trajs in zip(records, groups, strict=True):
-        inputs.reward_fn.score_group(record, trajs)
+    inputs.reward_fn.score_groups(records, groups)
     return groups
+
+
+def score_timed(
+    inputs: RunInputs,
+    records: list[PromptRecord],
+    groups: list[list[Trajectory]],
+    metrics: MetricsAccumulator,
+) -> None:
+    """Score ``groups`` (of ``records``), the time spent in ``timing/reward_s``: what the
+    trainer waited on the reward (a judge's calls, an async reward function's service)."""
+    with metrics.timer("timing/reward_s"):
+        inputs.reward_fn.score_groups(records, groups)
 
 
 def validation(
@@ -83,6 +96,9 @@ class BatchTrainer(SeparateRayPPOTrainer):
             cfg.rollout.n,
         )
         self._rollout: RolloutReplicas | None = None
+        self._judge: Any = None
+        self.step_metrics = MetricsAccumulator()
+        """The running step's metrics: each step sets its own (scoring adds its time)."""
         mini_batches = cfg.prompts_per_step // cfg.actor.ppo_mini_batch_size
         # The ranks load the model while the engines start.
         ranks = self.ppo.start_ranks(
@@ -90,9 +106,13 @@ class BatchTrainer(SeparateRayPPOTrainer):
             wait=False,
         )
         try:
+            self._judge = self.placement.start_judge()  # its engines start beside the others
             self._rollout = self.placement.start_engines(self.model)
+            if self._judge is not None:
+                wait_judge(self._judge, cfg.reward.judge.start_timeout_s)
         except BaseException:
             ranks.shutdown(graceful=False)
+            stop_judge(self._judge)
             raise
         ranks.wait_ready()
 
@@ -106,16 +126,18 @@ class BatchTrainer(SeparateRayPPOTrainer):
     def _generate_scored(self, records: list[PromptRecord]) -> list[list[Trajectory]]:
         """The groups of ``records`` on the served version, scored."""
         rollout = self.cfg.rollout
-        return scored_groups(
-            self.rollout,
-            self.inputs,
+        prompt_ids = [self.inputs.prompt_ids[r.uid] for r in records]
+        groups = self.rollout.generate(
             records,
+            prompt_ids,
             version=self.version,
             n=rollout.n,
             temperature=rollout.temperature,
             top_p=rollout.top_p,
             top_k=rollout.top_k,
         )
+        score_timed(self.inputs, records, groups, self.step_metrics)
+        return groups
 
     def _more(self, num_prompts: int) -> tuple[list[PromptRecord], list[list[Trajectory]]]:
         """A refill round of dynamic sampling: the next prompts, generated and scored."""
@@ -153,6 +175,8 @@ class BatchTrainer(SeparateRayPPOTrainer):
     def close(self, *, release_placement: bool = True) -> None:
         """The run's records and the ranks (the base's), then the engines."""
         super().close(release_placement=False)
+        judge, self._judge = self._judge, None
+        stop_judge(judge)
         engines, self._rollout = self._rollout, None
         if engines is not None:
             try:

@@ -193,6 +193,12 @@ class RecipeConfig:
             ">= 2 with algorithm.filter_groups.enable=true (a group of one response has no "
             "variance: every group would be filtered)",
         )
+        require(
+            self.reward.judge.mode != "pairwise" or self.rollout.n >= 2,
+            "rollout.n",
+            self.rollout.n,
+            ">= 2 with reward.judge.mode=pairwise (responses are compared within a group)",
+        )
         mini = self.actor.ppo_mini_batch_size
         if self.mode == "fully_async":
             return  # a local step is require_batches whole mini-batches by construction

@@ -28,7 +28,7 @@ from recipe.config import RecipeConfig
 from recipe.faults import fails_cleanly
 from recipe.observability.progress import step_bar, update_bar
 from recipe.observability.tracking import MetricsAccumulator
-from recipe.run.metrics import sample_metrics, staleness_metrics
+from recipe.run.metrics import judge_metrics, sample_metrics, staleness_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class SyncTrainer(BatchTrainer):
 
     def _train_step(self) -> dict[str, float]:
         cfg = self.cfg
-        metrics = MetricsAccumulator()
+        metrics = self.step_metrics = MetricsAccumulator()
         step_start = time.perf_counter()
         with metrics.timer("timing/gen_s"), self.tracer.span("generate"):
             records = self.cursor.take(cfg.prompts_per_step)
@@ -126,4 +126,4 @@ class SyncTrainer(BatchTrainer):
         # Colocated: the trainer waits while the engines generate, and the reverse.
         out["trainer/idle_ratio"] = out["timing/gen_s"] / step_s
         out["rollouter/idle_ratio"] = 1.0 - out["timing/gen_s"] / step_s
-        return out
+        return out | judge_metrics(self.inputs.reward_fn, out)

@@ -215,6 +215,7 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         self._num_rollout_restarts = progress.num_restarts
         self._num_rollout_retired = progress.num_retired
         out |= {key: float(count) for key, count in self.fault_counts.items()}
+        out |= progress.judge
         self._progress = progress
         for version in sorted(progress.val_results):
             out |= progress.val_results[version] | {"val/param_version": float(version)}

@@ -32,7 +32,13 @@ def rollout_progress(
         num_restarts=replicas.num_restarts,
         num_retired=len(replicas.retired),
         num_filtered=admission.num_filtered,
+        judge=judge_metrics(stream),
     )
+
+
+def judge_metrics(stream: GroupStream) -> dict[str, float]:
+    """The judge's metrics since the last poll (its calls run beside generation)."""
+    return stream.reward_fn.drain_metrics()
 
 
 def rollout_ledger(book: StreamBook, replicas: ReplicaSupervisor) -> RolloutLedger:

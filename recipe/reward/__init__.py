@@ -36,6 +36,8 @@ from typing import Any
 from recipe.protocol import PromptRecord, Trajectory
 from recipe.reward.config import RewardConfig
 from recipe.reward.custom import load_custom_fn
+from recipe.reward.judge import JudgeError
+from recipe.reward.judged import check_judge_use, judge_group, judge_of, make_judge
 from recipe.reward.registry import Scorer, get_scorer, known_data_sources, register_scorer
 from recipe.reward.results import RewardResult, to_reward_result
 
@@ -76,6 +78,8 @@ class RewardFunction:
                 f"rollout.response_length={response_length}"
             )
         self._custom_fn: Scorer | None = load_custom_fn(cfg.custom_fn) if cfg.custom_fn else None
+        self._judge = make_judge(cfg.judge)
+        self._passes_judge = check_judge_use(cfg, self._custom_fn)
         self._loop: asyncio.AbstractEventLoop | None = None  # where async fns run
         self._loop_lock = threading.Lock()
 
@@ -84,7 +88,7 @@ class RewardFunction:
 
     def check_data_sources(self, sources: set[str]) -> None:
         """Raise ``ValueError`` naming every source in ``sources`` that has no scorer."""
-        if self._custom_fn is not None:
+        if self._custom_fn is not None or self._judge is not None:
             return
         known = set(known_data_sources())
         missing = sorted(s for s in sources if s not in known)
@@ -110,6 +114,24 @@ class RewardFunction:
             extra_info=extra_info,
         )
         return to_reward_result(raw, fn_name=self._fn_name(fn))
+
+    def score_groups(self, records: list[PromptRecord], groups: list[list[Trajectory]]) -> None:
+        """``score_group`` of every (record, group) pair; an async function or the judge
+        scores all groups at once (vLLM batches a judge's calls across groups)."""
+        if not self._is_async():
+            for record, trajs in zip(records, groups, strict=True):
+                self.score_group(record, trajs)
+            return
+
+        async def every_group() -> None:
+            pairs = zip(records, groups, strict=True)
+            await asyncio.gather(*(self._score_concurrently(r, t) for r, t in pairs))
+
+        self._on_own_loop(every_group()).result()
+
+    def drain_metrics(self) -> dict[str, float]:
+        """The judge's ``judge/*`` metrics since the previous call (empty without a judge)."""
+        return self._judge.drain_metrics() if self._judge is not None else {}
 
     def score_group(self, record: PromptRecord, trajs: list[Trajectory]) -> None:
         """Fill ``reward`` and ``reward_extras`` of each response to ``record`` (in place);
@@ -142,6 +164,9 @@ class RewardFunction:
 
     async def _score_concurrently(self, record: PromptRecord, trajs: list[Trajectory]) -> None:
         """Every response of the group at once (on the function's own loop)."""
+        if self._judge is not None and self._custom_fn is None:
+            await self._judged(record, trajs)
+            return
 
         async def one(traj: Trajectory) -> RewardResult:
             raw = self._call(record, traj)
@@ -154,7 +179,21 @@ class RewardFunction:
             _fill(traj, result)
         self._shape(trajs)
 
+    async def _judged(self, record: PromptRecord, trajs: list[Trajectory]) -> None:
+        """The judge's scores of the group (``reward.judge`` without ``custom_fn``)."""
+        assert self._judge is not None
+        scored = [t for t in trajs if scored_here(t)]
+        try:
+            scores = await judge_group(self._judge, record, scored)
+        except JudgeError as err:
+            raise RewardError(f"reward.judge: {err}") from err
+        for traj, score in zip(scored, scores, strict=True):
+            _fill(traj, RewardResult(score=score))
+        self._shape(trajs)
+
     def _is_async(self) -> bool:
+        if self._judge is not None:
+            return True
         return self._custom_fn is not None and inspect.iscoroutinefunction(self._custom_fn)
 
     def _on_own_loop(self, coro: Coroutine[Any, Any, Any]) -> Any:
@@ -175,12 +214,17 @@ class RewardFunction:
 
     def _call(self, record: PromptRecord, traj: Trajectory) -> Any:
         fn = self._scorer(record.data_source)
+        extra: dict[str, Any] = {}
+        if self._passes_judge:
+            assert self._judge is not None
+            extra["judge"] = judge_of(self._judge, record, traj)
         try:
             return fn(
                 data_source=record.data_source,
                 solution_str=traj.response_text,
                 ground_truth=record.ground_truth,
                 extra_info=record.extra_info,
+                **extra,
             )
         except Exception as err:
             raise self._error(record, traj, err) from err

@@ -30,11 +30,14 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recipe.agent.metrics import agent_metrics
 from recipe.protocol import Trajectory
 from recipe.utils.metric_names import is_metric_part
+
+if TYPE_CHECKING:
+    from recipe.reward import RewardFunction
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +123,17 @@ def val_metrics(
         "response/clip_ratio": clipped,
         "timing/val_s": time.perf_counter() - start,
     }
+
+
+def judge_metrics(reward_fn: RewardFunction, step: Mapping[str, float]) -> dict[str, float]:
+    """The judge's ``judge/*`` metrics of a batch recipe's ``step`` (its other metrics), with
+    ``judge/trainer_wait_share``: the share of the step the trainer waited on scoring
+    (``timing/reward_s`` over ``timing/step_s``); empty without a judge."""
+    out = reward_fn.drain_metrics()
+    if out:
+        waited = step.get("timing/reward_s", 0.0)
+        out["judge/trainer_wait_share"] = waited / max(step["timing/step_s"], 1e-9)
+    return out
 
 
 def staleness_metrics(trajs: Sequence[Trajectory], trainer_version: int) -> dict[str, float]:

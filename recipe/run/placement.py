@@ -142,7 +142,8 @@ class Placement:
                 for name, amount in cfg.ray.rollout_resources.items():
                     extra[name] = extra.get(name, 0.0) + amount
             cpus = (index < num_ranks) + (index < num_replicas)
-            bundles.append(role_bundle(cpus, 1.0, extra))
+            # The judge's engines take their share outside the group, beside the roles.
+            bundles.append(role_bundle(cpus, 1.0 - self.judge_gpu_fraction, extra))
         return RoleSpec("trainer+rollout", tuple(bundles), cfg.ray.trainer_strategy)
 
     def take(self, role: str) -> Any:
@@ -197,6 +198,36 @@ class Placement:
             max_prompt_length=self.cfg.data.max_prompt_length,
             lora_rank=self.cfg.actor.lora.rank,
         )
+
+    def start_judge(self) -> Any:
+        """Start the run's judge engines (``reward.judge.model``) as the named ``JudgeServer``
+        actor, its output under ``ENGINE_LOG_DIR``/judge; its handle, or None without a judge
+        model (no judge, or an external endpoint). Does not wait for the engines: a call on
+        the handle (``ready``) does, and a scorer's first call waits for them too."""
+        judge = self.cfg.reward.judge
+        if not judge.model:
+            return None
+        from recipe.model import ModelConfig
+        from recipe.models.store import resolve_model_path
+        from recipe.workers.judge_server import start_judge_server
+
+        init_ray(self.cfg.ray)
+        model = self.cfg.model
+        return start_judge_server(
+            judge,
+            ModelConfig(str(resolve_model_path(judge.model)), dtype=model.dtype),
+            self.cfg.rollout,
+            device=self.device,
+            gpu_fraction=self.judge_gpu_fraction,
+            log_dir=self.run_dir / ENGINE_LOG_DIR / "judge" if self.run_dir is not None else None,
+        )
+
+    @property
+    def judge_gpu_fraction(self) -> float:
+        """Ray's GPU share of one judge engine: ``reward.judge.gpu_memory_utilization`` of a
+        GPU the run's other workers use too (0 without a judge model)."""
+        judge = self.cfg.reward.judge
+        return judge.gpu_memory_utilization if judge.model else 0.0
 
     def release(self) -> None:
         """Remove the groups reserved and never taken (a run that failed while starting) and
@@ -264,7 +295,9 @@ class Placement:
     def trainer_gpu_fraction(self) -> float:
         """Ray's GPU share of one trainer rank. Fractions only schedule; the engine's real
         memory cap is ``rollout.gpu_memory_utilization``."""
-        return 1.0 - self.cfg.rollout.gpu_memory_utilization if self.shares_gpus else 1.0
+        if not self.shares_gpus:
+            return 1.0 - self.judge_gpu_fraction
+        return 1.0 - self.cfg.rollout.gpu_memory_utilization - self.judge_gpu_fraction
 
     @property
     def engine_gpu_fraction(self) -> float:

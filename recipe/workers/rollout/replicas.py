@@ -79,6 +79,7 @@ class RolloutReplicas:
         owns_placement_group: bool = True,
         max_prompt_length: int | None = None,
         lora_rank: int = 0,
+        num_cpus: float = 1.0,
     ) -> None:
         """``gpu_fraction``: the share of a GPU each replica reserves in Ray (< 1 colocated;
         a tensor-parallel replica takes ``rollout.tensor_parallel_size`` whole GPUs);
@@ -90,7 +91,8 @@ class RolloutReplicas:
         None: Ray places each worker where it fits; ``max_prompt_length``: the run's
         ``data.max_prompt_length``, the longest prompt an agent's request may start a segment
         with (None: the engine's context only); ``lora_rank``: ``actor.lora.rank`` (> 0:
-        engines serve pushed LoRA adapters, vLLM only)."""
+        engines serve pushed LoRA adapters, vLLM only); ``num_cpus``: Ray's CPUs for each
+        worker actor (0: a worker that must fit beside reserved groups, the judge's)."""
 
         if cfg.backend == "vllm" and cfg.engine_kwargs:
             from recipe.workers.rollout.engine_args import check_engine_kwargs
@@ -106,7 +108,7 @@ class RolloutReplicas:
         self._log_dir = str(log_dir) if log_dir is not None else None
         self._starts: list[int] = []  # workers started per replica
         worker_cls = make_rollout_worker_cls(cfg.backend)
-        resources: dict[str, Any] = {"num_cpus": 1}
+        resources: dict[str, Any] = {"num_cpus": num_cpus}
         if device == "cuda":
             resources["num_gpus"] = replica_gpus(cfg.tensor_parallel_size, gpu_fraction)
         # What restart() needs to start a replica again.

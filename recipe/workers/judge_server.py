@@ -1,0 +1,216 @@
+"""``JudgeServer``: the judge model (``reward.judge.model``) served by the run's own engines.
+
+    any process's Judge --ActorBackend--> JudgeServer (named actor "judge", async)
+                                            |  chat template, token budget check
+                                            +--generate(n=1)--> judge replica 0..k-1 (vLLM)
+
+The server is one async Ray actor that holds ``reward.judge.replicas`` rollout workers loading
+the judge model: the same engines as the policy's (start-up deadline, logs under
+RUN_DIR/engines/judge/replica_R.log, one death classifier), which never receive weights. Calls go
+round robin over the replicas and run concurrently; vLLM batches the calls of every group in
+flight. A replica found dead by a call is restarted (at most ``rollout.max_restarts`` times
+over the run) and the call fails, so the judge's retry goes to a live engine.
+
+Placement: on CPU machines the CPU engine; on a GPU the replicas take
+``reward.judge.gpu_memory_utilization`` of it beside the policy's engine (the trainer's Ray
+share shrinks by as much, recipe/run/placement.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+from pathlib import Path
+from typing import Any
+
+from recipe.model import HFModelConfig, ModelConfig
+from recipe.reward.judge.backend import JudgeCall, JudgeReply
+from recipe.reward.judge.config import JudgeConfig
+from recipe.reward.judge.remote import JUDGE_ACTOR
+from recipe.workers.config import RolloutConfig
+from recipe.workers.rollout.requests import GenerationRequest
+
+logger = logging.getLogger(__name__)
+
+PROMPT_MARGIN = 16
+"""Tokens kept free past a judge prompt and its reply budget (the template's own ends)."""
+
+
+class JudgePromptTooLong(ValueError):
+    """A judge prompt that does not fit ``reward.judge.max_model_len`` with its reply."""
+
+
+def judge_rollout_config(judge: JudgeConfig, policy: RolloutConfig) -> RolloutConfig:
+    """The engine config of the judge's replicas: the policy's engine settings (backend,
+    restarts, deadlines, CPU cache) with the judge's size, memory and context."""
+    return dataclasses.replace(
+        policy,
+        n=1,
+        temperature=judge.temperature,
+        top_p=judge.top_p,
+        top_k=-1,
+        response_length=judge.max_tokens,
+        num_replicas=judge.replicas,
+        tensor_parallel_size=1,
+        gpu_memory_utilization=judge.gpu_memory_utilization,
+        max_num_seqs=judge.max_num_seqs,
+        start_timeout_s=judge.start_timeout_s,
+        generation_timeout_s=judge.timeout_s,
+        stream_tokens=False,
+        engine_kwargs={**policy.engine_kwargs, "max_model_len": judge.max_model_len},
+        multi_turn=dataclasses.replace(policy.multi_turn, enable=False),
+    )
+
+
+class JudgeServer:
+    """The judge model's replicas behind one async actor (module docstring)."""
+
+    def __init__(
+        self,
+        judge: JudgeConfig,
+        model: ModelConfig,
+        rollout: RolloutConfig,
+        *,
+        device: str,
+        gpu_fraction: float,
+        log_dir: str | None,
+    ) -> None:
+        """``model``: the judge model, its path resolved (a local folder)."""
+        from recipe.workers.rollout.replicas import RolloutReplicas
+
+        loaded = HFModelConfig.from_config(model)
+        self._judge = judge
+        self._tokenizer = loaded.tokenizer
+        self._max_restarts = rollout.max_restarts
+        self._restarts = 0
+        self._uids = itertools.count()
+        self._restarting: dict[int, asyncio.Task[None]] = {}
+        self._replicas = RolloutReplicas(
+            loaded,
+            judge_rollout_config(judge, rollout),
+            device=device,
+            gpu_fraction=gpu_fraction,
+            log_dir=Path(log_dir) if log_dir else None,
+            num_cpus=0,  # beside the run's reserved groups, which may hold every CPU
+        )
+
+    def ready(self) -> int:
+        """The number of replicas serving (the constructor returns once all started)."""
+        return len(self._replicas.workers)
+
+    async def complete(self, call: JudgeCall) -> JudgeReply:
+        """One judge reply to ``call``'s messages; ``JudgePromptTooLong`` when they do not
+        fit the judge's context with ``call.max_tokens``; a dead replica's error (after its
+        restart began) otherwise."""
+        prompt_ids = self._encode(call)
+        request = GenerationRequest(
+            f"judge-{next(self._uids)}",
+            prompt_ids,
+            n=1,
+            max_tokens=call.max_tokens,
+            temperature=call.temperature,
+            top_p=call.top_p,
+            seed=call.seed,
+        )
+        index = self._replicas.next_replica()
+        try:
+            [traj] = await self._replicas.workers[index].generate(request)
+        except Exception as exc:
+            if await self._replicas.worker_error(exc) is not None:
+                self._restart(index)
+            raise
+        return JudgeReply(traj.response_text, len(prompt_ids), traj.num_response_tokens)
+
+    def _encode(self, call: JudgeCall) -> list[int]:
+        from recipe.data.prompts import render_prompt
+
+        text = render_prompt(self._tokenizer, call.messages)
+        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False)
+        room = self._judge.max_model_len - call.max_tokens - PROMPT_MARGIN
+        if len(ids) > room:
+            raise JudgePromptTooLong(
+                f"a judge prompt of {len(ids)} tokens does not fit reward.judge.max_model_len="
+                f"{self._judge.max_model_len} with reward.judge.max_tokens={call.max_tokens} "
+                "(raise max_model_len, or shorten the template or the responses)"
+            )
+        return ids
+
+    def _restart(self, index: int) -> None:
+        """Restart replica ``index`` once however many calls found it dead; past
+        ``rollout.max_restarts`` restarts over the run, the calls keep failing (the judge's
+        retries end in a ``JudgeError`` that stops the run)."""
+        if index in self._restarting or self._restarts >= self._max_restarts:
+            return
+        self._restarts += 1
+        logger.warning("judge replica %d died: restarting it (%d so far)", index, self._restarts)
+        task = asyncio.get_running_loop().create_task(asyncio.to_thread(self._start, index))
+        self._restarting[index] = task
+        task.add_done_callback(lambda _: self._restarting.pop(index, None))
+
+    def _start(self, index: int) -> None:
+        import ray
+
+        worker = self._replicas.restart(index)
+        ray.get(worker.get_version(), timeout=self._judge.start_timeout_s)
+
+    def shutdown(self) -> None:
+        self._replicas.shutdown()
+
+
+def start_judge_server(
+    judge: JudgeConfig,
+    model: ModelConfig,
+    rollout: RolloutConfig,
+    *,
+    device: str,
+    gpu_fraction: float,
+    log_dir: Path | None,
+) -> Any:
+    """Start the run's ``JudgeServer`` as the named actor ``JUDGE_ACTOR``; its handle, which
+    the caller keeps for the run and ends with ``stop_judge``. Its engines start in the
+    background: ``wait_judge`` waits for them."""
+    import ray
+
+    return (
+        ray.remote(JudgeServer)
+        .options(name=JUDGE_ACTOR, num_cpus=0, max_concurrency=1000)
+        .remote(
+            judge,
+            model,
+            rollout,
+            device=device,
+            gpu_fraction=gpu_fraction,
+            log_dir=str(log_dir) if log_dir else None,
+        )
+    )
+
+
+def wait_judge(handle: Any, timeout_s: float) -> None:
+    """Wait for the judge's engines to serve; ``RunFailure`` past ``timeout_s``
+    (``reward.judge.start_timeout_s``), the engine's own error when it failed to start."""
+    import ray
+
+    from recipe.faults import RunFailure
+
+    try:
+        ray.get(handle.ready.remote(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise RunFailure(
+            f"the judge's engines did not start within reward.judge.start_timeout_s="
+            f"{timeout_s:g} s (their log: RUN_DIR/engines/judge/replica_R.log)"
+        ) from None
+
+
+def stop_judge(handle: Any) -> None:
+    """Shut the judge's engines down and end its actor (None: nothing); never raises."""
+    if handle is None:
+        return
+    import ray
+
+    try:
+        ray.get(handle.shutdown.remote(), timeout=60)
+    except Exception:  # the engines may be gone already; end the actor anyway
+        logger.exception("shutting the judge's engines down failed")
+    ray.kill(handle)
