@@ -93,6 +93,7 @@ def test_sync_pairwise_judge_through_an_endpoint_compares_every_pair(tmp_path, m
             "reward.judge.endpoint_model=rule-judge",
             "reward.judge.mode=pairwise",
             f"reward.judge.template={template}",
+            "rollout.backend=hf",  # the policy's engine is not what this checks: it starts fast
         )
     assert proc.returncode == 0, proc.stderr[-4000:]
     pairs = STEPS * PROMPTS * N * (N - 1) // 2

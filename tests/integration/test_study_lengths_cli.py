@@ -49,6 +49,7 @@ def _lengths(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.nightly  # a study tool on a real engine; CI: tests/unit/test_study_lengths.py
 def test_lengths_measures_prepared_math_rows_on_the_runs_engine(tmp_path, tiny_model_path):
     out = tmp_path / "lengths"
     proc = _lengths(
