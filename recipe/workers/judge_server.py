@@ -100,6 +100,14 @@ class JudgeServer:
         """The number of replicas serving (the constructor returns once all started)."""
         return len(self._replicas.workers)
 
+    async def process_ids(self) -> list[dict[str, Any]]:
+        """Each replica's worker and engine process ids (``RolloutWorker.process_ids``)."""
+        return list(await asyncio.gather(*(w.process_ids() for w in self._replicas.workers)))
+
+    def num_restarts(self) -> int:
+        """Replicas restarted after dying, over the run."""
+        return self._restarts
+
     async def complete(self, call: JudgeCall) -> JudgeReply:
         """One judge reply to ``call``'s messages; ``JudgePromptTooLong`` when they do not
         fit the judge's context with ``call.max_tokens``; a dead replica's error (after its
