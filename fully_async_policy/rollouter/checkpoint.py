@@ -55,16 +55,16 @@ async def take_snapshot(
         await bounded(stream.quiet(), sync.deadlines.cut_back, what)
     if sync.state is not RolloutState.PAUSED:
         raise RuntimeError(f"snapshot() while {sync.state.name}: take it inside a sync")
-    in_flight = stream.in_flight
-    if in_flight and not sync.pause_policy.keeps_episodes:
-        raise RuntimeError(f"snapshot() with {len(in_flight)} groups generating")
+    if stream.num_generating and not sync.pause_policy.keeps_episodes:
+        raise RuntimeError(f"snapshot() with {stream.num_generating} groups generating")
     async with stream.puts_held():
         seen = list(book.releases)  # the head may be put (and popped) meanwhile
         read: Any = queue.snapshot.remote()
         queued = await bounded(read, sync.deadlines.answer, "snapshot: reading the queue")
         live = {t.ticket: t for t in sync.admission.unreleased()}
-        restart = [live[k] for k in sorted(in_flight)]
-        return book.state_dict(queued, seen, restart) | {"rng": capture_rng()}
+        restart = [live[k] for k in sorted(set(stream.in_flight) - set(stream.judging))]
+        judging = [stream.judging[k] for k in sorted(stream.judging)]
+        return book.state_dict(queued, seen, restart, judging) | {"rng": capture_rng()}
 
 
 def load_snapshot(book: StreamBook, checkpoint: str) -> None:

@@ -26,6 +26,7 @@ admitted prompt is trained once and the staleness bound (admission.py) holds acr
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,16 +93,22 @@ class StreamBook:
     """Finished groups in release order, not yet put into the queue."""
 
     def state_dict(
-        self, queued: list[PromptGroup], seen: list[PromptGroup], restart: list[Ticket]
+        self,
+        queued: list[PromptGroup],
+        seen: list[PromptGroup],
+        restart: list[Ticket],
+        judging: Sequence[tuple[Ticket, list[Trajectory]]] = (),
     ) -> dict[str, Any]:
         """The checkpoint's state: ``queued``, the queue's contents, read after ``seen`` (the
         releases before that read; a put may land between the two); ``restart``: the tickets
-        of groups still generating (episodes that cannot be saved)."""
+        of groups still generating (episodes that cannot be saved); ``judging``: groups
+        generated and awaiting their reward, kept as partials (a resume passes them through
+        the engines unchanged and scores them again)."""
         pending = {g.ticket: g for g in [*seen, *self.releases]}
         return {
             "cursor": self.cursor.state_dict(),
             "admission": self.admission.state_dict(encode_group),
-            "partials": encode_partials(self.partials),
+            "partials": encode_partials([*self.partials, *judging]),
             "num_resumes": {str(k): v for k, v in self.num_resumes.items()},
             "deferred": [encode_ticket(t) for t in self.deferred],
             "restart": [encode_ticket(t) for t in restart],

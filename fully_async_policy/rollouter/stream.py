@@ -94,7 +94,10 @@ class GroupStream:
         self._state, self._version = state, version
         self.deadlines = RolloutDeadlines(cfg)
         self.in_flight: dict[int, asyncio.Task] = {}
-        """Tickets generating now and their tasks."""
+        """Tickets generating or being scored now, and their tasks."""
+        self.judging: dict[int, tuple[Ticket, list[Trajectory]]] = {}
+        """Groups of ``in_flight`` generated and awaiting their reward (a judge's verdicts):
+        no pause waits for them, and a snapshot keeps them to be scored again on resume."""
         self.replica_of: dict[int, int] = {}
         """The replica each in-flight ticket generates on (once picked)."""
         self.clock = IdleClock()
@@ -177,8 +180,13 @@ class GroupStream:
         else:
             self.book.deferred.append(new)
 
+    @property
+    def num_generating(self) -> int:
+        """Groups in flight on the engines (not those awaiting their reward)."""
+        return len(self.in_flight) - len(self.judging)
+
     async def quiet(self) -> None:
-        """Returns once no group generates."""
+        """Returns once no group generates (groups awaiting their reward may be in flight)."""
         await self._quiet.wait()
 
     async def finished(self) -> None:
@@ -227,6 +235,8 @@ class GroupStream:
             if any(t.finish_reason == "aborted" for t in trajs):
                 self.book.partials.append((ticket, trajs))  # cut by a pause: resumed at end_sync
                 return
+            self.judging[ticket.ticket] = (ticket, trajs)
+            self._off_engines()
             await self.reward_fn.ascore_group(self.records[ticket.uid], trajs)
             if self._filtered_out(ticket, trajs):
                 return
@@ -245,11 +255,16 @@ class GroupStream:
             logger.exception("generating prompt %s failed", ticket.uid)
             self.fail(exc)
         finally:
+            self.judging.pop(ticket.ticket, None)
             del self.in_flight[ticket.ticket]
             self.replica_of.pop(ticket.ticket, None)
-            if not self.in_flight:
-                self._quiet.set()
-                self.clock.set_busy(False)
+            self._off_engines()
+
+    def _off_engines(self) -> None:
+        """A group left the engines (generated, or ended): quiet once none generates."""
+        if not self.num_generating:
+            self._quiet.set()
+            self.clock.set_busy(False)
 
     def _hold_back(self, ticket: Ticket, resume: list[Trajectory] | None) -> None:
         """A group that waited for a serving replica when a sync began: it starts after."""

@@ -138,7 +138,7 @@ class RolloutSync:
             await bounded(self.stream.quiet(), self.deadlines.cut_back, what)
         num_partial = len(self.book.partials)
         if self.pause_policy.keeps_episodes:
-            num_partial += len(self.stream.in_flight)  # episodes waiting in the workers
+            num_partial += self.stream.num_generating  # episodes waiting in the workers
         self._pause = SyncPause(num_partial, num_drained, time.perf_counter() - start)
 
     @traced("end_sync (resume)", tid=ROLLOUTER_TIDS["sync"], cat="sync")

@@ -27,6 +27,7 @@ from fully_async_policy.driver.clients import RolloutClient
 from fully_async_policy.message_queue import MessageQueue
 from fully_async_policy.messages import ROLLOUTER_STATE_FILE, PromptGroup
 from fully_async_policy.rollouter.actor import FullyAsyncRollouter
+from fully_async_policy.rollouter.snapshot import decode_group, decode_ticket
 from fully_async_policy.run_plan import RunPlan, plan_run
 from recipe.checkpoint.store import RUN_STATE_DIR
 from recipe.config import RecipeConfig
@@ -383,5 +384,93 @@ def test_a_drain_past_the_generation_deadline_fails_naming_the_groups_in_flight(
         )
         run.cancel()
         rollouter.close()
+
+    asyncio.run(scenario())
+
+
+SLOW_REWARD_S = 1.0
+"""How long the slow reward (a judge's call, say) takes on every third prompt's responses;
+the others take a twentieth of it, so a sync finds groups early in a long scoring."""
+
+
+def _slow_reward(tmp_path: Path) -> str:
+    path = tmp_path / "slow_reward.py"
+    path.write_text(
+        "import asyncio\n\n\n"
+        "async def slow(data_source, solution_str, ground_truth, extra_info=None):\n"
+        f"    slow = int(ground_truth) % 3 == 0\n"
+        f"    await asyncio.sleep({SLOW_REWARD_S} if slow else {SLOW_REWARD_S / 20})\n"
+        "    return 1.0\n"
+    )
+    return f"{path}:slow"
+
+
+def test_a_sync_does_not_wait_for_groups_awaiting_their_reward(tmp_path):
+    """A group generated and being scored (a judge's calls) is off the engines: the sync's
+    pause cuts the groups still generating and does not wait for its verdict."""
+
+    async def scenario() -> None:
+        cfg = fully_async_config(**{"reward.custom_fn": _slow_reward(tmp_path)})
+        trainer = Trainer(cfg, tmp_path, tick_s=0.004)
+        rollouter = await trainer.start()
+        run = asyncio.create_task(rollouter.run())
+        judging_at_sync = []
+        for step in range(1, trainer.plan.total_steps + 1):
+            await trainer.take()
+            if step % trainer.plan.steps_per_sync == 0:
+                judging_at_sync.append(len(rollouter.stream.judging))
+                await trainer.sync()
+        ledger = await trainer.finish(run)
+        assert any(judging_at_sync), "no sync found a group being scored"
+        assert max(p.pause_s for p in trainer.pauses) < SLOW_REWARD_S / 4
+        _balanced(ledger)
+        assert all(t.reward == 1.0 for g in trainer.trained for t in g.trajectories)
+
+    asyncio.run(scenario())
+
+
+async def _judging(rollouter: FullyAsyncRollouter) -> None:
+    while not rollouter.stream.judging:
+        await asyncio.sleep(0.005)
+
+
+def test_a_snapshot_keeps_groups_awaiting_their_reward_and_the_resume_scores_them(tmp_path):
+    async def scenario() -> None:
+        cfg = fully_async_config(
+            **{"trainer.total_training_steps": 8, "reward.custom_fn": _slow_reward(tmp_path)}
+        )
+        first = Trainer(cfg, tmp_path / "a", tick_s=0.004)
+        rollouter = await first.start()
+        run = asyncio.create_task(rollouter.run())
+        await first.steps(1, 3)
+        await first.take()
+        await asyncio.wait_for(_judging(rollouter), 30)  # a checkpoint while one is scored
+        judged = {t.uid for t, _ in rollouter.stream.judging.values()}
+        state = await first.sync(snapshot=True)
+        assert state is not None
+        # kept with their responses, to be scored again: not generated again from scratch
+        kept = {decode_ticket(ticket).uid for ticket, _ in state["partials"]}
+        restarted = {decode_ticket(ticket).uid for ticket in state["restart"]}
+        assert judged <= kept | {decode_group(g).prompt_uid for g in state["releases"]}
+        assert not judged & restarted
+        saved_trained, saved_version = list(first.trained), first.version
+        await first.finish(run)
+
+        checkpoint = tmp_path / "ckpt"
+        (checkpoint / RUN_STATE_DIR).mkdir(parents=True)
+        path = checkpoint / RUN_STATE_DIR / ROLLOUTER_STATE_FILE
+        path.write_text(json.dumps(state), encoding="utf-8")
+        second = Trainer(cfg, tmp_path / "b", tick_s=0.004)
+        second.version, second.trained = saved_version, saved_trained
+        resumed = await second.start()
+        await second.client.load_weights(_weights_file(tmp_path), saved_version)
+        await second.client.restore(str(checkpoint))
+        assert await second.client.end_sync(second.version, len(second.trained)) is None
+        run = asyncio.create_task(resumed.run())
+        await second.steps(5, second.plan.total_steps)
+        ledger = await second.finish(run)
+        _balanced(ledger)
+        assert len(ledger["trained"]) == second.plan.total_steps * second.plan.prompts_per_step
+        assert all(t.reward == 1.0 for g in second.trained for t in g.trajectories)
 
     asyncio.run(scenario())
