@@ -118,15 +118,7 @@ def render_pointwise(
     score_max: float,
 ) -> str:
     """The judge's request for one response."""
-    return template.format_map(
-        {
-            "prompt": render_prompt(prompt),
-            "response": response,
-            "ground_truth": ground_truth,
-            "score_min": format_number(score_min),
-            "score_max": format_number(score_max),
-        }
-    )
+    return _render(template, prompt, ground_truth, score_min, score_max, response=response)
 
 
 def render_pairwise(
@@ -139,14 +131,33 @@ def render_pairwise(
     score_max: float,
 ) -> str:
     """The judge's request for one pair, ``response_a`` shown first."""
+    return _render(
+        template,
+        prompt,
+        ground_truth,
+        score_min,
+        score_max,
+        response_a=response_a,
+        response_b=response_b,
+    )
+
+
+def _render(
+    template: str,
+    prompt: str | ChatMessages,
+    ground_truth: str,
+    score_min: float,
+    score_max: float,
+    **responses: str,
+) -> str:
+    """``template`` with every placeholder filled once (a value's braces stay as written)."""
     return template.format_map(
         {
             "prompt": render_prompt(prompt),
-            "response_a": response_a,
-            "response_b": response_b,
             "ground_truth": ground_truth,
             "score_min": format_number(score_min),
             "score_max": format_number(score_max),
+            **responses,
         }
     )
 
