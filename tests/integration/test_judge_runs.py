@@ -99,13 +99,14 @@ def test_sync_pairwise_judge_through_an_endpoint_compares_every_pair(tmp_path, m
     pairs = STEPS * PROMPTS * N * (N - 1) // 2
     # the final validation's one greedy answer per prompt is judged pointwise
     expected = (pairs + VAL, 0, {"rule-judge"})
-    assert (endpoint.requests, endpoint.bad_keys, endpoint.models) == expected
-    assert _calls(run_dir) == pairs
+    judged = [{k: v for k, v in r.items() if k.startswith("judge/")} for r in read_metrics(run_dir)]
+    assert (endpoint.requests, endpoint.bad_keys, endpoint.models) == expected, judged
+    assert _calls(run_dir) == pairs, judged
     steps = _steps(run_dir)
     assert len(steps) == STEPS
     # Each of a group's 6 comparisons gives one point (a tie half to each side): a group's
     # scores (points over 3 rivals) sum to 2, so every batch's mean reward is one half.
-    assert all(r["reward/mean"] == pytest.approx(0.5) for r in steps)
+    assert [r["reward/mean"] for r in steps] == pytest.approx([0.5] * STEPS), judged
 
 
 def test_fully_async_reward_function_combines_the_rule_and_the_judge(tiny_model_path, tmp_path):
