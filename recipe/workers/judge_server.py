@@ -42,6 +42,25 @@ class JudgePromptTooLong(ValueError):
     """A judge prompt that does not fit ``reward.judge.max_model_len`` with its reply."""
 
 
+def encode_call(tokenizer: Any, call: JudgeCall, max_model_len: int) -> list[int]:
+    """The prompt token ids of ``call``: its messages through the judge tokenizer's chat
+    template (``add_special_tokens=False``: the template wrote them); ``JudgePromptTooLong``
+    when they, ``call.max_tokens`` and ``PROMPT_MARGIN`` do not fit ``max_model_len``
+    (``reward.judge.max_model_len``). Every engine that serves the judge model encodes so."""
+    from recipe.data.prompts import render_prompt
+
+    text = render_prompt(tokenizer, call.messages)
+    ids: list[int] = tokenizer.encode(text, add_special_tokens=False)
+    room = max_model_len - call.max_tokens - PROMPT_MARGIN
+    if len(ids) > room:
+        raise JudgePromptTooLong(
+            f"a judge prompt of {len(ids)} tokens does not fit reward.judge.max_model_len="
+            f"{max_model_len} with reward.judge.max_tokens={call.max_tokens} "
+            "(raise max_model_len, or shorten the template or the responses)"
+        )
+    return ids
+
+
 def judge_rollout_config(judge: JudgeConfig, policy: RolloutConfig) -> RolloutConfig:
     """The engine config of the judge's replicas: the policy's engine settings (backend,
     restarts, deadlines, CPU cache) with the judge's size, memory and context."""
@@ -112,7 +131,7 @@ class JudgeServer:
         """One judge reply to ``call``'s messages; ``JudgePromptTooLong`` when they do not
         fit the judge's context with ``call.max_tokens``; a dead replica's error (after its
         restart began) otherwise."""
-        prompt_ids = self._encode(call)
+        prompt_ids = encode_call(self._tokenizer, call, self._judge.max_model_len)
         request = GenerationRequest(
             f"judge-{next(self._uids)}",
             prompt_ids,
@@ -130,20 +149,6 @@ class JudgeServer:
                 self._restart(index)
             raise
         return JudgeReply(traj.response_text, len(prompt_ids), traj.num_response_tokens)
-
-    def _encode(self, call: JudgeCall) -> list[int]:
-        from recipe.data.prompts import render_prompt
-
-        text = render_prompt(self._tokenizer, call.messages)
-        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False)
-        room = self._judge.max_model_len - call.max_tokens - PROMPT_MARGIN
-        if len(ids) > room:
-            raise JudgePromptTooLong(
-                f"a judge prompt of {len(ids)} tokens does not fit reward.judge.max_model_len="
-                f"{self._judge.max_model_len} with reward.judge.max_tokens={call.max_tokens} "
-                "(raise max_model_len, or shorten the template or the responses)"
-            )
-        return ids
 
     def _restart(self, index: int) -> None:
         """Restart replica ``index`` once however many calls found it dead; past
