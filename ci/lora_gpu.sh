@@ -4,11 +4,12 @@
 #
 #   ci/lora_gpu.sh memory OUT [SIZES] [KEY=VALUE ...]
 #       fully_async on random-init Qwen2.5 shapes (recipe/tools/bench/models.py; SIZES default
-#       0.5B,7B), LoRA (actor.lora.rank=LORA_RANK, default 32) and full fine-tuning each:
-#       samples/s, push bytes and pause (medians), and the peak GPU memory of the trainer and
-#       the engine (python -m recipe.tools.study.gpu_memory), into OUT/<size>-<lora|full>/; a run
-#       that fails (a full fine-tuning that does not fit beside its engine) keeps its log and
-#       the memory each side held up to the failure
+#       0.5B,7B), LoRA (actor.lora.rank=LORA_RANK, default 32) and full fine-tuning each, STEPS
+#       steps (default 4): the run's summary (samples/s, push bytes, start-up) in
+#       OUT/<size>-<lora|full>/run/, and the peak GPU memory of the trainer and the engine
+#       (python -m recipe.tools.study.gpu_memory) in its gpu_memory.csv; a run that fails (a
+#       full fine-tuning that does not fit beside its engine) keeps its log and the memory each
+#       side held up to the failure
 #   ci/lora_gpu.sh gsm8k [MODES]
 #       Qwen2.5-Coder-0.5B-Instruct on GSM8K (ci/real_models_gpu.sh gsm8k), LoRA and full
 #       fine-tuning at equal samples, SEEDS (default 0,1) in MODES (default sync,fully_async);
@@ -28,20 +29,28 @@ export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-INFO}
 memory() {  # memory OUT [SIZES] [KEY=VALUE ...]
   local out=${1:?memory OUT [SIZES]} sizes=${2:-0.5B,7B}
   shift $(( $# >= 2 ? 2 : 1 ))
-  local size variant dir status=0
+  local size variant dir model status=0
   for size in ${sizes//,/ }; do
+    model=$("$PYTHON" -c "from recipe.tools.bench.models import random_model_path as p; print(p('$size'))")
     for variant in lora full; do
       dir=$out/$size-$variant
       mkdir -p "$dir"
       local lora=()
       [ "$variant" = lora ] && lora=(actor.lora.rank="$RANK")
+      # fully_async alone (the bench's e2e always runs sync beside it); one GPU shared by the
+      # trainer and the engine, which takes 0.35 of it; activations bounded for a 7B model.
       "$PYTHON" -m recipe.tools.study.gpu_memory "$dir/gpu_memory.csv" -- \
-        timeout "${RUN_TIMEOUT_S:-900}" "$PYTHON" -m recipe.tools.bench.e2e model="$size" \
-        modes=fully_async steps="${STEPS:-8}" trainer.device=cuda model.dtype=bfloat16 \
-        rollout.response_length=384 rollout.max_num_seqs=512 json="$dir/result.json" \
-        "${lora[@]}" "$@" > "$dir/bench.log" 2>&1 || status=1
-      echo "$size $variant: $(tail -1 "$dir/bench.log")"
-      grep -E "^error:" "$dir/bench.log" | head -1 || true
+        timeout "${RUN_TIMEOUT_S:-900}" "$PYTHON" -m recipe mode=fully_async \
+        model.path="$model" trainer.device=cuda model.dtype=bfloat16 \
+        rollout.response_length=384 rollout.max_num_seqs=512 rollout.gpu_memory_utilization=0.35 \
+        actor.gradient_checkpointing=true actor.ppo_max_token_len_per_gpu=8192 \
+        actor.log_prob_max_token_len_per_gpu=8192 actor.ppo_mini_batch_size=16 \
+        trainer.total_training_steps="${STEPS:-4}" trainer.test_freq=0 \
+        trainer.val_before_train=false data.num_val_prompts=32 logger.quiet=true \
+        async_training.trigger_parameter_sync_step=2 async_training.require_batches=1 \
+        hydra.run.dir="$dir/run" "${lora[@]}" "$@" > "$dir/run.log" 2>&1 || status=1
+      echo "$size $variant: $(tail -1 "$dir/run.log")"  # the peaks, as gpu_memory prints them
+      grep -E "^error:|OutOfMemoryError: CUDA" "$dir/run.log" | head -1 || true
     done
   done
   return $status
