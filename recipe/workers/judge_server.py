@@ -61,6 +61,19 @@ def encode_call(tokenizer: Any, call: JudgeCall, max_model_len: int) -> list[int
     return ids
 
 
+def judge_request(uid: str, prompt_ids: list[int], call: JudgeCall) -> GenerationRequest:
+    """The engine request of one judge call: one reply with the call's own sampling."""
+    return GenerationRequest(
+        uid,
+        prompt_ids,
+        n=1,
+        max_tokens=call.max_tokens,
+        temperature=call.temperature,
+        top_p=call.top_p,
+        seed=call.seed,
+    )
+
+
 def judge_rollout_config(judge: JudgeConfig, policy: RolloutConfig) -> RolloutConfig:
     """The engine config of the judge's replicas: the policy's engine settings (backend,
     restarts, deadlines, CPU cache) with the judge's size, memory and context."""
@@ -132,15 +145,7 @@ class JudgeServer:
         fit the judge's context with ``call.max_tokens``; a dead replica's error (after its
         restart began) otherwise."""
         prompt_ids = encode_call(self._tokenizer, call, self._judge.max_model_len)
-        request = GenerationRequest(
-            f"judge-{next(self._uids)}",
-            prompt_ids,
-            n=1,
-            max_tokens=call.max_tokens,
-            temperature=call.temperature,
-            top_p=call.top_p,
-            seed=call.seed,
-        )
+        request = judge_request(f"judge-{next(self._uids)}", prompt_ids, call)
         index = self._replicas.next_replica()
         try:
             [traj] = await self._replicas.workers[index].generate(request)

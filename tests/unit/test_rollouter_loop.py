@@ -232,6 +232,32 @@ def test_a_sync_opened_while_a_replica_restarts_recovers_it_before_the_load(tmp_
     asyncio.run(scenario())
 
 
+async def _resumed_run(
+    cfg: RecipeConfig,
+    tmp_path: Path,
+    state: dict[str, Any],
+    trained: list[PromptGroup],
+    version: int,
+) -> tuple[Trainer, dict[str, list[str]]]:
+    """A second rollouter restored from ``state`` (a snapshot taken in step 4's sync, the
+    trainer then at ``version`` with ``trained``), run from step 5 to the end; the trainer
+    and the ledger."""
+    checkpoint = tmp_path / "ckpt"
+    (checkpoint / RUN_STATE_DIR).mkdir(parents=True)
+    path = checkpoint / RUN_STATE_DIR / ROLLOUTER_STATE_FILE
+    path.write_text(json.dumps(state), encoding="utf-8")
+    second = Trainer(cfg, tmp_path / "b", tick_s=0.004)
+    second.version, second.trained = version, trained
+    resumed = await second.start()
+    # As FullyAsyncTrainer.attach: the engines serve the checkpoint's weights, then restore.
+    await second.client.load_weights(_weights_file(tmp_path), version)
+    await second.client.restore(str(checkpoint))
+    assert await second.client.end_sync(second.version, len(second.trained)) is None
+    run = asyncio.create_task(resumed.run())
+    await second.steps(5, second.plan.total_steps)
+    return second, await second.finish(run)
+
+
 def test_a_snapshot_taken_in_a_sync_restores_a_rollouter_that_loses_no_prompt(tmp_path):
     async def scenario() -> None:
         cfg = fully_async_config(**{"trainer.total_training_steps": 10})
@@ -246,20 +272,7 @@ def test_a_snapshot_taken_in_a_sync_restores_a_rollouter_that_loses_no_prompt(tm
         await first.steps(5, 6)  # what the crash loses: trained again after the resume
         await first.finish(run)
 
-        checkpoint = tmp_path / "ckpt"
-        (checkpoint / RUN_STATE_DIR).mkdir(parents=True)
-        path = checkpoint / RUN_STATE_DIR / ROLLOUTER_STATE_FILE
-        path.write_text(json.dumps(state), encoding="utf-8")
-        second = Trainer(cfg, tmp_path / "b", tick_s=0.004)
-        second.version, second.trained = saved_version, saved_trained
-        resumed = await second.start()
-        # As FullyAsyncTrainer.attach: the engines serve the checkpoint's weights, then restore.
-        await second.client.load_weights(_weights_file(tmp_path), saved_version)
-        await second.client.restore(str(checkpoint))
-        assert await second.client.end_sync(second.version, len(second.trained)) is None
-        run = asyncio.create_task(resumed.run())
-        await second.steps(5, second.plan.total_steps)
-        ledger = await second.finish(run)
+        second, ledger = await _resumed_run(cfg, tmp_path, state, saved_trained, saved_version)
         _balanced(ledger)  # the resumed ledger counts the checkpoint's admissions too
         assert len(ledger["trained"]) == second.plan.total_steps * second.plan.prompts_per_step
         _check_tokens(second.trained, second)
@@ -456,19 +469,7 @@ def test_a_snapshot_keeps_groups_awaiting_their_reward_and_the_resume_scores_the
         saved_trained, saved_version = list(first.trained), first.version
         await first.finish(run)
 
-        checkpoint = tmp_path / "ckpt"
-        (checkpoint / RUN_STATE_DIR).mkdir(parents=True)
-        path = checkpoint / RUN_STATE_DIR / ROLLOUTER_STATE_FILE
-        path.write_text(json.dumps(state), encoding="utf-8")
-        second = Trainer(cfg, tmp_path / "b", tick_s=0.004)
-        second.version, second.trained = saved_version, saved_trained
-        resumed = await second.start()
-        await second.client.load_weights(_weights_file(tmp_path), saved_version)
-        await second.client.restore(str(checkpoint))
-        assert await second.client.end_sync(second.version, len(second.trained)) is None
-        run = asyncio.create_task(resumed.run())
-        await second.steps(5, second.plan.total_steps)
-        ledger = await second.finish(run)
+        second, ledger = await _resumed_run(cfg, tmp_path, state, saved_trained, saved_version)
         _balanced(ledger)
         assert len(ledger["trained"]) == second.plan.total_steps * second.plan.prompts_per_step
         assert all(t.reward == 1.0 for g in second.trained for t in g.trajectories)

@@ -23,8 +23,7 @@ from typing import Any
 from recipe.config import RecipeConfig
 from recipe.model import HFModelConfig, ModelConfig
 from recipe.reward.judge import JudgeCall, JudgeReply
-from recipe.workers.judge_server import encode_call, judge_rollout_config
-from recipe.workers.rollout.requests import GenerationRequest
+from recipe.workers.judge_server import encode_call, judge_request, judge_rollout_config
 
 
 class EngineBackend:
@@ -58,15 +57,7 @@ class EngineBackend:
 
     async def complete(self, call: JudgeCall) -> JudgeReply:
         prompt_ids = encode_call(self._tokenizer, call, self._max_model_len)
-        request = GenerationRequest(
-            f"judge-{next(self._uids)}",
-            prompt_ids,
-            n=1,
-            max_tokens=call.max_tokens,
-            temperature=call.temperature,
-            top_p=call.top_p,
-            seed=call.seed,
-        )
+        request = judge_request(f"judge-{next(self._uids)}", prompt_ids, call)
         [traj] = await self._worker.generate(request)
         return JudgeReply(traj.response_text, len(prompt_ids), traj.num_response_tokens)
 
