@@ -71,6 +71,7 @@ TOOLS = [
     ("recipe.tools.study.evaluate", ["outputs/none", "keep"], True),
     ("recipe.tools.study.gpu_memory", ["out.csv"], False),
     ("recipe.tools.study.lengths", ["oops"], True),
+    ("recipe.tools.study.judge_agreement", ["oops"], True),
     ("recipe.tools.study.zigzag", ["=5"], False),
 ]
 
