@@ -24,7 +24,7 @@ from recipe.agent.runner import EpisodeRunner
 from recipe.config import RecipeConfig
 from recipe.data.dataset import build_datasets
 from recipe.data.prompts import encode_prompts
-from recipe.model import HFModelConfig
+from recipe.model import HFModelConfig, ModelConfig, ModelPathError
 from recipe.protocol import PromptRecord
 from recipe.reward import RewardFunction
 
@@ -51,6 +51,7 @@ class RunInputs:
         reward_fn.check_data_sources({r.data_source for r in train_records + val_records})
         # Last: reading the model's config imports much of transformers (seconds).
         model = HFModelConfig.from_config(cfg.model)
+        check_judge_model(cfg)
         records = train_records + val_records
         ids = encode_prompts(model.tokenizer, records, max_prompt_length=cfg.data.max_prompt_length)
         if cfg.rollout.multi_turn.enable:
@@ -59,3 +60,16 @@ class RunInputs:
             EpisodeRunner(cfg.rollout.multi_turn, model.tokenizer, model.eos_token_ids)
         prompt_ids = {r.uid: p for r, p in zip(records, ids, strict=True)}
         return cls(train_records, val_records, reward_fn, prompt_ids, model)
+
+
+def check_judge_model(cfg: RecipeConfig) -> None:
+    """``reward.judge.model`` is a model the judge's engines can load (a folder, a catalog
+    name, a GGUF file), checked here, before any process starts: ``ModelPathError`` naming
+    the key otherwise."""
+    judge = cfg.reward.judge
+    if not judge.model:
+        return
+    try:
+        HFModelConfig.from_config(ModelConfig(path=judge.model, dtype=cfg.model.dtype))
+    except ModelPathError as err:
+        raise ModelPathError(str(err).replace("model.path=", "reward.judge.model=", 1)) from None

@@ -101,6 +101,9 @@ def _case_files(tmp: Path, case: str) -> tuple[list[str], list[str]]:
     if case == "model without tokenizer":
         model = _copy_of_tiny_model(tmp, "tokenizer.json", "tokenizer_config.json")
         return [f"model.path={model}"], [str(model), "no tokenizer files", "model.safetensors"]
+    if case == "missing judge model":
+        missing = tmp / "no_such_judge"
+        return [f"reward.judge.model={missing}"], ["reward.judge.model=", str(missing)]
     if case == "malformed dataset row":
         bad = dict(ROW)
         del bad["reward_model"]
@@ -125,6 +128,7 @@ FILE_CASES = [
     "directory that is not a causal LM",
     "model without weights",
     "model without tokenizer",
+    "missing judge model",
     "malformed dataset row",
     "empty dataset",
     "output directory under a file",
@@ -154,6 +158,16 @@ def test_bad_file_or_path_fails_at_startup_naming_it(case, tmp_path):
         ),
         (["reward.custom_fn=recipe.reward.scorers:no_such_scorer"], "reward.custom_fn="),
         (["actor.lrr=1e-5"], "unknown key 'actor.lrr' in 'actor.lrr=1e-5': did you mean actor.lr"),
+        (["reward.judge.mode=listwise"], "reward.judge.mode="),
+        (
+            [
+                "reward.judge.base_url=http://127.0.0.1:9/v1",
+                "reward.judge.endpoint_model=m",
+                "reward.judge.mode=pairwise",
+                "rollout.n=1",
+            ],
+            "rollout.n=1",
+        ),
         (["rollout.n=1.5"], "rollout.n=1.5 is invalid: expected an integer"),
         (["rollout.n=[1,2]"], "rollout.n=[1, 2] is invalid: expected an integer"),
         (
@@ -204,6 +218,8 @@ def test_bad_file_or_path_fails_at_startup_naming_it(case, tmp_path):
         "batch sizes that do not divide",
         "unknown reward function",
         "unknown key",
+        "unknown judge mode",
+        "pairwise judge of one response",
         "float for an integer",
         "list for an integer",
         "verl key",
