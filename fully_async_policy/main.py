@@ -79,7 +79,6 @@ class FullyAsyncRecipe:
             self.queue = make_message_queue(plan.budget)
             # Reserved with the trainer's, before any worker started; the rollouter owns it.
             engines = self.trainer.placement.take("rollout")
-            self.judge = self.trainer.placement.start_judge()  # starts beside the engines
             actor: Any = ray.remote(num_cpus=0)(FullyAsyncRollouter)
             # The inputs checked above, not loaded again: records and prompt ids pickle as
             # they are, the reward function as its config (it imports reward.custom_fn
@@ -89,11 +88,14 @@ class FullyAsyncRecipe:
             )
             client = RolloutClient(self.rollouter)
             engines_start = time.perf_counter()
+            started = client.start()
+            placement = self.trainer.placement  # the judge's engines: after the policy's on a GPU
+            self.judge = placement.start_judge([started] if placement.judge_starts_last else None)
             ranks = self.trainer.ranks
             ranks_ready = [w.__ray_ready__.remote() for w in ranks.workers]
             judge_ready = [self.judge.ready.remote()] if self.judge is not None else []
             ended_at = wait_started(
-                {"engines": [client.start(), *judge_ready], "trainer": ranks_ready},
+                {"engines": [started, *judge_ready], "trainer": ranks_ready},
                 on_failure={"trainer": ranks.wait_ready},  # shuts the ranks down, raises
             )
             startup.add("engines_s", ended_at["engines"] - engines_start)

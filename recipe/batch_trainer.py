@@ -106,13 +106,19 @@ class BatchTrainer(SeparateRayPPOTrainer):
             wait=False,
         )
         try:
-            self._judge = self.placement.start_judge()  # its engines start beside the others
+            last = self.placement.judge_starts_last  # on a GPU, after the policy's engines
+            if not last:
+                self._judge = self.placement.start_judge()  # its engines start beside them
             self._rollout = self.placement.start_engines(self.model)
+            if last:
+                self._judge = self.placement.start_judge()
             if self._judge is not None:
                 wait_judge(self._judge, cfg.reward.judge.start_timeout_s)
         except BaseException:
             ranks.shutdown(graceful=False)
             stop_judge(self._judge)
+            if self._rollout is not None:  # the judge failed after the engines started
+                self._rollout.shutdown()
             raise
         ranks.wait_ready()
 

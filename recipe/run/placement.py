@@ -199,11 +199,12 @@ class Placement:
             lora_rank=self.cfg.actor.lora.rank,
         )
 
-    def start_judge(self) -> Any:
+    def start_judge(self, after: list[Any] | None = None) -> Any:
         """Start the run's judge engines (``reward.judge.model``) as the named ``JudgeServer``
         actor, its output under ``ENGINE_LOG_DIR``/judge; its handle, or None without a judge
         model (no judge, or an external endpoint). Does not wait for the engines: a call on
-        the handle (``ready``) does, and a scorer's first call waits for them too."""
+        the handle (``ready``) does, and a scorer's first call waits for them too. ``after``:
+        refs its engines wait for before they start (``judge_starts_last``)."""
         judge = self.cfg.reward.judge
         if not judge.model:
             return None
@@ -220,7 +221,14 @@ class Placement:
             device=self.device,
             gpu_fraction=self.judge_gpu_fraction,
             log_dir=self.run_dir / ENGINE_LOG_DIR / "judge" if self.run_dir is not None else None,
+            after=after,
         )
+
+    @property
+    def judge_starts_last(self) -> bool:
+        """Whether the judge's engines must start after the policy's: on a GPU, which they
+        share (recipe/workers/judge_server.py says why); on CPU both start side by side."""
+        return self.device == "cuda"
 
     @property
     def judge_gpu_fraction(self) -> float:

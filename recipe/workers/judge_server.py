@@ -13,7 +13,10 @@ over the run) and the call fails, so the judge's retry goes to a live engine.
 
 Placement: on CPU machines the CPU engine; on a GPU the replicas take
 ``reward.judge.gpu_memory_utilization`` of it beside the policy's engine (the trainer's Ray
-share shrinks by as much, recipe/run/placement.py).
+share shrinks by as much, recipe/run/placement.py). There they start once the policy's engines
+have (``after``): vLLM sizes its KV cache from the device's free memory, measured at its start
+and around a profiling pass, and refuses to start when another process changed it in between
+(a judge engine started beside a starting policy engine failed so on an H100).
 """
 
 from __future__ import annotations
@@ -108,10 +111,15 @@ class JudgeServer:
         device: str,
         gpu_fraction: float,
         log_dir: str | None,
+        after: list[Any] | None = None,
     ) -> None:
-        """``model``: the judge model, its path resolved (a local folder)."""
+        """``model``: the judge model, its path resolved (a local folder). ``after``: Ray
+        object refs (the policy's engines starting) to wait for, at most
+        ``rollout.start_timeout_s``, before the judge's engines start."""
         from recipe.workers.rollout.replicas import RolloutReplicas
 
+        if after:
+            wait_for_policy_engines(after, rollout.start_timeout_s)
         loaded = HFModelConfig.from_config(model)
         self._judge = judge
         self._tokenizer = loaded.tokenizer
@@ -177,6 +185,25 @@ class JudgeServer:
         self._replicas.shutdown()
 
 
+def wait_for_policy_engines(refs: list[Any], timeout_s: float) -> None:
+    """Wait for ``refs``; a start that failed or outlasted ``timeout_s`` fails this one too,
+    in one line naming what it waited for (the policy engines' own error is the run's)."""
+    import ray
+
+    try:
+        ray.get(refs, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise RuntimeError(
+            f"the judge's engines waited {timeout_s:g} s (rollout.start_timeout_s) for the "
+            "policy's engines to start first, in vain"
+        ) from None
+    except Exception as exc:
+        raise RuntimeError(
+            f"the judge's engines did not start: the policy's engines, which start first, "
+            f"failed ({type(exc).__name__})"
+        ) from None
+
+
 def start_judge_server(
     judge: JudgeConfig,
     model: ModelConfig,
@@ -185,10 +212,11 @@ def start_judge_server(
     device: str,
     gpu_fraction: float,
     log_dir: Path | None,
+    after: list[Any] | None = None,
 ) -> Any:
     """Start the run's ``JudgeServer`` as the named actor ``JUDGE_ACTOR``; its handle, which
     the caller keeps for the run and ends with ``stop_judge``. Its engines start in the
-    background: ``wait_judge`` waits for them."""
+    background, after ``after`` resolved: ``wait_judge`` waits for them."""
     import ray
 
     return (
@@ -201,6 +229,7 @@ def start_judge_server(
             device=device,
             gpu_fraction=gpu_fraction,
             log_dir=str(log_dir) if log_dir else None,
+            after=after,
         )
     )
 

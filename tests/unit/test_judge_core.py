@@ -44,6 +44,7 @@ def _template(tmp_path: Path, text: str) -> str:
         ({"mode": "listwise"}, "mode"),
         ({"score_min": 5.0, "score_max": 5.0}, "score_min"),
         ({"retries": -1}, "retries"),
+        ({"retry_temperature": -0.1}, "retry_temperature"),
         ({"timeout_s": 0.0}, "timeout_s"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_concurrency": 0}, "max_concurrency"),
@@ -320,13 +321,32 @@ def test_a_failed_call_is_retried_then_scores(tmp_path, first, counter):
 
 def test_judge_error_after_the_last_retry_names_prompt_response_and_reply(tmp_path):
     backend = ScriptedJudge(_script("Score: 3", "no idea", "no idea", "still no idea"))
-    judge = _judge(tmp_path, backend, retries=2)
+    judge = _judge(tmp_path, backend, retries=2, retry_temperature=0.0)
     with pytest.raises(JudgeError) as info:
         asyncio.run(judge.score_group(*_group("good", "bad", uid="val-3")))
     message = str(info.value)
     assert "prompt val-3 (response 1)" in message and "3 attempts" in message
     assert "'still no idea'" in message
-    assert {call.seed for call in backend.calls[1:]} == {stable_seed("val-3", "1")}  # temp 0
+    assert {call.seed for call in backend.calls[1:]} == {stable_seed("val-3", "1")}  # greedy
+    assert {call.temperature for call in backend.calls} == {0.0}
+
+
+def test_a_greedy_judge_retries_an_unreadable_verdict_sampled_and_an_error_greedily(tmp_path):
+    # Greedy, the same question gets the same unreadable reply: the retry samples instead.
+    def greedy_rambles(call: JudgeCall) -> str:
+        return "Score: 96" if call.temperature == 0 else "Score: 6"
+
+    backend = ScriptedJudge(greedy_rambles)
+    judge = _judge(tmp_path, backend)  # temperature 0, retry_temperature 0.7
+    assert asyncio.run(judge.score_group(*_group("x"))) == [0.6]
+    assert [(c.temperature, c.seed) for c in backend.calls] == [
+        (0.0, stable_seed("train-7", "0")),
+        (0.7, stable_seed("train-7", "0") + 1),
+    ]
+    backend = ScriptedJudge(_script(RuntimeError("HTTP 503"), "Score: 2"))
+    judge = _judge(tmp_path, backend)
+    assert asyncio.run(judge.score_group(*_group("x"))) == [0.2]
+    assert [c.temperature for c in backend.calls] == [0.0, 0.0]  # an error is not the reply's
 
 
 def test_seeds_are_stable_across_processes():

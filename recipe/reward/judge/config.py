@@ -59,6 +59,10 @@ class JudgeConfig:
     """Deadline of one judge call, in seconds."""
     retries: int = 2
     """Further attempts after a failed, late or unparsable call."""
+    retry_temperature: float = 0.7
+    """A greedy judge's (``temperature`` 0) temperature on a retry after an unreadable
+    verdict, so that the retry can read differently (greedy, it would repeat the same reply);
+    0 retries greedily. A retry after an error or a deadline keeps ``temperature``."""
     max_concurrency: int = 64
     """Judge calls in flight at once, per process."""
     replicas: int = 1
@@ -83,6 +87,7 @@ class JudgeConfig:
         )
         require_non_negative("reward.judge.retries", self.retries)
         require_non_negative("reward.judge.temperature", self.temperature)
+        require_non_negative("reward.judge.retry_temperature", self.retry_temperature)
         require_fraction("reward.judge.top_p", self.top_p)
         for name in ("timeout_s", "max_tokens", "max_concurrency", "replicas", "max_model_len"):
             require_positive(f"reward.judge.{name}", getattr(self, name))

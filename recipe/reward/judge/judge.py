@@ -18,7 +18,9 @@ A call fails when it raises, passes ``timeout_s`` or gives no readable verdict; 
 again up to ``retries`` times (after 0.5 s * attempt), and then the group fails with a
 ``JudgeError``: a response the judge could not score is never a silent 0. Seeds come from
 (prompt uid, response, attempt) through a stable hash, so a rerun asks the same questions
-with the same seeds; with temperature > 0 a retry samples anew.
+with the same seeds; with temperature > 0 a retry samples anew. A greedy judge (temperature 0)
+repeats an unreadable reply word for word: its retry after one samples at
+``retry_temperature`` (a retry after an error or a deadline stays greedy).
 """
 
 from __future__ import annotations
@@ -235,7 +237,7 @@ class Judge:
         1 + ``retries`` times; ``JudgeError`` naming ``uid`` and ``what`` after that."""
         cfg = self.cfg
         base_seed = stable_seed(uid, key)
-        last = ""
+        last, temperature = "", cfg.temperature
         for attempt in range(cfg.retries + 1):
             if attempt:
                 self._stats.retries += 1
@@ -243,10 +245,10 @@ class Judge:
                 await asyncio.sleep(self.backoff_s * attempt)
             call = JudgeCall(
                 messages=[{"role": "user", "content": text}],
-                temperature=cfg.temperature,
+                temperature=temperature,
                 top_p=cfg.top_p,
                 max_tokens=cfg.max_tokens,
-                seed=base_seed + attempt if cfg.temperature > 0 else base_seed,
+                seed=base_seed + attempt if temperature > 0 else base_seed,
             )
             reply = await self._attempt(call)
             if isinstance(reply, str):
@@ -257,6 +259,7 @@ class Judge:
                 return verdict
             self._stats.parse_failures += 1
             last = f"no verdict in its reply {reply.text[-300:]!r}"
+            temperature = cfg.temperature or cfg.retry_temperature
         raise JudgeError(
             f"the judge could not score prompt {uid} ({what}) in {cfg.retries + 1} attempts; "
             f"last: {last}"
