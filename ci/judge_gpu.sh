@@ -6,7 +6,10 @@
 #       PROMPTS (default 128) held-out GSM8K test problems x 4 responses of the policy at
 #       temperature 1 (python -m recipe.tools.study.lengths), then the judge scores SAMPLES
 #       (default 400) of them (python -m recipe.tools.study.judge_agreement): agreement with the
-#       rule scorer in OUT/agreement/agreement.json
+#       rule in OUT/agreement/agreement.json. The rule reads the final answer in whichever form
+#       the response gives it (recipe.reward.scorers:gsm8k_answer_score): the untrained model
+#       boxes its answers and never writes the "####" the strict scorer needs, so against that
+#       scorer every response is wrong and agreement measures nothing.
 #   ci/judge_gpu.sh throughput DATA OUT [KEY=VALUE ...]
 #       fully_async with the rule reward, then with the judge as the reward (pointwise), STEPS
 #       (default 12) steps of 32 prompts x 8 each, REPEATS (default 1) pairs in alternating
@@ -27,13 +30,17 @@ export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 RAY_USAGE_STATS_ENABLED=0
 export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-INFO}
 
 # The policy's settings (ci/real_models_gpu.sh gsm8k's) and the judge's, shared by every command.
+# One GPU holds the policy's engine (POLICY_GMU of it), the judge's (JUDGE_GMU) and the
+# trainer (up to 38 GB at its peak here): the defaults fit an 80 GB H100 as well as an H200,
+# and the rule runs keep the same policy share as the judge runs.
 policy() {  # policy DATA
   echo model.path=$MODEL trainer.device=${DEVICE:-cuda} model.dtype=${DTYPE:-bfloat16} \
     data.train_files="[$1/train.jsonl]" data.val_files="[$1/test.jsonl]" \
     data.max_prompt_length=512 rollout.n=8 rollout.response_length=512 \
-    data.train_batch_size=32 actor.ppo_mini_batch_size=32 actor.lr=3e-6
+    data.train_batch_size=32 actor.ppo_mini_batch_size=32 actor.lr=3e-6 \
+    rollout.gpu_memory_utilization=${POLICY_GMU:-0.3}
 }
-JUDGE=(reward.judge.model=$MODEL reward.judge.gpu_memory_utilization=0.2
+JUDGE=(reward.judge.model=$MODEL reward.judge.gpu_memory_utilization=${JUDGE_GMU:-0.15}
   reward.judge.max_num_seqs=128 reward.judge.max_concurrency=128)
 
 run() {  # run DIR MODE OVERRIDES...: one training run, its summary line
@@ -76,7 +83,8 @@ case ${1:-} in
     shift 3
     # Held-out: the test problems as the prompts the policy answers.
     read -ra pol <<< "$(policy "$data")"
-    held=("${pol[@]}" data.train_files="[$data/test.jsonl]")
+    held=("${pol[@]}" data.train_files="[$data/test.jsonl]"
+      reward.custom_fn=recipe.reward.scorers:gsm8k_answer_score)
     "$PYTHON" -m recipe.tools.study.lengths out="$out/lengths" prompts="${PROMPTS:-128}" \
       "${held[@]}" rollout.n=4 "$@"
     "$PYTHON" -m recipe.tools.study.judge_agreement responses="$out/lengths/responses.jsonl" \

@@ -27,6 +27,10 @@ only (no prompt, special tokens already skipped). They are pure functions: the r
   accepted. The whole response is searched (some verl versions read only its last 300
   characters).
   ``method="flexible"`` takes the last number of the response instead, as verl's flexible mode.
+  ``method="answer"`` takes the response's final answer in whichever form it gives one: the
+  last number inside its last ``\\boxed{...}``, else the number after its last ``####``, else
+  its last number; as a ``reward.custom_fn``: ``recipe.reward.scorers:gsm8k_answer_score``
+  (for models that box their answers, as Qwen2.5's instruct models do, whatever the prompt asks).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ __all__ = [
     "answers_match",
     "arithmetic_score",
     "calculator_score",
+    "gsm8k_answer_score",
     "gsm8k_score",
     "last_boxed",
     "math_score",
@@ -55,7 +60,7 @@ _GSM8K_NUMBER = r"[-$]{0,2}\d[\d,]*(?:\.\d+)?"
 _GSM8K_ANSWER = re.compile(r"####[ \t]*(" + _GSM8K_NUMBER + ")")
 _ANY_NUMBER = re.compile(_GSM8K_NUMBER)
 _PLAIN_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-_GSM8K_METHODS = ("strict", "flexible")
+_GSM8K_METHODS = ("strict", "flexible", "answer")
 
 
 def arithmetic_score(
@@ -99,8 +104,14 @@ def gsm8k_score(
     """``method``: "strict" (verl's default) or "flexible"; see the module doc."""
     if method not in _GSM8K_METHODS:
         raise ValueError(f"gsm8k_score method={method!r}; expected one of {_GSM8K_METHODS}")
-    pattern = _GSM8K_ANSWER if method == "strict" else _ANY_NUMBER
-    matches = pattern.findall(solution_str)
+    boxed = last_boxed(solution_str) if method == "answer" else None
+    if boxed is not None:
+        matches = _ANY_NUMBER.findall(boxed)
+    elif method == "strict":
+        matches = _GSM8K_ANSWER.findall(solution_str)
+    else:  # flexible, or an unboxed answer: "####" first, else the last number
+        matches = _GSM8K_ANSWER.findall(solution_str) if method == "answer" else []
+        matches = matches or _ANY_NUMBER.findall(solution_str)
     if not matches:
         return 0.0
     predicted, truth = _clean_gsm8k_number(matches[-1]), _gsm8k_truth(ground_truth)
@@ -108,6 +119,13 @@ def gsm8k_score(
     if pred_value is not None and truth_value is not None:
         return float(pred_value == truth_value)
     return float(predicted == truth)
+
+
+def gsm8k_answer_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
+) -> float:
+    """``gsm8k_score(method="answer")`` in the signature ``reward.custom_fn`` calls."""
+    return gsm8k_score(data_source, solution_str, ground_truth, extra_info, method="answer")
 
 
 def last_boxed(text: str) -> str | None:

@@ -16,7 +16,7 @@ Placement: on CPU machines the CPU engine; on a GPU the replicas take
 share shrinks by as much, recipe/run/placement.py). There they start once the policy's engines
 have (``after``): vLLM sizes its KV cache from the device's free memory, measured at its start
 and around a profiling pass, and refuses to start when another process changed it in between
-(a judge engine started beside a starting policy engine failed so on an H100).
+(on an H100, a judge engine started beside a starting policy engine failed to start).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from recipe.reward.scorers import gsm8k_score, math_score
+from recipe.reward.scorers import gsm8k_answer_score, gsm8k_score, math_score
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +334,26 @@ def test_gsm8k_scorer_table(response: str, truth: str, expected: float) -> None:
 )
 def test_gsm8k_flexible_method_takes_last_number_as_verl(response: str, expected: float) -> None:
     assert gsm8k_score("openai/gsm8k", response, "72", method="flexible") == expected
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        # Qwen2.5's instruct models box their answers whatever the prompt asks
+        pytest.param("So John is missing \\(\\boxed{250}\\) dollars.", 0.0, id="boxed-wrong"),
+        pytest.param("Natalia sold \\(\\boxed{72}\\) clips in 2 months.", 1.0, id="boxed-then-number"),
+        pytest.param("\\boxed{\\$72}", 1.0, id="boxed-dollars"),
+        pytest.param("\\boxed{72 \\text{ clips}}", 1.0, id="boxed-with-unit"),
+        pytest.param("\\boxed{1,072}", 0.0, id="boxed-thousands"),
+        pytest.param("#### 72, found in 3 steps", 1.0, id="hash-before-a-later-number"),
+        pytest.param(REASONING + "The answer is 72.", 1.0, id="last-number"),
+        pytest.param("\\boxed{x}", 0.0, id="boxed-no-number"),
+        pytest.param("I cannot tell.", 0.0, id="no-number"),
+    ],
+)
+def test_gsm8k_answer_method_reads_the_final_answer_in_whichever_form(response, expected):
+    assert gsm8k_score("openai/gsm8k", response, "72", method="answer") == expected
+    assert gsm8k_answer_score("openai/gsm8k", response, "72") == expected
 
 
 def test_gsm8k_rejects_unknown_method_and_truth_without_number() -> None:
