@@ -4,8 +4,15 @@
       inputs_s        model, data, reward functions checked (the driver)
       ray_s           Ray started or joined (fully_async; the batch modes start it with their ranks)
       trainer_init_s  trainer side built: placement reserved, ranks load the model and join
-      engines_s       engines started, beside the ranks; of it, from vLLM's own log lines
-                      (``engine_phases``; INFO lines: ``VLLM_LOGGING_LEVEL=INFO``):
+      engines_s       engines started, beside the ranks; of it, from the rollout worker's
+                      own line in its engine log (``WORKER_START_LINE``, the slowest engine):
+        engine_process_s        its process up to the constructor (Ray starting it, Python,
+                                our modules' imports)
+        engine_import_s         vLLM imported, the tokenizer loaded
+        engine_build_s          vLLM's engine built: its processes spawned and imported,
+                                and the phases below
+                      and from vLLM's own log lines (``engine_phases``; INFO lines:
+                      ``VLLM_LOGGING_LEVEL=INFO``):
         engine_load_s           weights loaded      "Model loading took ... and X seconds"
         engine_compile_s        torch.compile       "torch.compile took|takes X s in total"
         engine_graph_capture_s  CUDA graphs         "Graph capturing finished in X secs"
@@ -29,6 +36,9 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from recipe.utils.process_tree import process_start_time
+from recipe.workers.rollout.engine_log import WORKER_START_LINE
+
 PREFIX = "startup/"
 
 OVERLAPPING = ("trainer_init_s", "engines_s")
@@ -41,21 +51,14 @@ ENGINE_LINES = {
     "engine_init_s": re.compile(
         r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"
     ),
+    **{
+        f"engine_{part}_s": re.compile(rf"{WORKER_START_LINE}:.*\b{part} ([\d.]+) s")
+        for part in ("process", "import", "build")
+    },
 }
 """vLLM's INFO lines that time an engine's start (vllm 0.32's wording; "torch.compile takes"
 is older releases'; a line not found is left out, never guessed). Parts of ``engines_s``,
 not phases of their own."""
-
-
-def process_start_time() -> float:
-    """When this process started (seconds since the epoch, the OS's record of it), so the
-    interpreter's and the imports' seconds count too; now when the OS does not say."""
-    try:
-        import psutil
-
-        return float(psutil.Process().create_time())
-    except Exception:  # no psutil, or a platform without the record: count from here
-        return time.time()
 
 
 def engine_phases(lines: Iterable[str]) -> dict[str, float]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -94,3 +95,14 @@ def _kill(group: int, pids: list[int], what: str) -> list[int]:
             ", ".join(str(p) for p in denied),
         )
     return denied
+
+
+def process_start_time() -> float:
+    """When this process started (seconds since the epoch, the OS's record of it), so the
+    interpreter's and the imports' seconds count too; now when the OS does not say."""
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:  # no psutil, or a platform without the record: count from here
+        return time.time()

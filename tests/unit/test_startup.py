@@ -14,6 +14,7 @@ from recipe.config import load_config
 from recipe.protocol import PromptRecord
 from recipe.run.startup import StartupTimes, engine_log_phases, engine_phases
 from recipe.run.training_run import TrainingRun
+from recipe.workers.rollout.engine_log import write_start_line
 
 PROMPTS = [PromptRecord(f"train:p{i}", "1+1=", "2", "arithmetic") for i in range(8)]
 TRAINED = {"actor/grad_norm": 1.0, "actor/optimizer_steps": 1.0, "actor/skipped_steps": 0.0}
@@ -107,10 +108,25 @@ def test_engine_load_compile_and_graph_capture_are_read_off_each_engine_log(tmp_
     assert engine_phases(["WARNING ... Enforce eager set, disabling torch.compile"]) == {}
 
 
+def test_the_workers_own_start_line_splits_engines_s_into_process_import_and_build(tmp_path):
+    # The seconds no vLLM line accounts for: Ray's start of the worker, imports, spawns.
+    for replica, build_s in ((0, 20.25), (1, 31.0)):
+        path = tmp_path / f"replica_{replica}.log"
+        path.write_text(ENGINE_LOG)
+        write_start_line(path, process_s=9.84, import_s=5.06, build_s=build_s)
+    phases = engine_log_phases(sorted(tmp_path.glob("*.log")))
+    assert phases["engine_process_s"] == 9.8 and phases["engine_import_s"] == 5.1
+    assert phases["engine_build_s"] == 31.0  # the slower engine
+    assert phases["engine_load_s"] == 1.25  # vLLM's own lines still read
+    write_start_line(None, 1.0, 2.0, 3.0)  # no log file: nothing written, nothing raised
+    write_start_line(tmp_path / "gone" / "replica_9.log", 1.0, 2.0, 3.0)  # unwritable: logged
+
+
 def test_the_engines_own_split_is_part_of_engines_s_not_added_to_it():
     times = StartupTimes(process_start=0.0)
     times.add("engines_s", 20.0)
     times.add("engine_compile_s", 8.0)
     times.add("engine_graph_capture_s", 5.0)
+    times.add("engine_build_s", 18.0)
     times.first_step(now=25.0)
     assert times.accounted_s() == 20.0 and times.metrics()["startup/other_s"] == 5.0

@@ -30,6 +30,7 @@ from recipe.agent.context import TurnOutput
 from recipe.agent.runner import EpisodeRunner
 from recipe.model import HFModelConfig, ModelConfig
 from recipe.protocol import Trajectory
+from recipe.utils.process_tree import process_start_time
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout.engine_args import (
     check_engine_kwargs,
@@ -39,7 +40,11 @@ from recipe.workers.rollout.engine_args import (
     prepare_cpu_env,
     supported_engine_args,
 )
-from recipe.workers.rollout.engine_log import engine_output_to, route_vllm_logging
+from recipe.workers.rollout.engine_log import (
+    engine_output_to,
+    route_vllm_logging,
+    write_start_line,
+)
 from recipe.workers.rollout.lora import lora_engine_args
 from recipe.workers.rollout.lora_serving import LoraServing
 from recipe.workers.rollout.requests import (
@@ -75,6 +80,7 @@ class VLLMRolloutWorker(LoraServing, VLLMEngineControl):
         ``data.max_prompt_length``, the longest prompt an agent's request may start a segment
         with (None: the engine's context only). ``lora_rank``: ``actor.lora.rank``; > 0
         starts the engine with LoRA and serves pushed adapters (``lora.py``)."""
+        entered = time.time()
         super().__init__()
         self._init_lora(lora_rank)
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -92,9 +98,16 @@ class VLLMRolloutWorker(LoraServing, VLLMEngineControl):
         )
         prepare_cpu_env(config)
         start = time.perf_counter()
+        imported = time.time()
         with engine_output_to(self._log_path):
             self._engine = AsyncLLM.from_engine_args(self._engine_args(model))
         route_vllm_logging(self._log_path)
+        write_start_line(
+            self._log_path,
+            process_s=max(entered - process_start_time(), 0.0),
+            import_s=imported - entered,
+            build_s=time.time() - imported,
+        )
         if self._episodes is not None and self._episodes.endpoint is not None:
             model_config = self._engine.vllm_config.model_config
             self._episodes.endpoint.max_context = model_config.max_model_len
