@@ -15,7 +15,8 @@ import pytest
 from recipe.tools.study.__main__ import main
 from recipe.tools.study.analysis import analyse, print_results
 from recipe.tools.study.design import DesignError, RunSpec, StudyDesign, register, registered
-from recipe.tools.study.harness import EXIT_MORE, RECORD_FILE, Harness
+from recipe.tools.study.harness import EXIT_MORE, RECORD_FILE, DeviceMismatch, Harness
+from recipe.tools.study.telemetry import device_name
 
 # A run: accuracy rises by a mode's rate per 100 samples; fully_async runs twice as fast.
 FAKE_RUN = """
@@ -69,11 +70,19 @@ def _design(**changes: object) -> StudyDesign:
     return StudyDesign(**(fields | changes))  # type: ignore[arg-type]
 
 
-def _harness(tmp_path: Path, design: StudyDesign | None = None) -> Harness:
+def _harness(
+    tmp_path: Path, design: StudyDesign | None = None, device: str = "1 x NVIDIA H200"
+) -> Harness:
     records = tmp_path / "records"
-    register(design or _design(), records)
+    if not (records / "design.json").is_file():
+        register(design or _design(), records)
     harness = Harness(
-        registered(records), records, tmp_path / "out", "", archive=tmp_path / "a.tgz"
+        registered(records),
+        records,
+        tmp_path / "out",
+        "",
+        archive=tmp_path / "a.tgz",
+        device=device,
     )
 
     def train(spec: RunSpec) -> list[str]:
@@ -151,6 +160,30 @@ def test_a_phase_that_does_not_fit_stops_the_study_and_the_next_call_continues(t
     done = [spec for spec in harness.design.runs() if harness.done(spec)]
     assert 1 <= len(done) < 10 and done == harness.design.runs()[: len(done)]
     assert harness.run_all(deadline_s=600) == 0
+
+
+def test_a_study_continued_on_other_cards_stops_before_any_run(tmp_path):
+    harness = _harness(tmp_path, _design(run_timeout_s=1.0, eval_timeout_s=1.0))
+    assert harness.run_all(deadline_s=2.0) == EXIT_MORE  # a run or two, on the H200
+    kept = sorted((tmp_path / "records").glob(f"runs/*/{RECORD_FILE}"))
+    assert kept and {json.loads(p.read_text())["device"] for p in kept} == {"1 x NVIDIA H200"}
+    other = _harness(tmp_path, device="1 x NVIDIA H100 80GB HBM3")
+    with pytest.raises(DeviceMismatch, match=r"ran on 1 x NVIDIA H200 .* has 1 x NVIDIA H100"):
+        other.run_all(deadline_s=600)
+    assert sorted((tmp_path / "records").glob(f"runs/*/{RECORD_FILE}")) == kept
+    assert _harness(tmp_path).run_all(deadline_s=600) == 0  # back on the H200: it continues
+
+
+def test_the_cards_are_named_by_nvidia_smi_and_counted(tmp_path, monkeypatch):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H200'\necho 'NVIDIA H200'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert device_name() == "2 x NVIDIA H200"
+    smi.write_text("#!/bin/sh\nexit 9\n")
+    assert device_name() == "cpu"
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert device_name() == "cpu"
 
 
 def test_a_failed_evaluation_counts_nothing_and_a_cut_off_run_starts_again(tmp_path):

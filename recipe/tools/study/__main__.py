@@ -26,7 +26,7 @@ from pathlib import Path
 from recipe.tools.cli import exit_on_help, parse_pairs
 from recipe.tools.study.analysis import analyse, print_results
 from recipe.tools.study.design import DesignError, StudyDesign, register, registered
-from recipe.tools.study.harness import Harness
+from recipe.tools.study.harness import DeviceMismatch, Harness
 
 USAGE = __doc__.split("\n\n")[1]
 
@@ -78,7 +78,7 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         code = harness.run_all(deadline_s if math.isfinite(deadline_s) else 1e12)
-    except DesignError as exc:  # the warm-up gives no targets on a rising curve
+    except (DesignError, DeviceMismatch) as exc:  # no targets from the warm-up; other cards
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if code == 0:

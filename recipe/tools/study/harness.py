@@ -14,6 +14,10 @@ clock, its records kept; resumable across machines that lose their files.
                 checksums, code commit, GPU telemetry, peak GPU memory of the trainer and
                 the engine, seconds) into <records>/runs/<tag>/
 
+Every run of a study runs on the cards its first run ran on (``device`` in each record,
+``telemetry.device_name``): on a machine with other cards the study stops before any run,
+exit code 2, since times measured on two kinds of GPU do not compare.
+
 Only the small records are kept (commit them); run directories can go. A run that was cut
 off (no ``summary.json``) is run again from its start in a fresh directory, or resumed from a
 checkpoint when the design's overrides set ``trainer.save_freq`` (``resumed`` in its record).
@@ -38,7 +42,7 @@ from recipe.tools.study.design import RunSpec, StudyDesign, Targets, fix_targets
 from recipe.tools.study.evaluate import EVAL_FILE, read_points
 from recipe.tools.study.gpu_memory import GpuProcessMemory, peaks
 from recipe.tools.study.runs import run_logged
-from recipe.tools.study.telemetry import GpuTelemetry, summarize
+from recipe.tools.study.telemetry import GpuTelemetry, device_name, summarize
 
 RUNS_DIR = "runs"
 RECORD_FILE = "record.json"
@@ -57,6 +61,10 @@ TRAINED_FILE = "trained.json"
 """In a run directory once its training ended: when it began, its seconds, resumed or not."""
 
 
+class DeviceMismatch(ValueError):
+    """A study continued on other cards than its runs so far ran on."""
+
+
 class Harness:
     def __init__(
         self,
@@ -66,9 +74,12 @@ class Harness:
         data: str,
         *,
         archive: Path | None = None,
+        device: str | None = None,
     ) -> None:
+        """``device``: this machine's cards (None: ``device_name()``)."""
         self.design, self.records, self.out, self.data = design, records, out, data
         self.archive = archive
+        self.device = device_name() if device is None else device
         self.data_sha256 = data_checksum(Path(data)) if data else ""
 
     def record_dir(self, spec: RunSpec) -> Path:
@@ -78,7 +89,9 @@ class Harness:
         return (self.record_dir(spec) / RECORD_FILE).is_file()
 
     def run_all(self, deadline_s: float) -> int:
-        """Every run not done yet, in order, within ``deadline_s`` seconds from now."""
+        """Every run not done yet, in order, within ``deadline_s`` seconds from now;
+        ``DeviceMismatch`` before any when the study's runs so far ran on other cards."""
+        self.check_device()
         end = time.monotonic() + deadline_s
         for spec in self.design.runs():
             if self.done(spec):
@@ -96,6 +109,17 @@ class Harness:
                 return 1
             self.write_archive()
         return 0
+
+    def check_device(self) -> None:
+        """The study's kept runs ran on this machine's cards (the first run fixes them)."""
+        for path in sorted((self.records / RUNS_DIR).glob(f"*/{RECORD_FILE}")):
+            ran_on = json.loads(path.read_text(encoding="utf-8")).get("device")
+            if ran_on is not None and ran_on != self.device:
+                raise DeviceMismatch(
+                    f"{self.records}: this study's runs ran on {ran_on} ({path.parent.name}), "
+                    f"this machine has {self.device}: times on other cards do not compare; run "
+                    "it where its runs ran, or register a study of its own for these cards"
+                )
 
     def run_one(self, spec: RunSpec, end: float) -> str | None:
         """Train, evaluate and keep one run, each phase only when its estimate fits before
@@ -182,6 +206,7 @@ class Harness:
             "design_sha256": self.design.sha256,
             "data_sha256": self.data_sha256,
             "commit": _commit(),
+            "device": self.device,
             "gpu": summarize(run_dir / "gpu.csv"),
             "gpu_memory_mib": peaks(run_dir / "gpu_memory.csv"),
         }

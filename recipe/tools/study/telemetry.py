@@ -7,7 +7,8 @@
 
 So a sceptic can see whether two runs met the same machine: a throttled clock or a hot GPU
 shows in the run's record. A machine without ``nvidia-smi`` (the CPU) records none, and says
-so (``summarize`` returns ``{"gpus": 0}``).
+so (``summarize`` returns ``{"gpus": 0}``). ``device_name`` names the cards, which every run
+of a study must share.
 """
 
 from __future__ import annotations
@@ -22,6 +23,29 @@ from typing import Any
 
 FIELDS = ("index", "clocks.sm", "clocks.mem", "temperature.gpu", "power.draw", "utilization.gpu")
 QUERY = ["--query-gpu=timestamp," + ",".join(FIELDS), "--format=csv,noheader,nounits"]
+
+
+def device_name() -> str:
+    """The machine's accelerators as one string, "1 x NVIDIA H200" (the card's name and
+    how many); "cpu" without ``nvidia-smi`` or when it answers nothing."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return "cpu"
+    try:
+        proc = subprocess.run(
+            [smi, "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "cpu"
+    names = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+    if proc.returncode != 0 or not names:
+        return "cpu"
+    kinds = sorted(set(names))
+    return ", ".join(f"{names.count(name)} x {name}" for name in kinds)
 
 
 class GpuTelemetry:
