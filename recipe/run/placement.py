@@ -219,23 +219,26 @@ class Placement:
             ModelConfig(str(resolve_model_path(judge.model)), dtype=model.dtype),
             self.cfg.rollout,
             device=self.device,
-            gpu_fraction=self.judge_gpu_fraction,
+            gpu_fraction=1.0 if self.judge_own_gpus else self.judge_gpu_fraction,
             log_dir=self.run_dir / ENGINE_LOG_DIR / "judge" if self.run_dir is not None else None,
             after=after,
+            own_gpu=self.judge_own_gpus,
         )
 
     @property
     def judge_starts_last(self) -> bool:
-        """Whether the judge's engines must start after the policy's: on a GPU, which they
-        share (recipe/workers/judge_server.py says why); on CPU both start side by side."""
-        return self.device == "cuda"
+        """Whether the judge's engines must start after the policy's: on a GPU they share
+        (recipe/workers/judge_server.py says why); on GPUs of their own and on CPU both start
+        side by side."""
+        return self.device == "cuda" and not self.judge_own_gpus
 
     @property
     def judge_gpu_fraction(self) -> float:
-        """Ray's GPU share of one judge engine: ``reward.judge.gpu_memory_utilization`` of a
-        GPU the run's other workers use too (0 without a judge model)."""
+        """The share of the GPUs the run's other workers use that one judge engine takes:
+        ``reward.judge.gpu_memory_utilization`` (0 without a judge model, or on GPUs of its
+        own: ``judge_own_gpus``)."""
         judge = self.cfg.reward.judge
-        return judge.gpu_memory_utilization if judge.model else 0.0
+        return judge.gpu_memory_utilization if judge.model and not self.judge_own_gpus else 0.0
 
     def release(self) -> None:
         """Remove the groups reserved and never taken (a run that failed while starting) and
@@ -274,12 +277,9 @@ class Placement:
             return True
         if self.device != "cuda":
             return False
-        import ray
-
-        init_ray(self.cfg.ray)
         cfg = self.cfg
-        engine_gpus = cfg.rollout.replicas * cfg.rollout.tensor_parallel_size
-        have = int(ray.cluster_resources().get("GPU", 0))
+        engine_gpus = self.engine_gpus
+        have = self.cluster_gpus
         if have >= cfg.actor.world_size + engine_gpus:
             return False
         if engine_gpus > have or cfg.actor.world_size > have:
@@ -298,6 +298,33 @@ class Placement:
             cfg.rollout.gpu_memory_utilization,
         )
         return True
+
+    @functools.cached_property
+    def cluster_gpus(self) -> int:
+        """The GPUs of the Ray cluster (starts Ray)."""
+        import ray
+
+        init_ray(self.cfg.ray)
+        return int(ray.cluster_resources().get("GPU", 0))
+
+    @property
+    def engine_gpus(self) -> int:
+        """The GPUs the policy's engines span: replicas x tensor-parallel size."""
+        return self.cfg.rollout.replicas * self.cfg.rollout.tensor_parallel_size
+
+    @functools.cached_property
+    def judge_own_gpus(self) -> bool:
+        """The judge's engines (``reward.judge.model``) each on a GPU of its own: the cluster
+        has a whole GPU per judge replica beyond those the trainer ranks and the policy's
+        engines use (sharing them, in the colocated baseline or on too few GPUs, they use
+        the larger count). Else they take ``reward.judge.gpu_memory_utilization`` of a GPU
+        beside the others."""
+        judge = self.cfg.reward.judge
+        if self.device != "cuda" or not judge.model:
+            return False
+        ranks = self.cfg.actor.world_size
+        used = max(ranks, self.engine_gpus) if self.shares_gpus else ranks + self.engine_gpus
+        return self.cluster_gpus >= used + judge.replicas
 
     @property
     def trainer_gpu_fraction(self) -> float:

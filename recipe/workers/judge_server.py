@@ -11,9 +11,10 @@ round robin over the replicas and run concurrently; vLLM batches the calls of ev
 flight. A replica found dead by a call is restarted (at most ``rollout.max_restarts`` times
 over the run) and the call fails, so the judge's retry goes to a live engine.
 
-Placement: on CPU machines the CPU engine; on a GPU the replicas take
-``reward.judge.gpu_memory_utilization`` of it beside the policy's engine (the trainer's Ray
-share shrinks by as much, recipe/run/placement.py). There they start once the policy's engines
+Placement (recipe/run/placement.py): on CPU machines the CPU engine; on a cluster with a whole
+GPU to spare per replica, one GPU each (``judge_own_gpus``); else the replicas take
+``reward.judge.gpu_memory_utilization`` of a GPU beside the policy's engine (the trainer's Ray
+share shrinks by as much). Sharing a GPU, they start once the policy's engines
 have (``after``): vLLM sizes its KV cache from the device's free memory, measured at its start
 and around a profiling pass, and refuses to start when another process changed it in between
 (on an H100, a judge engine started beside a starting policy engine failed to start).
@@ -77,9 +78,16 @@ def judge_request(uid: str, prompt_ids: list[int], call: JudgeCall) -> Generatio
     )
 
 
-def judge_rollout_config(judge: JudgeConfig, policy: RolloutConfig) -> RolloutConfig:
+OWN_GPU_MEMORY_UTILIZATION = 0.9
+"""The share of a GPU of its own that a judge engine's vLLM takes (vLLM's default)."""
+
+
+def judge_rollout_config(
+    judge: JudgeConfig, policy: RolloutConfig, *, own_gpu: bool = False
+) -> RolloutConfig:
     """The engine config of the judge's replicas: the policy's engine settings (backend,
-    restarts, deadlines, CPU cache) with the judge's size, memory and context."""
+    restarts, deadlines, CPU cache) with the judge's size, memory and context; ``own_gpu``:
+    each replica alone on its GPU (``OWN_GPU_MEMORY_UTILIZATION`` of it)."""
     return dataclasses.replace(
         policy,
         n=1,
@@ -89,7 +97,9 @@ def judge_rollout_config(judge: JudgeConfig, policy: RolloutConfig) -> RolloutCo
         response_length=judge.max_tokens,
         num_replicas=judge.replicas,
         tensor_parallel_size=1,
-        gpu_memory_utilization=judge.gpu_memory_utilization,
+        gpu_memory_utilization=(
+            OWN_GPU_MEMORY_UTILIZATION if own_gpu else judge.gpu_memory_utilization
+        ),
         max_num_seqs=judge.max_num_seqs,
         start_timeout_s=judge.start_timeout_s,
         generation_timeout_s=judge.timeout_s,
@@ -112,10 +122,12 @@ class JudgeServer:
         gpu_fraction: float,
         log_dir: str | None,
         after: list[Any] | None = None,
+        own_gpu: bool = False,
     ) -> None:
         """``model``: the judge model, its path resolved (a local folder). ``after``: Ray
         object refs (the policy's engines starting) to wait for, at most
-        ``rollout.start_timeout_s``, before the judge's engines start."""
+        ``rollout.start_timeout_s``, before the judge's engines start. ``own_gpu``: each
+        replica alone on a GPU (``gpu_fraction`` 1)."""
         from recipe.workers.rollout.replicas import RolloutReplicas
 
         if after:
@@ -129,7 +141,7 @@ class JudgeServer:
         self._restarting: dict[int, asyncio.Task[None]] = {}
         self._replicas = RolloutReplicas(
             loaded,
-            judge_rollout_config(judge, rollout),
+            judge_rollout_config(judge, rollout, own_gpu=own_gpu),
             device=device,
             gpu_fraction=gpu_fraction,
             log_dir=Path(log_dir) if log_dir else None,
@@ -213,6 +225,7 @@ def start_judge_server(
     gpu_fraction: float,
     log_dir: Path | None,
     after: list[Any] | None = None,
+    own_gpu: bool = False,
 ) -> Any:
     """Start the run's ``JudgeServer`` as the named actor ``JUDGE_ACTOR``; its handle, which
     the caller keeps for the run and ends with ``stop_judge``. Its engines start in the
@@ -230,6 +243,7 @@ def start_judge_server(
             gpu_fraction=gpu_fraction,
             log_dir=str(log_dir) if log_dir else None,
             after=after,
+            own_gpu=own_gpu,
         )
     )
 
