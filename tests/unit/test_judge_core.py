@@ -282,6 +282,23 @@ def test_a_judge_that_always_says_a_gives_every_response_one_half(tmp_path):
     assert asyncio.run(judge.score_group(*_group("0", "1", "2", "3"))) == [2 / 3, 1 / 3] * 2
 
 
+def test_both_orders_removes_the_position_bias_for_even_groups_at_twice_the_calls(tmp_path):
+    backend = ScriptedJudge(lambda call: "Winner: A")
+    judge = _judge(tmp_path, backend, mode="pairwise", both_orders=True)
+    assert asyncio.run(judge.score_group(*_group("0", "1", "2", "3"))) == [0.5] * 4
+    assert len(backend.calls) == 12  # 6 pairs, each in both orders
+
+    def larger(call: JudgeCall) -> str:
+        return "Winner: A" if _value_of(call, "A") > _value_of(call, "B") else "Winner: B"
+
+    backend = ScriptedJudge(larger)
+    judge = _judge(tmp_path, backend, mode="pairwise", both_orders=True)
+    scores = asyncio.run(judge.score_group(*_group("10", "30", "20", "0")))
+    assert scores == pytest.approx([1 / 3, 1.0, 2 / 3, 0.0])  # a consistent judge: unchanged
+    seeds = {call.seed for call in backend.calls}
+    assert len(seeds) == 12  # each order its own question and seed
+
+
 def test_pairwise_needs_two_responses(tmp_path):
     judge = _judge(tmp_path, ScriptedJudge(lambda call: "Winner: A"), mode="pairwise")
     with pytest.raises(JudgeError, match=r"rollout.n >= 2: prompt train-7"):

@@ -43,6 +43,9 @@ class JudgeConfig:
     """The model name the endpoint serves (required with ``base_url``)."""
     mode: str = "pointwise"
     """``pointwise``: a score per response; ``pairwise``: every pair of a group compared."""
+    both_orders: bool = False
+    """Pairwise: ask each pair in both orders, each verdict worth half (no position bias for
+    any ``rollout.n``, twice the calls); else once, the order alternating over pairs."""
     template: str | None = None
     """Path of a prompt template file (str.format placeholders); None: the mode's built-in."""
     score_min: float = 0.0
@@ -85,6 +88,8 @@ class JudgeConfig:
             self.score_min,
             f"a number < reward.judge.score_max={self.score_max!r}",
         )
+        if self.both_orders and self.mode != "pairwise":
+            logger.warning("reward.judge.both_orders has no effect with mode=%s", self.mode)
         require_non_negative("reward.judge.retries", self.retries)
         require_non_negative("reward.judge.temperature", self.temperature)
         require_non_negative("reward.judge.retry_temperature", self.retry_temperature)

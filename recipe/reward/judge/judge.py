@@ -13,6 +13,8 @@ Pointwise: the judge's ``Score: N`` normalised to [0, 1]. Pairwise: response i's
 index as A when p is even, its higher one when p is odd: for odd n every response is shown
 first in exactly half its pairs, so a judge that always picks A gives every response 0.5; for
 even n the count is (n - 1) / 2 rounded up or down, a bias of at most 1 / (2 (n - 1)).
+``both_orders`` asks each pair in both orders, each verdict worth half: no position bias for
+any n, at twice the calls.
 
 A call fails when it raises, passes ``timeout_s`` or gives no readable verdict; it is tried
 again up to ``retries`` times (after 0.5 s * attempt), and then the group fails with a
@@ -202,16 +204,20 @@ class Judge:
                 f"reward.judge.mode=pairwise needs rollout.n >= 2: prompt {record.uid} has one "
                 "response"
             )
-        pairs = itertools.combinations(range(n), 2)
-        shown = [(i, j) if p % 2 == 0 else (j, i) for p, (i, j) in enumerate(pairs)]
+        pairs = list(itertools.combinations(range(n), 2))
+        if self.cfg.both_orders:  # each pair once in each order, each verdict worth half
+            shown = [*pairs, *((j, i) for i, j in pairs)]
+        else:
+            shown = [(i, j) if p % 2 == 0 else (j, i) for p, (i, j) in enumerate(pairs)]
         winners = await gather_or_cancel(self._compare(record, trajs, a, b) for a, b in shown)
+        weight = 0.5 if self.cfg.both_orders else 1.0
         points = [0.0] * n
         for (a, b), winner in zip(shown, winners, strict=True):
             if winner == "tie":
-                points[a] += 0.5
-                points[b] += 0.5
+                points[a] += 0.5 * weight
+                points[b] += 0.5 * weight
             else:
-                points[a if winner == "A" else b] += 1.0
+                points[a if winner == "A" else b] += weight
         return [p / (n - 1) for p in points]
 
     async def _compare(self, record: PromptRecord, trajs: list[Trajectory], a: int, b: int) -> str:
