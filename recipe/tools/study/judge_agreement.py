@@ -37,7 +37,7 @@ import os
 import random
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ from recipe.run.inputs import RunInputs
 from recipe.tools.cli import keys_and_overrides
 from recipe.tools.study.agreement import JudgedResponse, format_table, summarize
 from recipe.tools.study.judge_engine import EngineBackend
-from recipe.tools.study.lengths import compose_config
+from recipe.tools.study.lengths import compose_config, write_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -225,14 +225,6 @@ async def run_judge(
         await close()
 
 
-def write_outputs(out: Path, report: dict[str, Any], judged: list[JudgedResponse]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "agreement.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    with (out / "judged.jsonl").open("w", encoding="utf-8") as f:
-        for response in judged:
-            f.write(json.dumps(asdict(response)) + "\n")
-
-
 def measure(
     args: AgreementArgs, cfg: RecipeConfig, model: HFModelConfig | None, sampled: list[Sampled]
 ) -> dict[str, Any]:
@@ -252,7 +244,7 @@ def measure(
         "judge_metrics": metrics,
     }
     print(format_table(report), flush=True)
-    write_outputs(args.out, report, judged)
+    write_outputs(args.out, report, judged, ("agreement.json", "judged.jsonl"))
     print(f"wrote {args.out / 'agreement.json'} and {args.out / 'judged.jsonl'}")
     return report
 

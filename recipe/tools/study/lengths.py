@@ -48,6 +48,8 @@ from recipe.utils.overrides import check_command_line
 
 logger = logging.getLogger(__name__)
 
+OUTPUT_NAMES = ("lengths.json", "responses.jsonl")
+
 STUDY_KEYS = {"prompts": "64", "seed": "0", "batch": "", "out": "outputs/study/lengths"}
 
 
@@ -165,12 +167,16 @@ def _response(record: PromptRecord, traj: Trajectory) -> Response:
     )
 
 
-def write_outputs(out: Path, report: dict[str, Any], responses: list[Response]) -> None:
+def write_outputs(
+    out: Path, report: dict[str, Any], rows: list[Any], names: tuple[str, str] = OUTPUT_NAMES
+) -> None:
+    """``report`` as ``out/names[0]`` (JSON) and ``rows`` (dataclasses) as ``out/names[1]``
+    (one JSON object a line)."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "lengths.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    with (out / "responses.jsonl").open("w", encoding="utf-8") as f:
-        for response in responses:
-            f.write(json.dumps(asdict(response)) + "\n")
+    (out / names[0]).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    with (out / names[1]).open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(asdict(row)) + "\n")
 
 
 def measure(args: LengthsArgs, cfg: RecipeConfig, inputs: RunInputs) -> dict[str, Any]:
