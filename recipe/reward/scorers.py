@@ -104,14 +104,14 @@ def gsm8k_score(
     """``method``: "strict" (verl's default) or "flexible"; see the module doc."""
     if method not in _GSM8K_METHODS:
         raise ValueError(f"gsm8k_score method={method!r}; expected one of {_GSM8K_METHODS}")
-    boxed = last_boxed(solution_str) if method == "answer" else None
-    if boxed is not None:
-        matches = _ANY_NUMBER.findall(boxed)
-    elif method == "strict":
+    if method == "strict":
         matches = _GSM8K_ANSWER.findall(solution_str)
-    else:  # flexible, or an unboxed answer: "####" first, else the last number
-        matches = _GSM8K_ANSWER.findall(solution_str) if method == "answer" else []
-        matches = matches or _ANY_NUMBER.findall(solution_str)
+    elif method == "flexible":
+        matches = _ANY_NUMBER.findall(solution_str)
+    elif (boxed := last_boxed(solution_str)) is not None:  # answer, boxed
+        matches = _ANY_NUMBER.findall(boxed)
+    else:  # answer, unboxed: "####" first, else the last number
+        matches = _GSM8K_ANSWER.findall(solution_str) or _ANY_NUMBER.findall(solution_str)
     if not matches:
         return 0.0
     predicted, truth = _clean_gsm8k_number(matches[-1]), _gsm8k_truth(ground_truth)
