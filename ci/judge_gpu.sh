@@ -31,16 +31,17 @@ export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-INFO}
 
 # The policy's settings (ci/real_models_gpu.sh gsm8k's) and the judge's, shared by every command.
 # One GPU holds the policy's engine (POLICY_GMU of it), the judge's (JUDGE_GMU) and the
-# trainer (up to 38 GB at its peak here): the defaults fit an 80 GB H100 as well as an H200,
-# and the rule runs keep the same policy share as the judge runs.
+# trainer (up to 40.4 GB at its peak here): the defaults fit an 80 GB H100 as well as an H200
+# (0.3 + 0.15 ran out of memory at the trainer's peak on an H100), and the rule runs keep the
+# same policy share as the judge runs.
 policy() {  # policy DATA
   echo model.path=$MODEL trainer.device=${DEVICE:-cuda} model.dtype=${DTYPE:-bfloat16} \
     data.train_files="[$1/train.jsonl]" data.val_files="[$1/test.jsonl]" \
     data.max_prompt_length=512 rollout.n=8 rollout.response_length=512 \
     data.train_batch_size=32 actor.ppo_mini_batch_size=32 actor.lr=3e-6 \
-    rollout.gpu_memory_utilization=${POLICY_GMU:-0.3}
+    rollout.gpu_memory_utilization=${POLICY_GMU:-0.25}
 }
-JUDGE=(reward.judge.model=$MODEL reward.judge.gpu_memory_utilization=${JUDGE_GMU:-0.15}
+JUDGE=(reward.judge.model=$MODEL reward.judge.gpu_memory_utilization=${JUDGE_GMU:-0.12}
   reward.judge.max_num_seqs=128 reward.judge.max_concurrency=128)
 
 run() {  # run DIR MODE OVERRIDES...: one training run, its summary line

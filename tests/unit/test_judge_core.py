@@ -366,6 +366,32 @@ def test_a_greedy_judge_retries_an_unreadable_verdict_sampled_and_an_error_greed
     assert [c.temperature for c in backend.calls] == [0.0, 0.0]  # an error is not the reply's
 
 
+@pytest.mark.parametrize("mode", ["pointwise", "pairwise"])
+def test_a_retry_after_an_unreadable_verdict_shows_the_reply_and_says_what_to_fix(tmp_path, mode):
+    # A judge on the wrong scale until told the form and the scale (what a 0.5B judge did on
+    # GSM8K: "Score: 97" of 10, repeated even when sampled).
+    def stubborn(call: JudgeCall) -> str:
+        told = call.messages[-1]["content"]
+        if len(call.messages) == 1:
+            return "Score: 97" if mode == "pointwise" else "Both are fine."
+        return "Score: 7" if "from 0 to 10" in told else "Winner: B"
+
+    backend = ScriptedJudge(stubborn)
+    judge = _judge(tmp_path, backend, mode=mode)
+    expected = [0.7] if mode == "pointwise" else [0.0, 1.0]
+    responses = ("x",) if mode == "pointwise" else ("x", "y")
+    assert asyncio.run(judge.score_group(*_group(*responses))) == expected
+    first, retry = backend.calls
+    assert [m["role"] for m in retry.messages] == ["user", "assistant", "user"]
+    assert retry.messages[0] == first.messages[0]
+    assert retry.messages[1]["content"] == stubborn(first)
+    # An error is not the reply's fault: its retry repeats the last request as it was.
+    backend = ScriptedJudge(_script("Score: 97", RuntimeError("HTTP 503"), "Score: 4"))
+    judge = _judge(tmp_path, backend)
+    assert asyncio.run(judge.score_group(*_group("x"))) == [0.4]
+    assert backend.calls[2].messages == backend.calls[1].messages != backend.calls[0].messages
+
+
 def test_seeds_are_stable_across_processes():
     # Python's hash() of a str differs per process; this value may never change.
     assert stable_seed("train-7", "0") == 2100139536

@@ -16,6 +16,8 @@ from recipe.protocol import PromptRecord
 from recipe.reward.judge import Judge, JudgeCall, JudgeConfig, JudgeReply
 from recipe.tools.study.agreement import (
     JudgedResponse,
+    auc,
+    bootstrap_auc,
     bootstrap_kappa,
     cohens_kappa,
     confusion,
@@ -91,6 +93,24 @@ def test_the_bootstrap_counts_resamples_where_kappa_is_undefined():
     rule, judge = _labels(1, 0, 0, 19)
     low, high, undefined = bootstrap_kappa(rule, judge, seed=0, resamples=200)
     assert 0 < undefined < 200 and low is not None
+
+
+def test_auc_counts_ordered_pairs_and_ties_as_halves():
+    # 3 x 2 pairs: 0.9 beats both, 0.5 ties one and beats one, 0.2 loses both -> 3.5 / 6.
+    assert auc([0.9, 0.5, 0.2], [0.5, 0.3]) == pytest.approx(3.5 / 6)
+    assert auc([1.0, 0.8], [0.1, 0.0]) == 1.0 and auc([0.1], [0.9]) == 0.0
+    assert auc([0.7] * 4, [0.7] * 9) == 0.5  # one score for all: no discrimination
+    assert auc([], [0.3]) is None and auc([0.3], []) is None
+
+
+def test_the_auc_bootstrap_is_seeded_covers_the_estimate_and_counts_one_class_resamples():
+    correct = [True] * 30 + [False] * 70
+    scores = [0.8 + 0.005 * i for i in range(30)] + [0.55 + 0.005 * i for i in range(70)]
+    point = auc(scores[:30], scores[30:])
+    low, high, undefined = bootstrap_auc(correct, scores, seed=0)
+    assert (low, high, undefined) == bootstrap_auc(correct, scores, seed=0)
+    assert low is not None and high is not None and low < point < high and undefined == 0
+    assert bootstrap_auc([True] * 5, [0.5] * 5, seed=0, resamples=20) == (None, None, 20)
 
 
 def test_summary_counts_an_unscored_response_without_scoring_it():

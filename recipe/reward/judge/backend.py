@@ -27,7 +27,8 @@ class JudgeCall:
     """One request to the judge model."""
 
     messages: list[dict[str, str]]
-    """Chat messages, ``[{"role": "user", "content": rendered template}]``."""
+    """Chat messages: ``[{"role": "user", "content": rendered template}]``, and on a retry
+    after an unreadable verdict that, the judge's reply and a correction."""
     temperature: float
     """Sampling temperature."""
     top_p: float

@@ -20,9 +20,13 @@ A call fails when it raises, passes ``timeout_s`` or gives no readable verdict; 
 again up to ``retries`` times (after 0.5 s * attempt), and then the group fails with a
 ``JudgeError``: a response the judge could not score is never a silent 0. Seeds come from
 (prompt uid, response, attempt) through a stable hash, so a rerun asks the same questions
-with the same seeds; with temperature > 0 a retry samples anew. A greedy judge (temperature 0)
-repeats an unreadable reply word for word: its retry after one samples at
-``retry_temperature`` (a retry after an error or a deadline stays greedy).
+with the same seeds; with temperature > 0 a retry samples anew. A retry after an unreadable
+reply is a follow-up turn: the request, the judge's reply, and a correction that restates the
+verdict's form and scale (``prompts.correction``). A small judge that wrote ``Score: 97`` on a
+0-10 rubric repeats it when asked the same question again, even sampled; told what it got
+wrong, it mostly answers on the scale. A greedy judge (temperature 0) also samples that retry
+at ``retry_temperature``; a retry after an error or a deadline repeats the last request as
+it was.
 """
 
 from __future__ import annotations
@@ -39,7 +43,12 @@ from typing import TypeVar
 from recipe.protocol import ChatMessages, PromptRecord, Trajectory
 from recipe.reward.judge.backend import JudgeBackend, JudgeCall, JudgeReply
 from recipe.reward.judge.config import JudgeConfig
-from recipe.reward.judge.prompts import builtin_template, render_pairwise, render_pointwise
+from recipe.reward.judge.prompts import (
+    builtin_template,
+    correction,
+    render_pairwise,
+    render_pointwise,
+)
 from recipe.reward.judge.verdicts import parse_score, parse_winner
 
 logger = logging.getLogger(__name__)
@@ -193,8 +202,14 @@ class Judge:
         text = render_pointwise(
             template, prompt, response, ground_truth, cfg.score_min, cfg.score_max
         )
+        fix = correction("pointwise", cfg.score_min, cfg.score_max)
         return await self._verdict(
-            text, uid, key, what, lambda reply: parse_score(reply, cfg.score_min, cfg.score_max)
+            text,
+            uid,
+            key,
+            what,
+            lambda reply: parse_score(reply, cfg.score_min, cfg.score_max),
+            fix,
         )
 
     async def _score_pairs(self, record: PromptRecord, trajs: list[Trajectory]) -> list[float]:
@@ -234,23 +249,32 @@ class Judge:
         )
         ia, ib = trajs[a].sample_index, trajs[b].sample_index
         what = f"responses {ia} (A) and {ib} (B)"
-        return await self._verdict(text, record.uid, f"{ia}:{ib}", what, parse_winner)
+        fix = correction("pairwise", cfg.score_min, cfg.score_max)
+        return await self._verdict(text, record.uid, f"{ia}:{ib}", what, parse_winner, fix)
 
     async def _verdict(
-        self, text: str, uid: str, key: str, what: str, parse: Callable[[str], V | None]
+        self,
+        text: str,
+        uid: str,
+        key: str,
+        what: str,
+        parse: Callable[[str], V | None],
+        fix: str,
     ) -> V:
         """Ask the judge about ``text`` until ``parse`` reads its reply, at most
-        1 + ``retries`` times; ``JudgeError`` naming ``uid`` and ``what`` after that."""
+        1 + ``retries`` times, following an unreadable reply up with ``fix``; ``JudgeError``
+        naming ``uid`` and ``what`` after that."""
         cfg = self.cfg
         base_seed = stable_seed(uid, key)
         last, temperature = "", cfg.temperature
+        messages = [{"role": "user", "content": text}]
         for attempt in range(cfg.retries + 1):
             if attempt:
                 self._stats.retries += 1
                 logger.warning("judge on prompt %s (%s): %s; retrying", uid, what, last)
                 await asyncio.sleep(self.backoff_s * attempt)
             call = JudgeCall(
-                messages=[{"role": "user", "content": text}],
+                messages=messages,
                 temperature=temperature,
                 top_p=cfg.top_p,
                 max_tokens=cfg.max_tokens,
@@ -266,6 +290,11 @@ class Judge:
             self._stats.parse_failures += 1
             last = f"no verdict in its reply {reply.text[-300:]!r}"
             temperature = cfg.temperature or cfg.retry_temperature
+            messages = [
+                {"role": "user", "content": text},
+                {"role": "assistant", "content": reply.text},
+                {"role": "user", "content": fix},
+            ]
         raise JudgeError(
             f"the judge could not score prompt {uid} ({what}) in {cfg.retries + 1} attempts; "
             f"last: {last}"

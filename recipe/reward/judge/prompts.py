@@ -66,6 +66,30 @@ or
 Winner: B"""
 
 
+POINTWISE_CORRECTION = """\
+I cannot read a score in your reply. End your reply with one line of the form
+Score: N
+where N is a single number from {score_min} to {score_max}. Reply with that one line only."""
+
+PAIRWISE_CORRECTION = """\
+I cannot read a verdict in your reply. End your reply with one line that is either
+Winner: A
+or
+Winner: B
+Reply with that one line only."""
+
+
+def correction(mode: str, score_min: float, score_max: float) -> str:
+    """The follow-up turn after a reply whose verdict ``verdicts`` cannot read: it restates the
+    form the mode's verdict must take (the scale of a pointwise score), which a small judge
+    that answered on another scale (``Score: 97`` of 10) then mostly follows."""
+    if mode == "pairwise":
+        return PAIRWISE_CORRECTION
+    return POINTWISE_CORRECTION.format(
+        score_min=format_number(score_min), score_max=format_number(score_max)
+    )
+
+
 def builtin_template(mode: str) -> str:
     """The built-in template of ``mode`` (``pointwise`` or ``pairwise``)."""
     return POINTWISE_TEMPLATE if mode == "pointwise" else PAIRWISE_TEMPLATE

@@ -3,9 +3,10 @@ they are tested without an engine (``python -m recipe.tools.study.judge_agreemen
 
     JudgedResponse (rule reward, judge score | judge error), one per sampled response
       --labels--> rule: correct when reward > 0.5; judge: passes when score >= threshold
-      --summarize--> n, agreement (95% Wilson interval), Cohen's kappa (95% bootstrap
-                     interval), confusion matrix, the judge's mean score on rule-correct and
-                     rule-wrong responses, the responses the judge could not score
+      --summarize--> n, agreement (95% Wilson interval), Cohen's kappa and the AUC (95%
+                     bootstrap intervals), confusion matrix, the judge's mean score on
+                     rule-correct and rule-wrong responses, the responses the judge could
+                     not score
 
 The rule's label. The built-in scorers give 0 or 1, where ``reward > 0.5`` is exactly
 ``reward >= 1.0``. A fractional rule (reasoning-gym's partial credit) or a shaped reward (an
@@ -15,6 +16,12 @@ the label asks "did the rule say right", not "did it give full marks".
 A response the judge could not score (its ``JudgeError``) has no judge label: it is left out
 of every figure but ``num_errors`` and ``errors``, which count and name it; it is never a
 judge score of 0.
+
+AUC needs no threshold: the chance that a rule-correct response gets a higher judge score than
+a rule-wrong one, a tie counting half (the Mann-Whitney statistic over n_correct * n_wrong
+pairs); 0.5 is a judge that cannot tell them apart, whatever its threshold or the share it
+passes. Its 95% interval is a percentile bootstrap over the responses, resamples without
+both classes counted and left out.
 
 Kappa is undefined when both labelings put every response in one class (chance agreement
 is 1): the point estimate is None then, and bootstrap resamples where it is undefined are
@@ -151,6 +158,41 @@ def bootstrap_kappa(
     return low, high, undefined
 
 
+def auc(right: Sequence[float], wrong: Sequence[float]) -> float | None:
+    """P(a ``right`` score > a ``wrong`` one) + half P(equal) over all pairs; None when either
+    is empty."""
+    if not len(right) or not len(wrong):
+        return None
+    ordered = np.sort(np.asarray(right, dtype=float))
+    w = np.asarray(wrong, dtype=float)
+    above = len(ordered) - np.searchsorted(ordered, w, side="right")
+    equal = np.searchsorted(ordered, w, side="right") - np.searchsorted(ordered, w, side="left")
+    return float((above + 0.5 * equal).sum() / (len(ordered) * len(w)))
+
+
+def bootstrap_auc(
+    correct: Sequence[bool],
+    scores: Sequence[float],
+    *,
+    seed: int,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+) -> tuple[float | None, float | None, int]:
+    """The 95% percentile interval of ``auc`` over ``resamples`` resamples of the responses
+    (with replacement, ``seed``-ed); (low, high, resamples without both classes). (None, None,
+    k) when fewer than two resamples give an AUC."""
+    c = np.asarray(correct, dtype=bool)
+    s = np.asarray(scores, dtype=float)
+    if len(c) == 0:
+        return None, None, resamples
+    index = np.random.default_rng(seed).integers(0, len(c), size=(resamples, len(c)))
+    values = [auc(s[i][c[i]], s[i][~c[i]]) for i in index]
+    defined = [v for v in values if v is not None]
+    undefined = resamples - len(defined)
+    if len(defined) < 2:
+        return None, None, undefined
+    return float(np.percentile(defined, 2.5)), float(np.percentile(defined, 97.5)), undefined
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -172,6 +214,9 @@ def summarize(
     wrong = [r.score for r in scored if not r.rule_correct and r.score is not None]
     mean_right, mean_wrong = _mean(right), _mean(wrong)
     low, high, undefined = bootstrap_kappa(rule, judge, seed=seed, resamples=resamples)
+    auc_low, auc_high, auc_undefined = bootstrap_auc(
+        rule, [r.score for r in scored if r.score is not None], seed=seed, resamples=resamples
+    )
     return {
         "num_sampled": len(judged),
         "n": table.n,
@@ -184,6 +229,9 @@ def summarize(
         "kappa": cohens_kappa(table),
         "kappa_ci95": None if low is None else [low, high],
         "kappa_bootstrap": {"resamples": resamples, "seed": seed, "undefined": undefined},
+        "auc": auc(right, wrong),
+        "auc_ci95": None if auc_low is None else [auc_low, auc_high],
+        "auc_bootstrap": {"resamples": resamples, "seed": seed, "undefined": auc_undefined},
         "confusion": table.as_dict(),
         "judge_mean_score_rule_correct": mean_right,
         "judge_mean_score_rule_wrong": mean_wrong,
@@ -212,6 +260,7 @@ def format_table(summary: dict[str, Any]) -> str:
         f"rule: {summary['rule_label']}, judge: {summary['judge_label']}",
         f"agreement  {num(summary['agreement'])}{interval(summary['agreement_ci95'])}",
         f"kappa      {num(summary['kappa'])}{interval(summary['kappa_ci95'])}",
+        f"AUC        {num(summary.get('auc'))}{interval(summary.get('auc_ci95'))}",
         f"{'':14}{'judge pass':>12}{'judge fail':>12}",
     ]
     for label in ("rule_correct", "rule_wrong"):
