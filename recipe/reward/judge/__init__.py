@@ -5,8 +5,9 @@ task has no verifier.
     prompts.py   the built-in templates and their brace-safe rendering
     verdicts.py  parse_score / parse_winner: the documented rules that read a reply
     backend.py   JudgeCall, JudgeReply, the JudgeBackend protocol, EndpointBackend
-    judge.py     Judge: the calls of a group (pointwise or pairwise), deadlines, retries,
-                 the concurrency bound and the judge/* metrics
+    judge.py     Judge: the calls of a group (pointwise or pairwise), deadlines, retries
+                 (a follow-up turn after an unreadable verdict), the concurrency bound
+    metrics.py   JudgeStats: the counters of the calls and the judge/* metrics
 """
 
 from recipe.reward.judge.backend import EndpointBackend, JudgeBackend, JudgeCall, JudgeReply

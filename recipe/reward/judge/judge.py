@@ -37,12 +37,12 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 from recipe.protocol import ChatMessages, PromptRecord, Trajectory
 from recipe.reward.judge.backend import JudgeBackend, JudgeCall, JudgeReply
 from recipe.reward.judge.config import JudgeConfig
+from recipe.reward.judge.metrics import JudgeStats
 from recipe.reward.judge.prompts import (
     builtin_template,
     correction,
@@ -72,54 +72,6 @@ def stable_seed(uid: str, key: str) -> int:
     (Python's ``hash`` of a string is salted per process)."""
     digest = hashlib.blake2b(f"{uid}\x00{key}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") % SEED_RANGE
-
-
-@dataclass
-class JudgeStats:
-    """Counters of judge calls (attempts) since the last drain; ``queue_depth`` is live."""
-
-    latencies_s: list[float] = field(default_factory=list)
-    """Seconds of each call from its start (after the concurrency bound) to its end."""
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    parse_failures: int = 0
-    """Replies with no readable verdict."""
-    retries: int = 0
-    """Attempts after a first one."""
-    failures: int = 0
-    """Calls that raised or timed out."""
-    queue_depth: int = 0
-    """Calls waiting for the concurrency bound now."""
-    queue_depth_max: int = 0
-    """The most calls seen waiting for the concurrency bound at once."""
-
-    def waiting(self, change: int) -> None:
-        """A call starts (+1) or stops (-1) waiting for the concurrency bound."""
-        self.queue_depth += change
-        self.queue_depth_max = max(self.queue_depth_max, self.queue_depth)
-
-    def metrics(self) -> dict[str, float]:
-        """The ``judge/*`` metrics; empty when no call was made."""
-        if not self.latencies_s:
-            return {}
-        latencies = sorted(self.latencies_s)
-        return {
-            "judge/calls": float(len(latencies)),
-            "judge/latency_p50_s": nearest_rank(latencies, 0.5),
-            "judge/latency_p99_s": nearest_rank(latencies, 0.99),
-            "judge/prompt_tokens": float(self.prompt_tokens),
-            "judge/completion_tokens": float(self.completion_tokens),
-            "judge/parse_failures": float(self.parse_failures),
-            "judge/retries": float(self.retries),
-            "judge/failures": float(self.failures),
-            "judge/queue_depth_max": float(self.queue_depth_max),
-        }
-
-
-def nearest_rank(sorted_values: list[float], q: float) -> float:
-    """The ``q`` quantile of non-empty ``sorted_values`` by the nearest-rank rule."""
-    rank = max(1, -(-q * len(sorted_values) // 1))
-    return sorted_values[int(rank) - 1]
 
 
 async def gather_or_cancel(coros: Iterable[Awaitable[V]]) -> list[V]:
