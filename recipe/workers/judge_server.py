@@ -75,6 +75,7 @@ def judge_request(uid: str, prompt_ids: list[int], call: JudgeCall) -> Generatio
         temperature=call.temperature,
         top_p=call.top_p,
         seed=call.seed,
+        choices=None if call.choices is None else list(call.choices),
     )
 
 

@@ -19,6 +19,8 @@ from recipe.reward.judge.judge import stable_seed
 from recipe.reward.judge.prompts import (
     PAIRWISE_TEMPLATE,
     POINTWISE_TEMPLATE,
+    correction,
+    format_number,
     render_pairwise,
     render_pointwise,
     template_problem,
@@ -385,11 +387,36 @@ def test_a_retry_after_an_unreadable_verdict_shows_the_reply_and_says_what_to_fi
     assert [m["role"] for m in retry.messages] == ["user", "assistant", "user"]
     assert retry.messages[0] == first.messages[0]
     assert retry.messages[1]["content"] == stubborn(first)
+    # Only the correction is constrained, to the verdicts the parser reads.
+    scores = tuple(f"Score: {n}" for n in range(11))
+    assert first.choices is None
+    assert retry.choices == (scores if mode == "pointwise" else ("Winner: A", "Winner: B"))
+    assert all(parse_score(c, 0, 10) is not None or parse_winner(c) for c in retry.choices)
     # An error is not the reply's fault: its retry repeats the last request as it was.
     backend = ScriptedJudge(_script("Score: 97", RuntimeError("HTTP 503"), "Score: 4"))
     judge = _judge(tmp_path, backend)
     assert asyncio.run(judge.score_group(*_group("x"))) == [0.4]
     assert backend.calls[2].messages == backend.calls[1].messages != backend.calls[0].messages
+
+
+@pytest.mark.parametrize(
+    ("bounds", "expected"),
+    [
+        ((0, 10), ["Score: 0", "Score: 10"]),
+        ((-2, 2), ["Score: -2", "Score: 2"]),
+        ((1, 100), ["Score: 1", "Score: 100"]),
+        ((0, 1000), None),  # too many to choose among: told, not constrained
+        ((0.25, 0.75), None),  # a fractional scale: told, not constrained
+    ],
+)
+def test_a_pointwise_correction_is_constrained_to_whole_scores_on_a_whole_scale(bounds, expected):
+    fix = correction("pointwise", *bounds)
+    assert f"from {format_number(bounds[0])} to {format_number(bounds[1])}" in fix.text
+    if expected is None:
+        assert fix.choices is None
+    else:
+        assert [fix.choices[0], fix.choices[-1]] == expected
+        assert len(fix.choices) == bounds[1] - bounds[0] + 1
 
 
 def test_seeds_are_stable_across_processes():

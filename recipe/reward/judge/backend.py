@@ -37,6 +37,10 @@ class JudgeCall:
     """The reply budget in tokens."""
     seed: int | None
     """Sampling seed (None: the server's choice)."""
+    choices: tuple[str, ...] | None = None
+    """The reply must be one of these, by constrained decoding where the backend has it (the
+    run's own judge engines); None: free text. An endpoint ignores it (an OpenAI-compatible
+    server other than vLLM refuses vLLM's parameter for it)."""
 
 
 @dataclass(frozen=True, slots=True)

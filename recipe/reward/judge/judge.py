@@ -22,11 +22,12 @@ again up to ``retries`` times (after 0.5 s * attempt), and then the group fails 
 (prompt uid, response, attempt) through a stable hash, so a rerun asks the same questions
 with the same seeds; with temperature > 0 a retry samples anew. A retry after an unreadable
 reply is a follow-up turn: the request, the judge's reply, and a correction that restates the
-verdict's form and scale (``prompts.correction``). A small judge that wrote ``Score: 97`` on a
-0-10 rubric repeats it when asked the same question again, even sampled; told what it got
-wrong, it mostly answers on the scale. A greedy judge (temperature 0) also samples that retry
-at ``retry_temperature``; a retry after an error or a deadline repeats the last request as
-it was.
+verdict's form and scale, its reply constrained to the verdicts themselves (``Score: 0`` ..
+``Score: 10``, ``Winner: A`` / ``B``) where the backend decodes under constraints
+(``prompts.correction``). A 0.5B judge that wrote ``Score: 97`` on a 0-10 rubric wrote it
+again when asked again, sampled, and mostly when told its scale too. A greedy judge
+(temperature 0) samples that retry at ``retry_temperature``; a retry after an error or a
+deadline repeats the last request as it was.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from recipe.reward.judge.backend import JudgeBackend, JudgeCall, JudgeReply
 from recipe.reward.judge.config import JudgeConfig
 from recipe.reward.judge.metrics import JudgeStats
 from recipe.reward.judge.prompts import (
+    Correction,
     builtin_template,
     correction,
     render_pairwise,
@@ -211,7 +213,7 @@ class Judge:
         key: str,
         what: str,
         parse: Callable[[str], V | None],
-        fix: str,
+        fix: Correction,
     ) -> V:
         """Ask the judge about ``text`` until ``parse`` reads its reply, at most
         1 + ``retries`` times, following an unreadable reply up with ``fix``; ``JudgeError``
@@ -220,6 +222,7 @@ class Judge:
         base_seed = stable_seed(uid, key)
         last, temperature = "", cfg.temperature
         messages = [{"role": "user", "content": text}]
+        choices: tuple[str, ...] | None = None
         for attempt in range(cfg.retries + 1):
             if attempt:
                 self._stats.retries += 1
@@ -231,6 +234,7 @@ class Judge:
                 top_p=cfg.top_p,
                 max_tokens=cfg.max_tokens,
                 seed=base_seed + attempt if temperature > 0 else base_seed,
+                choices=choices,
             )
             reply = await self._attempt(call)
             if isinstance(reply, str):
@@ -245,8 +249,9 @@ class Judge:
             messages = [
                 {"role": "user", "content": text},
                 {"role": "assistant", "content": reply.text},
-                {"role": "user", "content": fix},
+                {"role": "user", "content": fix.text},
             ]
+            choices = fix.choices
         raise JudgeError(
             f"the judge could not score prompt {uid} ({what}) in {cfg.retries + 1} attempts; "
             f"last: {last}"

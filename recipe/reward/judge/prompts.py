@@ -13,6 +13,7 @@ a last line ``Score: N`` (pointwise) or ``Winner: A`` / ``Winner: B`` (pairwise)
 from __future__ import annotations
 
 import string
+from dataclasses import dataclass
 
 from recipe.protocol import ChatMessages
 
@@ -79,15 +80,35 @@ Winner: B
 Reply with that one line only."""
 
 
-def correction(mode: str, score_min: float, score_max: float) -> str:
-    """The follow-up turn after a reply whose verdict ``verdicts`` cannot read: it restates the
-    form the mode's verdict must take (the scale of a pointwise score), which a small judge
-    that answered on another scale (``Score: 97`` of 10) then mostly follows."""
+MAX_CHOICES = 101
+"""The most verdicts a constrained correction chooses among (a 0-100 rubric's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Correction:
+    """The follow-up turn after a reply whose verdict ``verdicts`` cannot read."""
+
+    text: str
+    """What the judge is told: the form the mode's verdict takes (and a score's scale)."""
+    choices: tuple[str, ...] | None
+    """The verdicts its reply is constrained to where the backend constrains decoding: the
+    pairwise winners, or every whole score of a rubric with whole bounds at most
+    ``MAX_CHOICES`` apart; None otherwise (a fractional scale is told, not constrained)."""
+
+
+def correction(mode: str, score_min: float, score_max: float) -> Correction:
+    """The follow-up turn of ``mode`` (``Correction``). Told alone, a small judge that wrote
+    ``Score: 97`` of 10 mostly writes it again; constrained, its reply is a verdict."""
     if mode == "pairwise":
-        return PAIRWISE_CORRECTION
-    return POINTWISE_CORRECTION.format(
+        return Correction(PAIRWISE_CORRECTION, ("Winner: A", "Winner: B"))
+    text = POINTWISE_CORRECTION.format(
         score_min=format_number(score_min), score_max=format_number(score_max)
     )
+    whole = float(score_min).is_integer() and float(score_max).is_integer()
+    if not whole or score_max - score_min >= MAX_CHOICES:
+        return Correction(text, None)
+    scores = range(int(score_min), int(score_max) + 1)
+    return Correction(text, tuple(f"Score: {n}" for n in scores))
 
 
 def builtin_template(mode: str) -> str:

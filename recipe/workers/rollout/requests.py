@@ -49,6 +49,9 @@ class GenerationRequest:
     ``max_tokens``."""
     ignore_eos: bool = False
     """Keep generating past EOS until the budget is spent (fixed-length benchmark workloads)."""
+    choices: list[str] | None = None
+    """Each response is exactly one of these strings (vLLM's structured outputs); None: free.
+    The judge's corrected verdicts use it, never a policy's responses."""
     record: PromptRecord | None = None
     """The prompt's record; with ``rollout.multi_turn.enable`` each response is an episode
     of the environment started from it (``recipe.agent``), ``max_tokens`` its budget of

@@ -202,9 +202,10 @@ class VLLMRolloutWorker(LoraServing, VLLMEngineControl):
         how many context tokens the prefix cache served; a pause ends it as ``aborted``
         with the tokens it had."""
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         delta = self._config.stream_tokens
+        choices = request.choices
         params = SamplingParams(
             n=1,
             max_tokens=max_new_tokens,
@@ -217,6 +218,7 @@ class VLLMRolloutWorker(LoraServing, VLLMEngineControl):
             ignore_eos=request.ignore_eos,
             detokenize=False,  # the caller decodes once
             output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY,
+            structured_outputs=StructuredOutputsParams(choice=choices) if choices else None,
         )
         request_id = f"{request.prompt_uid}-{tag}-{uuid.uuid4().hex[:12]}"
         ids: list[int] = []
