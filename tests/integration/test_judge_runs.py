@@ -29,7 +29,7 @@ STEPS, PROMPTS, N, VAL = 2, 8, 4, 16
 
 
 def _run(
-    run_dir: Path, mode: str, judge: Path | None, *overrides: str
+    run_dir: Path, mode: str, judge: Path | None, *overrides: str, score_max: int = 1000
 ) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable,
@@ -47,7 +47,7 @@ def _run(
         f"rollout.n={N}",
         *([f"reward.judge.model={judge}"] if judge else []),
         # The tiny model answers sums: its "verdicts" are numbers, read on a wide scale.
-        "reward.judge.score_max=1000",
+        f"reward.judge.score_max={score_max}",
         "reward.judge.max_tokens=8",
         "reward.judge.max_model_len=1024",
         *overrides,
@@ -112,12 +112,20 @@ def test_sync_pairwise_judge_through_an_endpoint_compares_every_pair(tmp_path, m
 def test_fully_async_reward_function_combines_the_rule_and_the_judge(tiny_model_path, tmp_path):
     run_dir = tmp_path / "run"
     fn = f"{judge_rewards.PATH}:rule_and_judge"
-    proc = _run(run_dir, "fully_async", tiny_model_path, f"reward.custom_fn={fn}")
+    # On a 0-1 rubric the tiny model's sums are mostly out of scale: each such verdict gets
+    # one retry, the correction turn, whose reply the engine constrains to "Score: 0" or
+    # "Score: 1". Told alone, the tiny model would miss the scale again: the run would stop.
+    overrides = (f"reward.custom_fn={fn}", "reward.judge.retries=1")
+    proc = _run(run_dir, "fully_async", tiny_model_path, *overrides, score_max=1)
     assert proc.returncode == 0, proc.stderr[-4000:]
     steps = _steps(run_dir)
     assert len(steps) == STEPS
     # groups still generating at the end were scored too: at least every trained response
     assert _calls(run_dir) >= STEPS * PROMPTS * N
+    records = read_metrics(run_dir)
+    corrected = sum(r.get("judge/parse_failures", 0.0) for r in records)
+    assert corrected > 0 and sum(r.get("judge/failures", 0.0) for r in records) == 0
+    assert sum(r.get("judge/retries", 0.0) for r in records) == corrected
     for record in steps:
         assert 0.0 <= record["reward/judge"] <= 1.0  # the judge's score, logged beside
         assert record["reward/mean"] == pytest.approx(record["reward/accuracy"])  # the rule's

@@ -12,7 +12,7 @@ import pytest
 
 from recipe.model import ModelConfig
 from recipe.protocol import PromptRecord, Trajectory
-from recipe.reward.judge import Judge, JudgeConfig
+from recipe.reward.judge import Judge, JudgeCall, JudgeConfig
 from recipe.reward.judge.remote import ActorBackend
 from recipe.workers.config import RolloutConfig
 from recipe.workers.judge_server import start_judge_server, stop_judge, wait_judge
@@ -47,6 +47,10 @@ def test_a_dead_judge_engine_is_restarted_and_the_retry_is_answered(
         judge = Judge(cfg, ActorBackend(), backoff_s=2.0)
         record = PromptRecord("train-000001", "1+1", "2", "arithmetic")
         first = asyncio.run(judge.score_group(record, _group(record.uid)))
+        # A correction's reply is constrained to the verdicts (vLLM structured outputs).
+        choices = ("Score: 3", "Score: 7")
+        call = JudgeCall([{"role": "user", "content": "1+1"}], 0.7, 1.0, 8, 5, choices)
+        assert ray.get(server.complete.remote(call)).text in choices
         [pids] = ray.get(server.process_ids.remote())
         for pid in pids["engine"]:
             os.kill(pid, signal.SIGKILL)
