@@ -112,11 +112,11 @@ def test_sync_pairwise_judge_through_an_endpoint_compares_every_pair(tmp_path, m
 def test_fully_async_reward_function_combines_the_rule_and_the_judge(tiny_model_path, tmp_path):
     run_dir = tmp_path / "run"
     fn = f"{judge_rewards.PATH}:rule_and_judge"
-    # On a 0-1 rubric the tiny model's sums are mostly out of scale: each such verdict gets
-    # one retry, the correction turn, whose reply the engine constrains to "Score: 0" or
-    # "Score: 1". Told alone, the tiny model would miss the scale again: the run would stop.
-    overrides = (f"reward.custom_fn={fn}", "reward.judge.retries=1")
-    proc = _run(run_dir, "fully_async", tiny_model_path, *overrides, score_max=1)
+    # The tiny model's verdicts here read 0: on a 1-2 rubric each is out of scale and gets
+    # one retry, the correction turn, whose reply the engine constrains to "Score: 1" or
+    # "Score: 2". Told alone, the tiny model would miss the scale again: the run would stop.
+    overrides = (f"reward.custom_fn={fn}", "reward.judge.retries=1", "reward.judge.score_min=1")
+    proc = _run(run_dir, "fully_async", tiny_model_path, *overrides, score_max=2)
     assert proc.returncode == 0, proc.stderr[-4000:]
     steps = _steps(run_dir)
     assert len(steps) == STEPS

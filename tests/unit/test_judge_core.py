@@ -197,9 +197,12 @@ class ScriptedJudge:
     """A judge backend in this process: ``answer`` maps each call to its reply text, or
     raises; a scripted ``SLOW`` first sleeps past any deadline. Counts calls in flight."""
 
-    def __init__(self, answer: Callable[[JudgeCall], str], delay_s: float = 0.0) -> None:
+    def __init__(
+        self, answer: Callable[[JudgeCall], str], delay_s: float = 0.0, constrains: bool = True
+    ) -> None:
         self.answer = answer
         self.delay_s = delay_s
+        self.constrains = constrains
         self.calls: list[JudgeCall] = []
         self.in_flight = self.max_in_flight = 0
 
@@ -397,6 +400,23 @@ def test_a_retry_after_an_unreadable_verdict_shows_the_reply_and_says_what_to_fi
     judge = _judge(tmp_path, backend)
     assert asyncio.run(judge.score_group(*_group("x"))) == [0.4]
     assert backend.calls[2].messages == backend.calls[1].messages != backend.calls[0].messages
+
+
+@pytest.mark.parametrize(
+    ("constrains", "bounds"), [(False, (0, 10)), (True, (0.25, 0.75)), (True, (0, 1000))]
+)
+def test_without_a_constraint_an_unreadable_verdict_is_asked_again_as_it_was(
+    tmp_path, constrains, bounds
+):
+    # Told its scale but free to answer, a 0.5B judge repeated its out-of-scale score more
+    # often than when asked again: without the constraint, the question is asked again.
+    backend = ScriptedJudge(_script("Score: 9999", "Score: 0.5"), constrains=constrains)
+    judge = _judge(tmp_path, backend, score_min=bounds[0], score_max=bounds[1])
+    [score] = asyncio.run(judge.score_group(*_group("x")))
+    assert score == pytest.approx((0.5 - bounds[0]) / (bounds[1] - bounds[0]))
+    first, retry = backend.calls
+    assert retry.messages == first.messages and retry.choices is None
+    assert (first.temperature, retry.temperature) == (0.0, 0.7)
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,8 @@ class RuleJudge:
     """The built-in templates' reader: pointwise "Score: 10" when the response section holds
     the answer 5, else "Score: 0"; pairwise, the response holding 5 wins. Records the calls."""
 
+    constrains = False  # it stands for an endpoint
+
     def __init__(self, cfg: JudgeConfig) -> None:
         self.calls: list[JudgeCall] = []
 

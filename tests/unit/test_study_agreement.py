@@ -188,6 +188,8 @@ def test_a_row_whose_prompt_the_data_lacks_is_bad_input():
 class ScriptedBackend:
     """Answers ``Score: 8`` unless the response under judgement is ``unreadable``."""
 
+    constrains = False
+
     def __init__(self) -> None:
         self.calls: list[JudgeCall] = []
 

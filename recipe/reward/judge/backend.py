@@ -38,9 +38,8 @@ class JudgeCall:
     seed: int | None
     """Sampling seed (None: the server's choice)."""
     choices: tuple[str, ...] | None = None
-    """The reply must be one of these, by constrained decoding where the backend has it (the
-    run's own judge engines); None: free text. An endpoint ignores it (an OpenAI-compatible
-    server other than vLLM refuses vLLM's parameter for it)."""
+    """The reply must be one of these (constrained decoding); None: free text. Only sent to
+    a backend that ``constrains``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +57,9 @@ class JudgeReply:
 class JudgeBackend(Protocol):
     """Answers judge calls; one attempt per call, an exception when it fails."""
 
+    constrains: bool
+    """Whether its replies keep to ``JudgeCall.choices`` (constrained decoding)."""
+
     async def complete(self, call: JudgeCall) -> JudgeReply: ...
 
 
@@ -68,8 +70,11 @@ class EndpointBackend:
     second, which would block the event loop and eat the first call's deadline. The client
     is made on the first call, on the calling event loop (its HTTP connections belong to
     that loop), and again if a later call comes from another loop. It never retries by
-    itself (``max_retries=0``): the ``Judge`` does, and counts them.
+    itself (``max_retries=0``): the ``Judge`` does, and counts them. It does not constrain
+    replies: servers other than vLLM refuse vLLM's parameter for ``choices``.
     """
+
+    constrains = False
 
     def __init__(self, cfg: JudgeConfig) -> None:
         if cfg.base_url is None or not cfg.endpoint_model:

@@ -20,14 +20,17 @@ A call fails when it raises, passes ``timeout_s`` or gives no readable verdict; 
 again up to ``retries`` times (after 0.5 s * attempt), and then the group fails with a
 ``JudgeError``: a response the judge could not score is never a silent 0. Seeds come from
 (prompt uid, response, attempt) through a stable hash, so a rerun asks the same questions
-with the same seeds; with temperature > 0 a retry samples anew. A retry after an unreadable
-reply is a follow-up turn: the request, the judge's reply, and a correction that restates the
-verdict's form and scale, its reply constrained to the verdicts themselves (``Score: 0`` ..
-``Score: 10``, ``Winner: A`` / ``B``) where the backend decodes under constraints
-(``prompts.correction``). A 0.5B judge that wrote ``Score: 97`` on a 0-10 rubric wrote it
-again when asked again, sampled, and mostly when told its scale too. A greedy judge
-(temperature 0) samples that retry at ``retry_temperature``; a retry after an error or a
-deadline repeats the last request as it was.
+with the same seeds; with temperature > 0 a retry samples anew. A greedy judge (temperature
+0) would repeat an unreadable reply word for word: its retry after one samples at
+``retry_temperature``. Where the backend constrains decoding (the run's own engines) and the
+verdicts can be listed (``prompts.correction``: whole scores of a whole scale, the pairwise
+winners), that retry is a follow-up turn instead: the request, the judge's reply, and a
+correction restating the verdict's form and scale, the reply constrained to the verdicts.
+Elsewhere the question is asked again as it was: on the CPU, a 0.5B judge told its scale
+without the constraint repeated its out-of-scale score for 3 of 5 responses, where asked
+again it did so for none (on a GPU, asked again, once in each of two runs of about 400
+calls, which stopped one of them). A retry after an error
+or a deadline repeats the last request as it was.
 """
 
 from __future__ import annotations
@@ -246,12 +249,13 @@ class Judge:
             self._stats.parse_failures += 1
             last = f"no verdict in its reply {reply.text[-300:]!r}"
             temperature = cfg.temperature or cfg.retry_temperature
-            messages = [
-                {"role": "user", "content": text},
-                {"role": "assistant", "content": reply.text},
-                {"role": "user", "content": fix.text},
-            ]
-            choices = fix.choices
+            if fix.choices is not None and self.backend.constrains:
+                messages = [
+                    {"role": "user", "content": text},
+                    {"role": "assistant", "content": reply.text},
+                    {"role": "user", "content": fix.text},
+                ]
+                choices = fix.choices
         raise JudgeError(
             f"the judge could not score prompt {uid} ({what}) in {cfg.retries + 1} attempts; "
             f"last: {last}"

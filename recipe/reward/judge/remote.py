@@ -30,6 +30,8 @@ class JudgeUnavailable(RuntimeError):
 class ActorBackend:
     """``JudgeBackend`` over the run's ``JudgeServer`` actor (module docstring)."""
 
+    constrains = True
+
     def __init__(self, name: str = JUDGE_ACTOR, lookup_timeout_s: float = LOOKUP_TIMEOUT_S):
         self.name = name
         self.lookup_timeout_s = lookup_timeout_s

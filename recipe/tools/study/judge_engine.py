@@ -30,6 +30,8 @@ class EngineBackend:
     """``JudgeBackend`` over an engine of the judge model in this process (module
     docstring); ``start`` builds it, ``shutdown`` ends the engine."""
 
+    constrains = True
+
     def __init__(self, worker: Any, tokenizer: Any, max_model_len: int) -> None:
         """``worker``: a started rollout worker serving the judge model; ``tokenizer``: the
         judge model's; ``max_model_len``: ``reward.judge.max_model_len``."""
