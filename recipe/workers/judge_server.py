@@ -137,6 +137,7 @@ class JudgeServer:
         self._judge = judge
         self._tokenizer = loaded.tokenizer
         self._max_restarts = rollout.max_restarts
+        self._constrains = rollout.backend == "vllm"
         self._restarts = 0
         self._uids = itertools.count()
         self._restarting: dict[int, asyncio.Task[None]] = {}
@@ -156,6 +157,11 @@ class JudgeServer:
     async def process_ids(self) -> list[dict[str, Any]]:
         """Each replica's worker and engine process ids (``RolloutWorker.process_ids``)."""
         return list(await asyncio.gather(*(w.process_ids() for w in self._replicas.workers)))
+
+    def constrains(self) -> bool:
+        """Whether its engines keep replies to ``JudgeCall.choices``: vLLM's structured
+        outputs do; the HF engine does not, and is sent no choices."""
+        return self._constrains
 
     def num_restarts(self) -> int:
         """Replicas restarted after dying, over the run."""

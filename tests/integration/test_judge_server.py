@@ -44,9 +44,11 @@ def test_a_dead_judge_engine_is_restarted_and_the_retry_is_answered(
     )
     try:
         wait_judge(server, 600)
-        judge = Judge(cfg, ActorBackend(), backoff_s=2.0)
+        backend = ActorBackend()
+        judge = Judge(cfg, backend, backoff_s=2.0)
         record = PromptRecord("train-000001", "1+1", "2", "arithmetic")
         first = asyncio.run(judge.score_group(record, _group(record.uid)))
+        assert backend.constrains  # learnt from the vLLM server at the first call's lookup
         # A correction's reply is constrained to the verdicts (vLLM structured outputs).
         choices = ("Score: 3", "Score: 7")
         call = JudgeCall([{"role": "user", "content": "1+1"}], 0.7, 1.0, 8, 5, choices)

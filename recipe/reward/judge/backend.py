@@ -58,7 +58,8 @@ class JudgeBackend(Protocol):
     """Answers judge calls; one attempt per call, an exception when it fails."""
 
     constrains: bool
-    """Whether its replies keep to ``JudgeCall.choices`` (constrained decoding)."""
+    """Whether its replies keep to ``JudgeCall.choices`` (constrained decoding: the run's own
+    vLLM engines; not an endpoint, not the HF engine)."""
 
     async def complete(self, call: JudgeCall) -> JudgeReply: ...
 

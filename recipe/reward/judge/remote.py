@@ -30,7 +30,9 @@ class JudgeUnavailable(RuntimeError):
 class ActorBackend:
     """``JudgeBackend`` over the run's ``JudgeServer`` actor (module docstring)."""
 
-    constrains = True
+    constrains = False
+    """Whether the server keeps replies to ``JudgeCall.choices``: asked at the lookup, which
+    the first call makes, before any retry could send choices."""
 
     def __init__(self, name: str = JUDGE_ACTOR, lookup_timeout_s: float = LOOKUP_TIMEOUT_S):
         self.name = name
@@ -57,8 +59,10 @@ class ActorBackend:
         deadline = asyncio.get_running_loop().time() + self.lookup_timeout_s
         while True:
             try:
-                self._handle = ray.get_actor(self.name)
-                return self._handle
+                handle = ray.get_actor(self.name)
+                self.constrains = bool(await handle.constrains.remote())
+                self._handle = handle
+                return handle
             except ValueError:
                 if asyncio.get_running_loop().time() >= deadline:
                     raise JudgeUnavailable(

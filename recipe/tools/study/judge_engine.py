@@ -30,11 +30,13 @@ class EngineBackend:
     """``JudgeBackend`` over an engine of the judge model in this process (module
     docstring); ``start`` builds it, ``shutdown`` ends the engine."""
 
-    constrains = True
-
-    def __init__(self, worker: Any, tokenizer: Any, max_model_len: int) -> None:
+    def __init__(
+        self, worker: Any, tokenizer: Any, max_model_len: int, *, constrains: bool = True
+    ) -> None:
         """``worker``: a started rollout worker serving the judge model; ``tokenizer``: the
-        judge model's; ``max_model_len``: ``reward.judge.max_model_len``."""
+        judge model's; ``max_model_len``: ``reward.judge.max_model_len``; ``constrains``:
+        whether the worker keeps replies to ``JudgeCall.choices`` (vLLM's does, HF's not)."""
+        self.constrains = constrains
         self._worker = worker
         self._tokenizer = tokenizer
         self._max_model_len = max_model_len
@@ -55,7 +57,8 @@ class EngineBackend:
             str(model.path), dtype=model.dtype, trust_remote_code=model.trust_remote_code
         )
         worker = worker_cls(spec, rollout, str(log_path) if log_path else None)
-        return cls(worker, model.tokenizer, judge.max_model_len)
+        constrains = rollout.backend == "vllm"
+        return cls(worker, model.tokenizer, judge.max_model_len, constrains=constrains)
 
     async def complete(self, call: JudgeCall) -> JudgeReply:
         prompt_ids = encode_call(self._tokenizer, call, self._max_model_len)
