@@ -19,6 +19,7 @@ from recipe.checkpoint_engine.layout import PAGE_BYTES, BucketLayout
 from recipe.model import ModelConfig
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout.hf_worker import HFRolloutWorker
+from recipe.workers.rollout.requests import GenerationRequest
 from tests.helpers.weight_faults import corrupt_next_send
 
 
@@ -80,3 +81,10 @@ def test_hf_worker_stages_while_running_commits_only_paused_and_refuses_a_corrup
         asyncio.run(scenario())
     finally:
         sender.finalize()
+
+
+def test_hf_worker_refuses_choices_it_cannot_keep_to(tiny_model_path):
+    worker = HFRolloutWorker(ModelConfig(path=str(tiny_model_path)), RolloutConfig(backend="hf"))
+    request = GenerationRequest("judge-0", [5, 6, 7], n=1, max_tokens=4, choices=["Score: 1"])
+    with pytest.raises(ValueError, match=r"choices needs rollout\.backend=vllm"):
+        asyncio.run(worker.generate(request))
