@@ -27,6 +27,8 @@ FIGURES = (
     "agreement_ci95",
     "kappa",
     "kappa_ci95",
+    "auc",
+    "auc_ci95",
     "confusion",
     "judge_mean_score_rule_correct",
     "judge_mean_score_rule_wrong",
