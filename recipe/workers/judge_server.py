@@ -129,6 +129,7 @@ class JudgeServer:
         object refs (the policy's engines starting) to wait for, at most
         ``rollout.start_timeout_s``, before the judge's engines start. ``own_gpu``: each
         replica alone on a GPU (``gpu_fraction`` 1)."""
+        from recipe.workers.rollout import make_rollout_worker_cls
         from recipe.workers.rollout.replicas import RolloutReplicas
 
         if after:
@@ -137,7 +138,7 @@ class JudgeServer:
         self._judge = judge
         self._tokenizer = loaded.tokenizer
         self._max_restarts = rollout.max_restarts
-        self._constrains = rollout.backend == "vllm"
+        self._constrains = make_rollout_worker_cls(rollout.backend).keeps_choices
         self._restarts = 0
         self._uids = itertools.count()
         self._restarting: dict[int, asyncio.Task[None]] = {}

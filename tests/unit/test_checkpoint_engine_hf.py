@@ -86,5 +86,5 @@ def test_hf_worker_stages_while_running_commits_only_paused_and_refuses_a_corrup
 def test_hf_worker_refuses_choices_it_cannot_keep_to(tiny_model_path):
     worker = HFRolloutWorker(ModelConfig(path=str(tiny_model_path)), RolloutConfig(backend="hf"))
     request = GenerationRequest("judge-0", [5, 6, 7], n=1, max_tokens=4, choices=["Score: 1"])
-    with pytest.raises(ValueError, match=r"choices needs rollout\.backend=vllm"):
+    with pytest.raises(ValueError, match=r"HFRolloutWorker cannot \(rollout\.backend=vllm can\)"):
         asyncio.run(worker.generate(request))

@@ -57,8 +57,9 @@ class EngineBackend:
             str(model.path), dtype=model.dtype, trust_remote_code=model.trust_remote_code
         )
         worker = worker_cls(spec, rollout, str(log_path) if log_path else None)
-        constrains = rollout.backend == "vllm"
-        return cls(worker, model.tokenizer, judge.max_model_len, constrains=constrains)
+        return cls(
+            worker, model.tokenizer, judge.max_model_len, constrains=worker_cls.keeps_choices
+        )
 
     async def complete(self, call: JudgeCall) -> JudgeReply:
         prompt_ids = encode_call(self._tokenizer, call, self._max_model_len)

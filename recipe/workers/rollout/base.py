@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, ClassVar
 
 from recipe.agent.context import EpisodeCut
 from recipe.checkpoint_engine.host import export_node_id
@@ -41,6 +41,10 @@ logger = logging.getLogger(__name__)
 
 class RolloutWorker(ABC):
     """One generation engine behind a small async surface (see the module docstring)."""
+
+    keeps_choices: ClassVar[bool] = False
+    """Whether its engine keeps responses to ``GenerationRequest.choices`` (constrained
+    decoding); a worker that cannot refuses such a request rather than ignore it."""
 
     def __init__(self) -> None:
         export_node_id()  # the engine's processes, started next, learn this Ray node
@@ -114,6 +118,11 @@ class RolloutWorker(ABC):
         Waits first while the worker is paused. The result is ordered by ``sample_index``.
         """
         self._check_open()
+        if request.choices is not None and not self.keeps_choices:
+            raise ValueError(
+                f"GenerationRequest.choices needs a worker that keeps to them: "
+                f"{type(self).__name__} cannot (rollout.backend=vllm can)"
+            )
         while self._paused:
             await self._running.wait()
             self._check_open()

@@ -74,8 +74,6 @@ class HFRolloutWorker(RolloutWorker):
         self._lock = asyncio.Lock()
 
     async def _generate_group(self, request: GenerationRequest) -> list[Trajectory]:
-        if request.choices is not None:  # never ignored: a reply off the list would pass
-            raise ValueError("GenerationRequest.choices needs rollout.backend=vllm")
         plan = plan_group(request)
         jobs = [item for item in plan if isinstance(item, SampleJob)]
         done: dict[int, Trajectory] = {}

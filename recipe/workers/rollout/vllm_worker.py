@@ -67,6 +67,8 @@ class VLLMRolloutWorker(LoraServing, VLLMEngineControl):
     """A rollout worker that owns one ``vllm.v1`` ``AsyncLLM`` engine: its requests here,
     its pause, weights and life in ``VLLMEngineControl``, LoRA in ``LoraServing``."""
 
+    keeps_choices = True  # vLLM's structured outputs (``_stream``)
+
     def __init__(
         self,
         model: ModelConfig,
