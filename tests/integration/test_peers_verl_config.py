@@ -1,8 +1,9 @@
 """verl's side of the peer benchmark composes with verl's own config: the pinned verl wheel
-(ci/peers/verl-kit.txt) is fetched from the package registry, its Hydra config tree read out of
-it, and the benchmark's overrides composed on top, as ``verl.trainer.main_ppo`` does at its
-start. A key verl does not have, or a value of the wrong type, fails here on the CPU instead of
-after verl's three-minute start-up on the GPU machine."""
+(ci/peers/verl-kit.txt) is fetched from the package registry, its Hydra config trees read out of
+it, and the benchmark's overrides composed on top, as ``verl.trainer.main_ppo`` (verl) and
+``verl.experimental.fully_async_policy.fully_async_main`` (verl_async) do at their start. A
+key verl does not have, or a value of the wrong type, fails here on the CPU instead of after
+verl's three-minute start-up on the GPU machine."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from recipe.tools.bench.peers.terms import Terms
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_PREFIX = "verl/trainer/config/"
+ASYNC_CONFIG = "verl/experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml"
 
 
 def _pinned_verl() -> str:
@@ -49,14 +51,20 @@ def verl_config_dir(tmp_path_factory) -> Path:
     with zipfile.ZipFile(found[0]) as wheel:
         members = [m for m in wheel.namelist() if m.startswith(CONFIG_PREFIX)]
         wheel.extractall(out, members)
+        # the fully async trainer's config, beside the trees it names by package
+        text = wheel.read(ASYNC_CONFIG).decode()
+    (out / CONFIG_PREFIX / Path(ASYNC_CONFIG).name).write_text(
+        text.replace("- pkg://verl.trainer.config", "- file://" + str(out / CONFIG_PREFIX))
+    )
     return out / CONFIG_PREFIX
 
 
-def _compose(config_dir: Path, terms: Terms, tmp_path: Path) -> DictConfig:
-    argv, _ = verl.verl_command(terms, tmp_path / "run", tmp_path / "site")
-    assert argv[3] == "verl.trainer.main_ppo"
+def _compose(config_dir: Path, terms: Terms, tmp_path: Path, system: str = "verl") -> DictConfig:
+    argv, _ = verl.verl_command(terms, tmp_path / "run", tmp_path / "site", system)
+    assert argv[3] == verl.ENTRY[system]
+    name = "ppo_trainer" if system == "verl" else Path(ASYNC_CONFIG).stem
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-        return compose(config_name="ppo_trainer", overrides=argv[4:])
+        return compose(config_name=name, overrides=argv[4:])
 
 
 def test_the_benchmarks_overrides_compose_with_verls_config(verl_config_dir, tmp_path):
@@ -99,3 +107,21 @@ def test_a_variant_replaces_its_key_and_a_key_verl_lacks_fails(verl_config_dir, 
     )
     with pytest.raises(ConfigCompositionException, match=r"use_fused_kernel\b"):
         _compose(verl_config_dir, typo, tmp_path)
+
+
+def test_verl_async_composes_with_verls_fully_async_config(verl_config_dir, tmp_path):
+    """The keys its trainer and rollouter assert on (``fully_async_rollouter.py``,
+    ``fully_async_trainer.py`` in verl 0.9.1) and the one-GPU ("only hybrid") layout."""
+    terms = Terms(
+        model=tmp_path / "m", train_file=tmp_path / "t", val_file=tmp_path / "v", steps=6, prompts=8
+    )
+    cfg = _compose(verl_config_dir, terms, tmp_path, "verl_async")
+    assert not cfg.actor_rollout_ref.hybrid_engine
+    assert (cfg.data.train_batch_size, cfg.data.gen_batch_size) == (0, 1)
+    assert cfg.actor_rollout_ref.rollout.mode == "async"
+    assert cfg.actor_rollout_ref.rollout.calculate_log_probs
+    assert cfg.actor_rollout_ref.actor.use_rollout_log_probs  # its config's own default
+    assert (cfg.rollout.nnodes, cfg.trainer.n_gpus_per_node) == (0, 1)
+    assert cfg.async_training.use_dynamic_resource_scheduling
+    assert cfg.async_training.trigger_parameter_sync_step >= 1
+    assert cfg.rollout.total_rollout_steps == 48 and cfg.trainer.test_freq == 3

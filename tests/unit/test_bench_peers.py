@@ -14,11 +14,12 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from recipe.config import load_config, register_configs
+from recipe.tools.bench.e2e import ASYNC
 from recipe.tools.bench.peers import __main__ as peers
 from recipe.tools.bench.peers import measure, ours, verl
 from recipe.tools.bench.peers.data import prepare_peer_data
 from recipe.tools.bench.peers.measure import Measured, run_measured
-from recipe.tools.bench.peers.result import summarize
+from recipe.tools.bench.peers.result import steady_window, summarize
 from recipe.tools.bench.peers.terms import Terms
 from tests.helpers.escaping import escaping_command, gone
 
@@ -157,9 +158,79 @@ def test_one_rule_turns_each_log_into_figures(tmp_path):
         "verl", measured, rows, line_of_step=line_of, warmup_steps=1, val_accuracy=accuracy
     )
     assert result.startup_s == 10.0  # the first step ended at 12 s and took 2 s
-    # steady: steps 2-3 (16 samples, 160 tokens) from the end of step 1 (12 s) to 16 s
-    assert (result.samples_per_s, result.gen_tokens_per_s, result.step_s) == (4.0, 40.0, 2.0)
+    # steady: step 2 (8 samples, 80 tokens) from the end of step 1 (12 s) to 14.5 s; step 3,
+    # the last line, is out: verl validates before writing it
+    assert (result.samples_per_s, result.gen_tokens_per_s, result.step_s) == (3.2, 32.0, 2.0)
     assert result.phases_s == {"gen": 1.5} and result.samples == 24
+
+
+def _verl_async_log(run: Path) -> None:
+    """verl_async's file log: a line per weight sync of 2 steps (timings summed, the step
+    counter's last value), the rollouter's line, and the validation's line at the end."""
+    run.mkdir()
+    lines = []
+    for sync in (1, 2, 3):
+        data = {"timing_s/step": 6.0, "timing_s/update_actor": 2.0, "response_length/mean": 10}
+        lines.append({"step": sync, "data": data | {"training/global_step": 2 * sync}})
+        lines.append({"step": sync, "data": {"fully_async/rollouter/active_time": 1.0}})
+    lines.append({"step": 3, "data": {"val-core/openai/gsm8k/acc/mean@1": 0.5}})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_verl_async_shares_each_sync_line_among_its_steps_and_is_timed_by_whole_lines(tmp_path):
+    _verl_async_log(tmp_path / "run")
+    terms = _terms(tmp_path, prompts=2, n=4, steps=6, warmup_steps=1)
+    rows, line_of, accuracy = verl.read_verl(tmp_path / "run", terms)
+    assert (line_of, accuracy) == ([0, 0, 2, 2, 4, 4], 0.5)
+    assert rows[0].step_s == 3.0 and rows[0].phases_s == {"update": 1.0} and rows[0].samples == 8
+    ends = [0.0] * 7
+    ends[0], ends[2], ends[4] = 20.0, 26.0, 33.0
+    measured = Measured(0, 40.0, step_end_s=ends)
+    result = summarize(
+        "verl_async", measured, rows, line_of_step=line_of, warmup_steps=1, val_accuracy=accuracy
+    )
+    assert result.startup_s == 14.0  # the first line at 20 s ended 2 steps of 3 s each
+    # warm-up rounded up to the first line's end (20 s); steady: the second line's 2 steps
+    # (16 samples) to 26 s; the third line, the last, is out
+    assert (result.samples_per_s, result.step_s, result.steps) == (round(16 / 6, 3), 3.0, 6)
+
+
+@pytest.mark.parametrize(
+    ("lines", "warmup", "window"),
+    [
+        ([0, 1, 2, 3, 4], 2, (2, 4)),  # a line per step: the last step is out
+        ([0, 0, 1, 1, 2, 2, 3, 3], 2, (2, 6)),
+        ([0, 0, 1, 1, 2, 2, 3, 3], 3, (4, 6)),  # warm-up ends with its line
+        ([0, 1, 2], 0, (0, 2)),
+        ([0, 1], 1, (1, 2)),  # too few lines: the last one is kept
+        ([0, 0], 2, (0, 2)),  # one line: all of it
+    ],
+)
+def test_the_steady_window_starts_and_ends_with_lines(lines, warmup, window):
+    assert steady_window(lines, warmup) == window
+
+
+def test_verl_async_runs_verls_fully_async_trainer_on_the_trainers_gpu(tmp_path):
+    terms = _terms(tmp_path, prompts=16, steps=8)
+    argv, _ = verl.verl_command(terms, tmp_path / "run", tmp_path, "verl_async")
+    assert argv[3] == "verl.experimental.fully_async_policy.fully_async_main"
+    given = dict(a.split("=", 1) for a in argv[4:])
+    for key, value in {
+        "rollout.nnodes": "0",  # only hybrid: no rollout GPUs of its own
+        "async_training.use_dynamic_resource_scheduling": "True",
+        "actor_rollout_ref.hybrid_engine": "False",
+        "data.train_batch_size": "0",
+        "data.gen_batch_size": "1",
+        "rollout.total_rollout_steps": "128",  # every prompt once: 8 steps x 16
+        "trainer.test_freq": "4",  # a sync every 2 steps: validation at the last one
+        "async_training.staleness_threshold": str(ASYNC["staleness_threshold"]),
+        "async_training.trigger_parameter_sync_step": str(ASYNC["trigger_parameter_sync_step"]),
+        "actor_rollout_ref.actor.ppo_mini_batch_size": "16",
+        "actor_rollout_ref.actor.optim.lr": str(terms.lr),
+    }.items():
+        assert given[key] == value, key
+    with pytest.raises(ValueError, match="steps=7: verl_async syncs every 2 steps: a multiple"):
+        verl.verl_async_overrides(_terms(tmp_path, steps=7))
 
 
 def test_our_reader_skips_validation_lines_and_counts_waiting(tmp_path):
@@ -212,7 +283,8 @@ def test_the_harness_times_each_step_line_and_kills_at_the_deadline(tmp_path):
         (["systems=verl,trl"], "systems=verl,trl: unknown ['trl']"),
         ([], "model= is required"),
         (["model={tmp}", "warmup_steps=5", "steps=5"], "warmup_steps=5: must be in [0, steps)"),
-        (["model={tmp}", "device=cpu"], "systems=verl needs device=cuda"),
+        (["model={tmp}", "device=cpu"], "systems=verl,verl_async needs device=cuda"),
+        (["model={tmp}", "systems=verl_async", "steps=5", "warmup_steps=1"], "steps=5: verl_async"),
         (["model={tmp}", "systems=sync", "device=tpu"], "device=tpu: must be one of cuda, cpu"),
     ],
 )

@@ -1,19 +1,19 @@
-"""``python -m recipe.tools.bench.peers [key=value ...]``: verl's GRPO and ours on the same GPU,
-in one sitting, under the same terms; one table.
+"""``python -m recipe.tools.bench.peers [key=value ...]``: verl's GRPO (its sync trainer and its
+fully async trainer) and ours on the same GPU, in one sitting, under the same terms; one table.
 
     data (GSM8K as published, or its prepared parquet) --> OUT/data/{train,val<N>}.parquet
-    for system in systems (verl, sync, fully_async):    OUT/<system>/result.json
+    for system in systems (verl, verl_async, sync, fully_async):   OUT/<system>/result.json
         its command (verl.py, ours.py) --measure.py--> Measured + its metrics file
         --result.summarize--> SystemResult
     --> the table, ratios to verl, OUT/peers.json (and json=PATH)
 
 A system with a ``result.json`` is not run again, so a machine with a per-call deadline runs
 one system per call (``systems=verl``, then ``systems=sync``, ...) and the last call prints
-the table of all three. A run killed at ``timeout_s`` keeps the figures of the steps it
+the table of all. A run killed at ``timeout_s`` keeps the figures of the steps it
 finished in ``partial.json``: in the table, marked cut, in no ratio, and run again next time.
 Keys (``Terms`` holds the shared ones and their defaults):
 
-    systems=verl,sync,fully_async
+    systems=verl,verl_async,sync,fully_async
     model=PATH|CATALOG_NAME|SIZE   a model folder, a catalog model (python -m recipe.tools.models),
                                    or a random-init size of recipe.tools.bench.models (e.g. 0.5B)
     data=DIR                       GSM8K's train/test.jsonl, or train/test.parquet
@@ -46,7 +46,7 @@ from recipe.tools.bench.peers.result import SystemResult, summarize
 from recipe.tools.bench.peers.terms import Terms
 from recipe.tools.cli import fail, parse_pairs
 
-SYSTEMS = ("verl", *ours.SYSTEMS)
+SYSTEMS = (*verl.SYSTEMS, *ours.SYSTEMS)
 VERL_PREFIX = "verl:"
 PARTIAL = "partial.json"
 """A run killed at its deadline: the figures of the steps it finished."""
@@ -92,8 +92,10 @@ def parse(argv: list[str]) -> tuple[Terms, dict[str, str]]:
     systems = options["systems"].split(",")
     if unknown := sorted(set(systems) - set(SYSTEMS)):
         fail(f"systems={options['systems']}: unknown {unknown}; known {list(SYSTEMS)}")
-    if raw.get("device", "cuda") != "cuda" and "verl" in systems:
-        fail(f"systems=verl needs device=cuda (verl trains on GPUs only), not {raw['device']}")
+    theirs = [s for s in systems if s in verl.SYSTEMS]
+    if raw.get("device", "cuda") != "cuda" and theirs:
+        named = ",".join(theirs)
+        fail(f"systems={named} needs device=cuda (verl trains on GPUs only), not {raw['device']}")
     if not options["model"]:
         fail("model= is required (a model folder, a catalog name or a size such as 0.5B)")
     try:
@@ -103,6 +105,8 @@ def parse(argv: list[str]) -> tuple[Terms, dict[str, str]]:
         train, val = prepare_peer_data(Path(options["data"]), Path(options["out"]), val_rows)
         terms = Terms(model=model, train_file=train, val_file=val, **values)
         terms = dataclasses.replace(terms, verl_extra=tuple(verl_extra))
+        if "verl_async" in systems:
+            verl.verl_async_overrides(terms)  # its terms' own check
     except (ValueError, OSError) as exc:
         fail(str(exc))
 
@@ -134,8 +138,8 @@ def run_system(system: str, terms: Terms, options: dict[str, str]) -> SystemResu
     kept = run_dir / "result.json"
     if kept.is_file():
         return SystemResult.from_json(json.loads(kept.read_text()))
-    if system == "verl":
-        command, env = verl.verl_command(terms, run_dir, Path(options["verl_site"]))
+    if system in verl.SYSTEMS:
+        command, env = verl.verl_command(terms, run_dir, Path(options["verl_site"]), system)
         metrics = run_dir / verl.METRICS_FILE
         read = functools.partial(verl.read_verl, run_dir, terms)
     else:

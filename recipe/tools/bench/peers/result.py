@@ -1,14 +1,19 @@
 """One system's figures, computed the same way from whatever it logs.
 
-Each system's reader turns its per-step metrics into ``StepRow``s (its own names mapped onto
-``PHASES``); ``summarize`` then applies one rule to all of them:
+Each system's reader turns its metrics into ``StepRow``s (its own names mapped onto ``PHASES``),
+one per trainer step, each with the metrics-file line that ended it; a system that logs once per
+several steps (verl's fully async trainer: once per weight sync) gives those steps one line.
+``summarize`` then applies one rule to all of them:
 
-    steady rates     samples and generated tokens of the steps after ``warmup_steps``, over
-                     the harness's wall time from the end of the last warm-up step to the end
-                     of the last step (first step with no warm-up: from its start)
-    start-up         launch to the first step's start: the harness saw its metrics line at
-                     t1, and the step itself took step_s, so t1 - step_s
-    phases           mean seconds per step of each phase, as the system times it
+    steady rates     samples and generated tokens of the steady steps, over the harness's wall
+                     time from the end of the last warm-up line to the end of the last steady
+                     line. Warm-up: the first ``warmup_steps`` steps, rounded up to the end of a
+                     line. Steady: the steps after it, less those of the last line, since a
+                     system may validate before writing its last line (verl does) and another
+                     after (ours): no validation falls inside any system's window
+    start-up         launch to the first step's start: the harness saw the first line at t1,
+                     and the steps it ended took their summed step_s, so t1 - that sum
+    phases           mean seconds per steady step of each phase, as the system times it
 """
 
 from __future__ import annotations
@@ -96,11 +101,12 @@ def summarize(
     if not rows or len(ends) < len(rows):
         result.failed = f"{len(rows)} steps logged, {len(ends)} seen ending"
         return result
-    result.startup_s = round(max(0.0, ends[0] - rows[0].step_s), 1)
-    warm = min(warmup_steps, len(rows) - 1)
-    begin = ends[warm - 1] if warm else ends[0] - rows[0].step_s
-    steady = rows[warm:]
-    span_s = ends[-1] - begin
+    first = [r for r, line in zip(rows, line_of_step, strict=True) if line == line_of_step[0]]
+    result.startup_s = round(max(0.0, ends[0] - sum(r.step_s for r in first)), 1)
+    warm, stop = steady_window(line_of_step, warmup_steps)
+    begin = ends[warm - 1] if warm else ends[0] - sum(r.step_s for r in first)
+    steady = rows[warm:stop]
+    span_s = ends[stop - 1] - begin
     if span_s > 0:
         result.samples_per_s = round(sum(r.samples for r in steady) / span_s, 3)
         result.gen_tokens_per_s = round(sum(r.gen_tokens for r in steady) / span_s, 1)
@@ -110,3 +116,18 @@ def summarize(
         if values:
             result.phases_s[phase] = round(sum(values) / len(steady), 3)
     return result
+
+
+def steady_window(line_of_step: list[int], warmup_steps: int) -> tuple[int, int]:
+    """``(warm, stop)``: the steady steps are ``[warm, stop)`` (module docstring). Each bound
+    falls at the end of a line; with too few lines the window keeps the last line, then the
+    warm-up's, so that it is never empty."""
+    ends = [i + 1 for i in range(len(line_of_step) - 1) if line_of_step[i] != line_of_step[i + 1]]
+    ends.append(len(line_of_step))  # the step index after each line's last step
+    warm = next((e for e in ends if e >= warmup_steps), ends[-1]) if warmup_steps else 0
+    stop = max((e for e in ends if e < len(line_of_step)), default=len(line_of_step))
+    if stop <= warm:  # no whole line between the warm-up and the last line
+        stop = len(line_of_step)
+    if warm >= stop:
+        warm = ends[-2] if len(ends) > 1 else 0
+    return warm, stop

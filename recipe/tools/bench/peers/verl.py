@@ -1,6 +1,18 @@
-"""verl's side of the peer benchmark: ``python -m verl.trainer.main_ppo`` (GRPO, FSDP, vLLM
-rollout colocated on one GPU, its synchronous hybrid engine) under the shared ``Terms``, and its
-figures read back from its ``file`` logger (``{"step": N, "data": {...}}`` per line).
+"""verl's side of the peer benchmark under the shared ``Terms``, two systems:
+
+    verl        ``python -m verl.trainer.main_ppo``: GRPO, FSDP, vLLM rollout colocated on one
+                GPU, its synchronous hybrid engine
+    verl_async  ``python -m verl.experimental.fully_async_policy.fully_async_main``: verl's
+                fully async trainer with no rollout GPUs of its own (``rollout.nnodes=0``) and
+                dynamic resource scheduling, so its rollout replica lives on the trainer's GPU
+                ("only hybrid"): the replica generates until a sync window's samples are
+                queued, sleeps while the trainer trains, and wakes with the new weights. verl's
+                one-step-off trainer cannot run on one GPU: it asserts ``not hybrid_engine``
+                and its rollout replicas take GPUs of their own beside the trainer's.
+                Asynchronous settings: ours (``bench.e2e.ASYNC``)
+
+and the figures read back from verl's ``file`` logger (``{"step": N, "data": {...}}`` per
+line: one per step for ``verl``; one per weight sync for ``verl_async``).
 
 verl runs from its own folder of wheels (``ci/pack_verl.sh``: verl 0.9.1, transformers 5.9,
 tensordict, ...) first on its ``PYTHONPATH``, beside our GPU kit's vLLM and Ray. Settings that
@@ -30,19 +42,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from recipe.tools.bench.e2e import ASYNC
 from recipe.tools.bench.peers import verl_reward
 from recipe.tools.bench.peers.result import StepRow, read_metric_records
 from recipe.tools.bench.peers.terms import Terms
 
 REPO = Path(__file__).resolve().parents[4]
 METRICS_FILE = "metrics.jsonl"
-_PHASE_KEYS = {
-    "gen": "timing_s/gen",
-    "old_log_prob": "timing_s/old_log_prob",
-    "ref": "timing_s/ref",
-    "update": "timing_s/update_actor",
-    "sync": "timing_s/update_weights",
+SYSTEMS = ("verl", "verl_async")
+ENTRY = {
+    "verl": "verl.trainer.main_ppo",
+    "verl_async": "verl.experimental.fully_async_policy.fully_async_main",
 }
+_PHASE_KEYS = {  # each phase: the first of its keys a line has
+    "gen": ("timing_s/gen",),
+    "wait": ("timing_s/wait_for_enough_samples",),
+    "old_log_prob": ("timing_s/old_log_prob",),
+    "ref": ("timing_s/ref",),
+    "update": ("timing_s/update_actor",),
+    "sync": ("timing_s/update_weights", "timing_s/param_sync", "timing_s/timing_s/param_sync"),
+}
+_STEP_KEY = "training/global_step"
 _ACCURACY_SUFFIX = "/acc/mean@1"
 
 
@@ -107,10 +127,38 @@ def verl_overrides(terms: Terms) -> dict[str, Any]:
     }
 
 
-def verl_command(terms: Terms, run_dir: Path, verl_site: Path) -> tuple[list[str], dict[str, str]]:
-    """(argv, extra environment) of verl's run under ``terms``, writing ``run_dir``."""
-    argv = [sys.executable, "-u", "-m", "verl.trainer.main_ppo"]
+def verl_async_overrides(terms: Terms) -> dict[str, Any]:
+    """verl_async's Hydra overrides (module docstring): verl's on top of ``verl_overrides``.
+    Every prompt is generated once (``total_rollout_steps`` counts prompts); validation once,
+    at the last weight sync (``test_freq`` counts syncs)."""
+    every = int(ASYNC["trigger_parameter_sync_step"])
+    if terms.steps % every:
+        raise ValueError(f"steps={terms.steps}: verl_async syncs every {every} steps: a multiple")
+    return {
+        "data.train_batch_size": 0,  # its rollouter streams prompts one by one
+        "data.gen_batch_size": 1,
+        "actor_rollout_ref.hybrid_engine": False,
+        "actor_rollout_ref.rollout.mode": "async",
+        "actor_rollout_ref.rollout.calculate_log_probs": True,
+        "rollout.nnodes": 0,  # no rollout GPUs of its own: the replica shares the trainer's
+        "rollout.n_gpus_per_node": 1,
+        "rollout.total_rollout_steps": terms.steps * terms.prompts,
+        "async_training.use_dynamic_resource_scheduling": True,
+        **{f"async_training.{k}": v for k, v in ASYNC.items()},
+        "async_training.concurrent_samples_per_replica": terms.prompts,  # a step's prompts at once
+        "trainer.test_freq": terms.steps // every,
+    }
+
+
+def verl_command(
+    terms: Terms, run_dir: Path, verl_site: Path, system: str = "verl"
+) -> tuple[list[str], dict[str, str]]:
+    """(argv, extra environment) of ``system`` (``SYSTEMS``) under ``terms``, writing
+    ``run_dir``."""
+    argv = [sys.executable, "-u", "-m", ENTRY[system]]
     overrides: dict[str, Any] = verl_overrides(terms)
+    if system == "verl_async":
+        overrides |= verl_async_overrides(terms)
     for extra in terms.verl_extra:  # a variant: replaces the benchmark's value of its key
         key, _, value = extra.partition("=")
         overrides.pop(key, None)
@@ -128,10 +176,13 @@ def verl_command(terms: Terms, run_dir: Path, verl_site: Path) -> tuple[list[str
 
 
 def read_verl(run_dir: Path, terms: Terms) -> tuple[list[StepRow], list[int], float | None]:
-    """(steps, the metrics line of each, final greedy accuracy) of a finished run."""
+    """(steps, the metrics line of each, final greedy accuracy) of a finished run. A line that
+    ends several steps (verl_async logs once per weight sync, its timings summed over the
+    sync's steps) gives each of them an equal share; how many it ends comes from the step
+    counter it carries."""
     path = run_dir / METRICS_FILE
     lines = read_metric_records(path)
-    rows, line_of_step, accuracy = [], [], None
+    rows, line_of_step, accuracy, done = [], [], None, 0
     samples = terms.prompts * terms.n
     for index, line in enumerate(lines):
         data = line.get("data", {})
@@ -140,13 +191,19 @@ def read_verl(run_dir: Path, terms: Terms) -> tuple[list[StepRow], list[int], fl
                 accuracy = float(value)
         if int(line.get("step", 0)) < 1 or "timing_s/step" not in data:
             continue
-        rows.append(
-            StepRow(
-                step_s=float(data["timing_s/step"]),
-                samples=samples,
-                gen_tokens=float(data.get("response_length/mean", 0.0)) * samples,
-                phases_s={p: float(data[k]) for p, k in _PHASE_KEYS.items() if k in data},
-            )
+        count = max(1, int(data.get(_STEP_KEY, done + 1)) - done)
+        done += count
+        phases = {}
+        for phase, keys in _PHASE_KEYS.items():
+            found = next((k for k in keys if k in data), None)
+            if found is not None:
+                phases[phase] = float(data[found])
+        share = StepRow(
+            step_s=float(data["timing_s/step"]) / count,
+            samples=samples,
+            gen_tokens=float(data.get("response_length/mean", 0.0)) * samples,
+            phases_s={p: s / count for p, s in phases.items()},
         )
-        line_of_step.append(index)
+        rows += [share] * count
+        line_of_step += [index] * count
     return rows, line_of_step, accuracy
