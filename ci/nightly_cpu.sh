@@ -5,6 +5,8 @@
 # its entry in ci/thresholds.json asks for, and the mean must beat the thresholds there
 # (`ci/check_run.py`: how they were derived from measured runs). Schedule it with cron or a CI
 # scheduler on a CPU runner, e.g. `0 3 * * * cd /path/to/repo && ci/nightly_cpu.sh`.
+# The real-data checks read GSM8K and MATH from ../shared/data beside the checkout, or from
+# RECIPE_SHARED_DATA (a folder holding gsm8k/ and math/); without either they skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 make venv

@@ -1,8 +1,8 @@
 """Faults that end a run, and how a run says so.
 
     worker death / failed weight push --> RolloutWorkerError | TrainerWorkerError |
-    / reward function that failed         WeightSyncError (recipe.checkpoint_engine) |
-                                          RewardError (recipe.reward)
+    / reward function that failed /       WeightSyncError (recipe.checkpoint_engine) |
+    weights that cannot be sampled        RewardError (recipe.reward) | DivergedPolicyError
         @fails_cleanly fit()          --> RunFailure: what failed + where to resume from;
                                           summary.json gets "status": "failed" and "error"
         python -m recipe              --> one line "error: ..." on stderr, exit code 1
@@ -60,6 +60,12 @@ class TrainerWorkerError(WorkerDiedError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (self.rank, self.detail)
+
+
+class DivergedPolicyError(RuntimeError):
+    """The served weights give non-finite next-token probabilities, so no token can be sampled
+    from them: training diverged (an engine that samples anyway, as vLLM's does, trains on the
+    result until ``actor.max_skipped_steps`` stops the run)."""
 
 
 def is_actor_death(exc: BaseException) -> bool:
@@ -126,7 +132,7 @@ def fails_cleanly(fit: F) -> F:
         except RunFailure as exc:
             _record_failure(self, exc)
             raise
-        except (WorkerDiedError, WeightSyncError, RewardError) as exc:
+        except (WorkerDiedError, WeightSyncError, RewardError, DivergedPolicyError) as exc:
             failure = RunFailure(f"{remote_cause(exc)}; {resume_hint(self.run_dir)}")
             _record_failure(self, failure)
             raise failure from exc

@@ -30,11 +30,12 @@ import pytest
 import yaml
 
 from tests.helpers.runs import read_metrics
+from tests.helpers.shared_data import shared_data
 
 pytestmark = [pytest.mark.integration, pytest.mark.nightly]
 
 REPO = Path(__file__).resolve().parents[2]
-REAL_GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
+REAL_GSM8K = shared_data("gsm8k")
 MODEL = "smollm2-135m-instruct"
 STEPS, PROMPTS_PER_STEP = 4, 2
 

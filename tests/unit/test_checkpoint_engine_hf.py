@@ -16,6 +16,7 @@ from recipe.checkpoint_engine.base import (
 )
 from recipe.checkpoint_engine.factory import make_checkpoint_engine
 from recipe.checkpoint_engine.layout import PAGE_BYTES, BucketLayout
+from recipe.faults import DivergedPolicyError
 from recipe.model import ModelConfig
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout.hf_worker import HFRolloutWorker
@@ -87,4 +88,17 @@ def test_hf_worker_refuses_choices_it_cannot_keep_to(tiny_model_path):
     worker = HFRolloutWorker(ModelConfig(path=str(tiny_model_path)), RolloutConfig(backend="hf"))
     request = GenerationRequest("judge-0", [5, 6, 7], n=1, max_tokens=4, choices=["Score: 1"])
     with pytest.raises(ValueError, match=r"HFRolloutWorker cannot \(rollout\.backend=vllm can\)"):
+        asyncio.run(worker.generate(request))
+
+
+def test_hf_worker_names_weights_it_cannot_sample_from_as_a_diverged_policy(tiny_model_path):
+    """Weights that overflowed (inf/NaN) make every next-token distribution non-finite: the
+    HF sampler cannot draw a token, and the worker says why in a typed error that the run
+    turns into one line (``fails_cleanly``), not a sampler traceback."""
+    worker = HFRolloutWorker(ModelConfig(path=str(tiny_model_path)), RolloutConfig(backend="hf"))
+    with torch.no_grad():
+        for param in worker._model.parameters():
+            param.fill_(float("inf"))
+    request = GenerationRequest("g-0", [5, 6, 7], n=2, max_tokens=4, temperature=1.0)
+    with pytest.raises(DivergedPolicyError, match=r"weights of version 0 give non-finite"):
         asyncio.run(worker.generate(request))

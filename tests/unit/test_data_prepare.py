@@ -19,9 +19,10 @@ from recipe.data.loaders import load_records
 from recipe.reward import get_scorer
 from recipe.tools.prepare import __main__ as prepare_cli
 from recipe.tools.prepare import common, gsm8k
+from tests.helpers.shared_data import shared_data
 
 REPO = Path(__file__).resolve().parents[2]
-REAL_GSM8K = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k"
+REAL_GSM8K = shared_data("gsm8k")
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
 # Written for these tests (not GSM8K's rows), in GSM8K's published shape.
@@ -218,7 +219,7 @@ def test_module_entry_point_exits_2_with_one_line(tmp_path: Path) -> None:
 
 def test_real_gsm8k_has_its_published_row_counts_and_numeric_answers(tmp_path: Path) -> None:
     if not REAL_GSM8K.is_dir():
-        pytest.skip(f"../shared/data/gsm8k not present: no real GSM8K copy at {REAL_GSM8K}")
+        pytest.skip(f"no real GSM8K copy at {REAL_GSM8K} (RECIPE_SHARED_DATA)")
     run_cli("gsm8k", REAL_GSM8K, tmp_path)
     score = get_scorer("openai/gsm8k")
     for split, num_rows in (("train", 7473), ("test", 1319)):

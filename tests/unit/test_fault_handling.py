@@ -19,6 +19,7 @@ from fully_async_policy.rollouter.replicas import ReplicaSupervisor
 from recipe.checkpoint.store import write_checkpoint
 from recipe.checkpoint_engine.base import WeightSyncError
 from recipe.faults import (
+    DivergedPolicyError,
     RolloutWorkerError,
     RunFailure,
     TrainerWorkerError,
@@ -497,6 +498,22 @@ def test_fails_cleanly_reports_a_worker_death_with_the_resume_point_in_summary_j
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["error"] == message
     assert summary["steps"] == 3 and summary["faults/rollout_restarts"] == 1
+
+
+def test_fails_cleanly_reports_a_diverged_policy_in_one_line_with_the_resume_point(tmp_path):
+    class Recipe:
+        cfg = SimpleNamespace(mode="sync")
+        run_dir, global_step, version, tracker = tmp_path, 5, 5, None
+
+        @fails_cleanly
+        def fit(self) -> None:
+            raise DivergedPolicyError("the weights of version 5 give non-finite probabilities")
+
+    with pytest.raises(RunFailure) as caught:
+        Recipe().fit()
+    message = str(caught.value)
+    assert message.startswith("the weights of version 5 give non-finite probabilities; no check")
+    assert "\n" not in message
 
 
 def test_fails_cleanly_names_any_other_actor_of_the_run_that_died(tmp_path):

@@ -20,9 +20,10 @@ from recipe.reward import get_scorer
 from recipe.tools.prepare import PrepareError, prepare
 from recipe.tools.prepare import __main__ as prepare_cli
 from recipe.tools.prepare.math import INSTRUCTION
+from tests.helpers.shared_data import shared_data
 
 REPO = Path(__file__).resolve().parents[2]
-REAL_MATH = Path(__file__).resolve().parents[3] / "shared" / "data" / "math"
+REAL_MATH = shared_data("math")
 
 # Written for these tests, in the published shape (problem, answer, difficulty, type).
 TRAIN_ROWS: list[dict[str, Any]] = [
@@ -158,7 +159,7 @@ def test_a_bad_source_is_one_line_and_exit_2(tmp_path):
 
 def test_real_math_keeps_its_published_counts_per_level(tmp_path, caplog):
     if not REAL_MATH.is_dir():
-        pytest.skip(f"../shared/data/math not present: no real MATH copy at {REAL_MATH}")
+        pytest.skip(f"no real MATH copy at {REAL_MATH} (RECIPE_SHARED_DATA)")
     with caplog.at_level(logging.WARNING):
         written = prepare("math", REAL_MATH, tmp_path)
     # The README's counts per level, less the two null and two empty answers (level 3: 2,

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
 from recipe.tools.prepare import prepare
 from recipe.tools.study import graders
 from recipe.tools.study.graders import Case, compare, rewrites
+from tests.helpers.shared_data import shared_data
 
-REAL_MATH = Path(__file__).resolve().parents[3] / "shared" / "data" / "math"
+REAL_MATH = shared_data("math")
 ROW = {"data_source": "math", "prompt": "p", "reward_model": {"style": "rule"}}
 
 
@@ -116,7 +116,7 @@ def test_reference_answers_are_accepted_by_both_in_every_rewrite(tmp_path, capsy
 def test_real_math500_answers_boxed_are_accepted_by_both(tmp_path):
     theirs = pytest.importorskip("math_verify") and graders.math_verify_grader()
     if not REAL_MATH.is_dir():
-        pytest.skip(f"../shared/data/math not present: no real MATH copy at {REAL_MATH}")
+        pytest.skip(f"no real MATH copy at {REAL_MATH} (RECIPE_SHARED_DATA)")
     prepare("math", REAL_MATH, tmp_path)
     cases = graders.load_cases(tmp_path / "test.parquet", references=True)
     boxed = [c for c in cases if c.info["rewrite"] == "boxed"]

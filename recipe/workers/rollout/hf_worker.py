@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from recipe.faults import DivergedPolicyError
 from recipe.model import HFModelConfig, ModelConfig
 from recipe.protocol import Trajectory
 from recipe.workers.config import RolloutConfig
@@ -121,7 +122,7 @@ class HFRolloutWorker(RolloutWorker):
             except RuntimeError as exc:
                 if "probability tensor contains" not in str(exc):
                     raise
-                raise RuntimeError(
+                raise DivergedPolicyError(
                     f"the weights of version {version} give non-finite next-token "
                     "probabilities: training diverged (see actor/grad_norm and "
                     "actor/skipped_steps; lower actor.lr)"
