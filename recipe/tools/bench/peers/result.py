@@ -101,10 +101,13 @@ def summarize(
     if not rows or len(ends) < len(rows):
         result.failed = f"{len(rows)} steps logged, {len(ends)} seen ending"
         return result
-    first = [r for r, line in zip(rows, line_of_step, strict=True) if line == line_of_step[0]]
-    result.startup_s = round(max(0.0, ends[0] - sum(r.step_s for r in first)), 1)
+    # the steps the first line ended: launch to their start is the start-up
+    first_s = sum(
+        r.step_s for r, line in zip(rows, line_of_step, strict=True) if line == line_of_step[0]
+    )
+    result.startup_s = round(max(0.0, ends[0] - first_s), 1)
     warm, stop = steady_window(line_of_step, warmup_steps)
-    begin = ends[warm - 1] if warm else ends[0] - sum(r.step_s for r in first)
+    begin = ends[warm - 1] if warm else ends[0] - first_s
     steady = rows[warm:stop]
     span_s = ends[stop - 1] - begin
     if span_s > 0:
