@@ -13,8 +13,11 @@
 #   ci/judge_gpu.sh throughput DATA OUT [KEY=VALUE ...]
 #       fully_async with the rule reward, then with the judge as the reward (pointwise), STEPS
 #       (default 12) steps of 32 prompts x 8 each, REPEATS (default 1) pairs in alternating
-#       order: each run in OUT/<rule|judge>-<i>/run, a line per run with wall and steady
-#       samples/s (python -m recipe.tools.study.timing's steady rate, the first 2 steps skipped)
+#       order: each run in OUT/<rule|judge>-<i>/run, a line per run with samples/s over the
+#       wall clock (the final validation on DATA/test.jsonl's first 64 rows included), over the
+#       steps' time alone, and steady (python -m recipe.tools.study.timing, the first 2 steps
+#       skipped);
+#       REWARDS=rule or REWARDS=judge runs one side only (a pair split over two sittings)
 #   ci/judge_gpu.sh modes DATA OUT [KEY=VALUE ...]
 #       sync (pairwise) and one_step_off (pointwise), MODE_STEPS (default 3) steps each with the
 #       judge as the reward: the run works end to end on the GPU in each batch mode
@@ -50,7 +53,7 @@ run() {  # run DIR MODE OVERRIDES...: one training run, its summary line
   mkdir -p "$dir"
   local status=0
   timeout "${RUN_TIMEOUT_S:-900}" "$PYTHON" -m recipe mode="$mode" logger.quiet=true \
-    trainer.val_before_train=false trainer.test_freq=0 data.num_val_prompts=64 \
+    trainer.val_before_train=false trainer.test_freq=0 data.val_max_samples=64 \
     hydra.run.dir="$dir/run" "$@" > "$dir/run.log" 2>&1 || status=$?
   "$PYTHON" - "$dir" "$status" <<'EOF'
 import json, sys
@@ -65,6 +68,8 @@ if not summary.exists() or status != "0":
 s = json.loads(summary.read_text())
 rows = [json.loads(x) for x in (d / "run" / "metrics.jsonl").read_text().splitlines() if x]
 steady = steady_samples_per_s(rows)
+# The steps alone: wall samples/s also holds the final validation, judged when the judge rewards.
+training = s["samples/trained"] / sum(r["timing/step_s"] for r in rows)
 judge = {}  # over the run's records: counts summed, latencies at their worst, shares averaged
 for key, fold in (("calls", sum), ("parse_failures", sum), ("failures", sum), ("retries", sum),
                   ("latency_p50_s", max), ("latency_p99_s", max), ("trainer_wait_share", None)):
@@ -72,7 +77,8 @@ for key, fold in (("calls", sum), ("parse_failures", sum), ("failures", sum), ("
     if vals:
         judge[key] = round(fold(vals) if fold else sum(vals) / len(vals), 3)
 print(f"{d.name}: {s['mode']} steps={s['steps']} wall samples/s="
-      f"{s['throughput/samples_per_s']:.1f} steady samples/s={steady:.1f} "
+      f"{s['throughput/samples_per_s']:.1f} training samples/s={training:.1f} "
+      f"steady samples/s={steady:.1f} "
       f"wall_s={s['wall_s']:.0f} {json.dumps(judge)}")
 EOF
   return "$status"
@@ -99,6 +105,7 @@ case ${1:-} in
     for i in $(seq 1 "${REPEATS:-1}"); do
       order="rule judge"
       [ $((i % 2)) -eq 0 ] && order="judge rule"
+      order=${REWARDS:-$order}
       for reward in $order; do
         extra=()
         [ "$reward" = judge ] && extra=("${JUDGE[@]}" reward.judge.mode=pointwise)

@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 TASKS = ("arithmetic", "calculator")
 SOURCES = ("auto", "files", "synthetic", "reasoning_gym")
+NUM_TRAIN_PROMPTS = 8000
+NUM_VAL_PROMPTS = 256
 
 
 @dataclass
@@ -44,9 +46,9 @@ class DataConfig:
     """Synthetic task difficulty: the number of digits of each operand (1-6)."""
     num_operands: int = 3
     """Operands per problem of the ``calculator`` task (2-8)."""
-    num_train_prompts: int = 8000
+    num_train_prompts: int = NUM_TRAIN_PROMPTS
     """Size of a generated train set (synthetic task or reasoning-gym), in prompts."""
-    num_val_prompts: int = 256
+    num_val_prompts: int = NUM_VAL_PROMPTS
     """Size of a generated validation set (prompts), disjoint from the train set (reasoning-gym:
     before its repeats of train questions are dropped)."""
     train_max_samples: int = -1
@@ -114,7 +116,14 @@ class DataConfig:
             )
         elif self.reasoning_gym.dataset:
             _warn_ignored("data.reasoning_gym.dataset", source)
+        if source == "files" and self.num_train_prompts != NUM_TRAIN_PROMPTS:
+            _warn_ignored("data.num_train_prompts", source, "data.train_max_samples")
+        if self.val_files and self.num_val_prompts != NUM_VAL_PROMPTS:
+            _warn_ignored("data.num_val_prompts", "data.val_files", "data.val_max_samples")
 
 
-def _warn_ignored(key: str, source: str) -> None:
-    logger.warning("%s has no effect with data.source=%s; it is ignored", key, source)
+def _warn_ignored(key: str, source: str, instead: str = "") -> None:
+    """``source``: a ``data.source`` value, or the key whose presence makes ``key`` moot."""
+    where = source if source.startswith("data.") else f"data.source={source}"
+    hint = f" ({instead}=N keeps the first N rows)" if instead else ""
+    logger.warning("%s has no effect with %s; it is ignored%s", key, where, hint)

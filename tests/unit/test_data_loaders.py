@@ -321,3 +321,23 @@ def test_explicit_synthetic_source_ignores_train_files_with_a_warning(
     train_records, val_records = build_datasets(cfg)
     assert {r.data_source for r in train_records + val_records} == {"arithmetic"}
     assert (len(train_records), len(val_records)) == (4, 2)
+
+
+def test_generated_set_sizes_given_with_files_are_named_as_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The sizes of generated sets do nothing to files: a run that sets them believing they
+    cut the files down is told which key does."""
+    rows = write_parquet(tmp_path / "rows.parquet", CHAT_ROWS)
+    with caplog.at_level(logging.WARNING, logger="recipe.data.config"):
+        cfg = DataConfig(train_files=[rows], val_files=[rows], num_val_prompts=1)
+    assert (
+        "data.num_val_prompts has no effect with data.val_files; it is ignored "
+        "(data.val_max_samples=N keeps the first N rows)" in caplog.text
+    )
+    assert "data.num_train_prompts" not in caplog.text
+    assert len(build_datasets(cfg)[1]) == len(CHAT_ROWS)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="recipe.data.config"):
+        DataConfig(train_files=[rows], num_train_prompts=3)
+    assert "data.num_train_prompts has no effect with data.source=files" in caplog.text

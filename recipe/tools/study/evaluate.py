@@ -12,7 +12,7 @@ took (``trainer.snapshot_samples``), evaluated after the run, off its clock.
 The evaluation shares nothing with the run's clock: each point's ``clock_s`` is the training
 clock at which its weights existed. Points already in ``eval.jsonl`` are not evaluated again,
 so an evaluation stopped part way continues where it stopped. Overrides name what differs from
-training, typically the whole test set (``data.val_files=[...] data.max_val_prompts=-1``) and
+training, typically the whole test set (``data.val_files=[...] data.val_max_samples=-1``) and
 its response limit. The engines' records (metrics.jsonl, trace.json) go to ``RUN_DIR/eval/``.
 Bad input (no run directory, no snapshots, a bad override): one line, exit code 2.
 """
