@@ -11,6 +11,8 @@ Markers (registered in pyproject.toml) are given by rule where a rule can tell:
 
 from __future__ import annotations
 
+import faulthandler
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,3 +67,11 @@ def _skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
     skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Keep faulthandler on after pytest's own plugin turns it off: a crash in the
+    interpreter's teardown, after every test ran (threads of Ray or vLLM clients still
+    alive), prints every thread's stack instead of a bare exit code 139."""
+    faulthandler.enable(file=sys.__stderr__, all_threads=True)
