@@ -73,6 +73,7 @@ TOOLS = [
     ("recipe.tools.study.lengths", ["oops"], True),
     ("recipe.tools.study.judge_agreement", ["oops"], True),
     ("recipe.tools.study.zigzag", ["=5"], False),
+    ("recipe.tools.study.pair", ["a", "b", "=5"], False),
 ]
 
 
