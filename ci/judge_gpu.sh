@@ -16,8 +16,9 @@
 #       order: each run in OUT/<rule|judge>-<i>/run, a line per run with samples/s over the
 #       wall clock (the final validation on DATA/test.jsonl's first 64 rows included), over the
 #       steps' time alone, and steady (python -m recipe.tools.study.timing, the first 2 steps
-#       skipped);
-#       REWARDS=rule or REWARDS=judge runs one side only (a pair split over two sittings)
+#       skipped); REWARDS=rule or REWARDS=judge runs one side only (a pair split over two
+#       calls); once both sides of a pair have run, python -m recipe.tools.study.pair
+#       prints them step by step
 #   ci/judge_gpu.sh modes DATA OUT [KEY=VALUE ...]
 #       sync (pairwise) and one_step_off (pointwise), MODE_STEPS (default 3) steps each with the
 #       judge as the reward: the run works end to end on the GPU in each batch mode
@@ -112,6 +113,9 @@ case ${1:-} in
         run "$out/$reward-$i" fully_async "${pol[@]}" "${steps[@]}" "${extra[@]}" "$@" \
           || status=1
       done
+      # Once both sides of pair i have run (here or in an earlier call): step by step.
+      [ -f "$out/rule-$i/run/metrics.jsonl" ] && [ -f "$out/judge-$i/run/metrics.jsonl" ] \
+        && { "$PYTHON" -m recipe.tools.study.pair "$out/rule-$i/run" "$out/judge-$i/run" || status=1; }
     done
     exit $status ;;
   modes)
