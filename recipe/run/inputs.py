@@ -27,6 +27,7 @@ from recipe.data.prompts import encode_prompts
 from recipe.model import HFModelConfig, ModelConfig, ModelPathError
 from recipe.protocol import PromptRecord
 from recipe.reward import RewardFunction
+from recipe.utils.config_check import require
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +65,21 @@ class RunInputs:
 
 def check_judge_model(cfg: RecipeConfig) -> None:
     """``reward.judge.model`` is a model the judge's engines can load (a folder, a catalog
-    name, a GGUF file), checked here, before any process starts: ``ModelPathError`` naming
-    the key otherwise."""
+    name, a GGUF file) whose context holds ``reward.judge.max_model_len``, checked here,
+    before any process starts: ``ModelPathError`` or ``ConfigError`` naming the key
+    otherwise."""
     judge = cfg.reward.judge
     if not judge.model:
         return
     try:
-        HFModelConfig.from_config(ModelConfig(path=judge.model, dtype=cfg.model.dtype))
+        loaded = HFModelConfig.from_config(ModelConfig(path=judge.model, dtype=cfg.model.dtype))
     except ModelPathError as err:
         raise ModelPathError(str(err).replace("model.path=", "reward.judge.model=", 1)) from None
+    # vLLM refuses a context past the model's own positions, deep inside the engine's start.
+    context = getattr(loaded.hf_config, "max_position_embeddings", None)
+    require(
+        not isinstance(context, int) or judge.max_model_len <= context,
+        "reward.judge.max_model_len",
+        judge.max_model_len,
+        f"at most the judge model's context, {context} tokens (max_position_embeddings)",
+    )

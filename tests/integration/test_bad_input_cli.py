@@ -104,6 +104,12 @@ def _case_files(tmp: Path, case: str) -> tuple[list[str], list[str]]:
     if case == "missing judge model":
         missing = tmp / "no_such_judge"
         return [f"reward.judge.model={missing}"], ["reward.judge.model=", str(missing)]
+    if case == "judge context past the judge model's":
+        model = _copy_of_tiny_model(tmp)  # 2,048 positions; the judge's default context 4,096
+        return [f"reward.judge.model={model}"], [
+            "reward.judge.max_model_len=4096 is invalid",
+            "the judge model's context, 2048 tokens",
+        ]
     if case == "malformed dataset row":
         bad = dict(ROW)
         del bad["reward_model"]
@@ -129,6 +135,7 @@ FILE_CASES = [
     "model without weights",
     "model without tokenizer",
     "missing judge model",
+    "judge context past the judge model's",
     "malformed dataset row",
     "empty dataset",
     "output directory under a file",

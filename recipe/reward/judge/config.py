@@ -73,7 +73,8 @@ class JudgeConfig:
     gpu_memory_utilization: float = 0.25
     """Fraction of a GPU each judge engine takes (beside the policy's engine)."""
     max_model_len: int = 4096
-    """Context of the judge engines in tokens: the rendered prompt plus ``max_tokens``."""
+    """Context of the judge engines in tokens: the rendered prompt plus ``max_tokens``; at
+    most the judge model's own (``max_position_embeddings``, checked at startup)."""
     max_num_seqs: int = 64
     """Sequences one judge engine batches at once."""
     start_timeout_s: float = 600.0
