@@ -22,6 +22,7 @@ give. Runs whose step numbers differ are refused. Bad input: one ``error:`` line
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -67,6 +68,15 @@ def read_steps(path: Path) -> Steps:
     if not steps:
         raise ValueError(f"{path}: no training step in metrics.jsonl")
     return Steps(path.name, sorted(steps, key=lambda r: r["step"]), meta)
+
+
+def labels(paths: Sequence[Path]) -> list[str]:
+    """Column names: the folders' names, with their parents' where the names alone are equal
+    (``rule-1/run`` and ``judge-1/run``)."""
+    names = [p.resolve().name for p in paths]
+    if len(set(names)) == len(names):
+        return names
+    return [f"{p.resolve().parent.name}/{p.resolve().name}" for p in paths]
 
 
 def paired_interval(
@@ -149,7 +159,10 @@ def main(argv: list[str]) -> int:
             fail(f"{key}={value}: expected a whole number{' >= 1' if key == 'resamples' else ''}")
         keys[key] = int(value)
     try:
-        base, other = (read_steps(Path(p)) for p in paths)
+        base, other = (
+            dataclasses.replace(read_steps(Path(p)), name=name)
+            for p, name in zip(paths, labels([Path(p) for p in paths]), strict=True)
+        )
         lines = table(base, other, **keys)
     except ValueError as err:
         fail(str(err))
