@@ -106,8 +106,8 @@ def test_bad_input_is_one_error_line_and_exit_code_2(
 def test_runs_in_folders_of_one_name_are_told_apart_by_their_parents(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write_run(tmp_path / "rule-1" / "run", [1.0, 1.0, 1.0])
-    write_run(tmp_path / "judge-1" / "run", [2.0, 2.0, 2.0])
+    write_run(tmp_path / "rule-1" / "run", [1.0] * 4)
+    write_run(tmp_path / "judge-1" / "run", [2.0] * 4)
     assert main([str(tmp_path / "rule-1" / "run"), str(tmp_path / "judge-1" / "run")]) == 0
     assert capsys.readouterr().out.splitlines()[0].split() == [
         "rule-1/run",
