@@ -500,33 +500,33 @@ def test_fails_cleanly_reports_a_worker_death_with_the_resume_point_in_summary_j
     assert summary["steps"] == 3 and summary["faults/rollout_restarts"] == 1
 
 
-def test_fails_cleanly_reports_a_diverged_policy_in_one_line_with_the_resume_point(tmp_path):
+def failing_recipe(tmp_path, mode: str, step: int, error: BaseException):
+    """A recipe without a tracker whose ``fit`` (under ``fails_cleanly``) raises ``error`` at
+    ``step`` (the version equal to it)."""
+
     class Recipe:
-        cfg = SimpleNamespace(mode="sync")
-        run_dir, global_step, version, tracker = tmp_path, 5, 5, None
+        cfg = SimpleNamespace(mode=mode)
+        run_dir, global_step, version, tracker = tmp_path, step, step, None
 
         @fails_cleanly
         def fit(self) -> None:
-            raise DivergedPolicyError("the weights of version 5 give non-finite probabilities")
+            raise error
 
+    return Recipe()
+
+
+def test_fails_cleanly_reports_a_diverged_policy_in_one_line_with_the_resume_point(tmp_path):
+    error = DivergedPolicyError("the weights of version 5 give non-finite probabilities")
     with pytest.raises(RunFailure) as caught:
-        Recipe().fit()
+        failing_recipe(tmp_path, "sync", 5, error).fit()
     message = str(caught.value)
     assert message.startswith("the weights of version 5 give non-finite probabilities; no check")
     assert "\n" not in message
 
 
 def test_fails_cleanly_names_any_other_actor_of_the_run_that_died(tmp_path):
-    class Recipe:
-        cfg = SimpleNamespace(mode="fully_async")
-        run_dir, global_step, version, tracker = tmp_path, 0, 0, None
-
-        @fails_cleanly
-        def fit(self) -> None:
-            raise actor_died(pid=77)
-
     with pytest.raises(RunFailure, match=r"^VLLMRolloutWorker died: pid 77, The actor is dead"):
-        Recipe().fit()
+        failing_recipe(tmp_path, "fully_async", 0, actor_died(pid=77)).fit()
 
 
 def test_output_dir_check_names_a_directory_that_cannot_be_created(tmp_path):
