@@ -28,8 +28,11 @@ from recipe.protocol import PromptRecord, Trajectory
 from recipe.run.checkpointing import exported_weights
 from recipe.run.inputs import RunInputs
 from recipe.run.metrics import val_metrics, val_sampling
+from recipe.run.placement import ENGINE_LOG_DIR, init_ray
+from recipe.run.startup import engine_log_phases
 from recipe.run.training_run import TraceSource
 from recipe.separate_trainer import SeparateRayPPOTrainer
+from recipe.workers.cluster import ReadyClock
 from recipe.workers.config import RolloutConfig
 from recipe.workers.judge_server import stop_judge, wait_judge
 
@@ -80,8 +83,12 @@ class BatchTrainer(SeparateRayPPOTrainer):
     """Engines in this process, a cursor, generate + score (module docstring)."""
 
     def __init__(self, cfg: RecipeConfig, run_dir: Path) -> None:
+        inputs_start = time.perf_counter()
         inputs = RunInputs.load(cfg)  # before any worker: each check names the key or row
+        inputs_s = time.perf_counter() - inputs_start
         super().__init__(cfg, run_dir, inputs)
+        startup = self.run.startup
+        startup.add("inputs_s", inputs_s)
         self.inputs = inputs
         """The run's records, prompt token ids and reward function."""
         self.cursor = PromptCursor(
@@ -100,11 +107,16 @@ class BatchTrainer(SeparateRayPPOTrainer):
         self.step_metrics = MetricsAccumulator()
         """The running step's metrics: each step sets its own (scoring adds its time)."""
         mini_batches = cfg.prompts_per_step // cfg.actor.ppo_mini_batch_size
+        with startup.phase("ray_s"):
+            init_ray(cfg.ray)
         # The ranks load the model while the engines start.
+        trainer_start = time.perf_counter()
         ranks = self.ppo.start_ranks(
             total_optimizer_steps=self.total_steps * mini_batches * cfg.actor.ppo_epochs,
             wait=False,
         )
+        ranks_up = ReadyClock([w.__ray_ready__.remote() for w in ranks.workers])
+        engines_start = time.perf_counter()
         try:
             last = self.placement.judge_starts_last  # on a GPU, after the policy's engines
             if not last:
@@ -120,7 +132,12 @@ class BatchTrainer(SeparateRayPPOTrainer):
             if self._rollout is not None:  # the judge failed after the engines started
                 self._rollout.shutdown()
             raise
+        startup.add("engines_s", time.perf_counter() - engines_start)
+        logs = sorted((self.run_dir / ENGINE_LOG_DIR).glob("*.log"))
+        for name, seconds in engine_log_phases(logs).items():
+            startup.add(name, seconds)
         ranks.wait_ready()
+        startup.add("trainer_init_s", ranks_up.ended_at() - trainer_start)
 
     @property
     def rollout(self) -> RolloutReplicas:

@@ -2,7 +2,7 @@
 
     process start ----------------------------------------------------> first step begins
       inputs_s        model, data, reward functions checked (the driver)
-      ray_s           Ray started or joined (fully_async; the batch modes start it with their ranks)
+      ray_s           Ray started or joined
       trainer_init_s  trainer side built: placement reserved, ranks load the model and join
       engines_s       engines started, beside the ranks; of it, from the rollout worker's
                       own line in its engine log (``WORKER_START_LINE``, the slowest engine):

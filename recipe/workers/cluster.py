@@ -19,6 +19,7 @@ several nodes, every node must see the run directory.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -215,6 +216,30 @@ def _read_marker(path: str) -> str | None:
         return Path(path).read_text(encoding="utf-8")
     except OSError:
         return None
+
+
+class ReadyClock:
+    """When all of ``refs`` (Ray refs that end once a role is up) ended, seen from a thread:
+    a caller blocked in starting another role meanwhile still learns when this one came up.
+    A ref that failed counts as ended; the role's own wait raises its error."""
+
+    def __init__(self, refs: list[Any]) -> None:
+        self._ended_at: float | None = None
+        self._thread = threading.Thread(target=self._watch, args=(refs,), daemon=True)
+        self._thread.start()
+
+    def _watch(self, refs: list[Any]) -> None:
+        import ray
+
+        ray.wait(refs, num_returns=len(refs), timeout=None)
+        self._ended_at = time.perf_counter()
+
+    def ended_at(self, timeout_s: float = 5.0) -> float:
+        """``time.perf_counter()`` when the refs ended; call once the role's own wait
+        returned (then the watcher ends at once; ``timeout_s`` bounds it all the same, and
+        past it the time is now)."""
+        self._thread.join(timeout_s)
+        return time.perf_counter() if self._ended_at is None else self._ended_at
 
 
 def on_driver_node() -> Any:

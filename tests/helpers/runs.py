@@ -67,3 +67,20 @@ def ledger_trained_once(run_dir: Path, num_steps: int) -> tuple[list[dict], list
     trained = [uid for r in ledger for uid in r["trained"]]
     assert len(trained) == len(set(trained)), "a prompt was trained twice"
     return ledger, trained
+
+
+def check_startup(summary: dict[str, Any]) -> dict[str, float]:
+    """The run's start-up split (recipe/run/startup.py) in ``summary``: every phase, the
+    ranks' and the engines' side by side counted once, an initial validation after them,
+    the rest in ``other_s``. Returns the
+    phases by name (without the ``startup/`` prefix)."""
+    import pytest
+
+    startup = {k.removeprefix("startup/"): v for k, v in summary.items() if "startup/" in k}
+    assert {"inputs_s", "ray_s", "trainer_init_s", "engines_s", "first_push_s"} <= set(startup)
+    assert all(seconds >= 0 for seconds in startup.values()), startup
+    side_by_side = max(startup["trainer_init_s"], startup["engines_s"])
+    serial = startup["inputs_s"] + startup["ray_s"] + startup.get("initial_val_s", 0.0)
+    assert startup["to_first_step_s"] >= serial + side_by_side
+    assert startup["to_first_step_s"] == pytest.approx(serial + side_by_side + startup["other_s"])
+    return startup

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from recipe.data.cursor import PromptCursor
-from tests.helpers.runs import build_recipe
+from tests.helpers.runs import build_recipe, check_startup
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_for_module")]
 
@@ -103,6 +103,7 @@ def test_metrics_record_every_step_with_the_wait_and_staleness(run):
     assert all(r["staleness/max"] == r["staleness/mean"] == 1 for r in records[2:])
     summary = json.loads((Path(run["run_dir"]) / "summary.json").read_text())
     assert summary["mode"] == "one_step_off" and summary["prompts/trained"] == 32 * NUM_STEPS
+    check_startup(summary)  # the batch modes split their start-up as fully_async does
 
 
 @pytest.mark.nightly

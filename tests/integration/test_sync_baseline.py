@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.runs import read_metrics
+from tests.helpers.runs import check_startup, read_metrics
 from tests.helpers.trace_checks import load_checked, requests, slices
 
 pytestmark = pytest.mark.integration
@@ -75,6 +75,9 @@ def test_sync_run_writes_the_run_directory_contract(tiny_model_path, tmp_path):
     assert max(r["mismatch/logprob_abs_diff_mean"] for r in records[1:]) < 1e-4
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["param_version"] == 4 and summary["prompts/trained"] == 64
+    # Start-up split as in fully_async: inputs, Ray, ranks and engines side by side, the push.
+    startup = check_startup(summary)
+    assert startup["first_push_s"] == records[1]["sync/total_s"]
     assert (run_dir / "config.yaml").is_file()
     ckpt = run_dir / "checkpoints" / "step_4"
     assert (ckpt / "config.json").is_file() and (ckpt / "trainer_state.json").is_file()
