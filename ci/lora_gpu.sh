@@ -4,8 +4,9 @@
 #
 #   ci/lora_gpu.sh memory OUT [SIZES] [KEY=VALUE ...]
 #       fully_async on random-init Qwen2.5 shapes (recipe/tools/bench/models.py; SIZES default
-#       0.5B,7B), LoRA (actor.lora.rank=LORA_RANK, default 32) and full fine-tuning each, STEPS
-#       steps (default 4): the run's summary (samples/s, push bytes, start-up) in
+#       0.5B,7B), LoRA (actor.lora.rank=LORA_RANK, default 32) and full fine-tuning each
+#       (VARIANTS, default "lora full": one of them fits a call of its own), STEPS steps
+#       (default 4): the run's summary (samples/s, push bytes, start-up) in
 #       OUT/<size>-<lora|full>/run/, and the peak GPU memory of the trainer and the engine
 #       (python -m recipe.tools.study.gpu_memory) in its gpu_memory.csv; a run that fails (a
 #       full fine-tuning that does not fit beside its engine) keeps its log and the memory each
@@ -32,7 +33,7 @@ memory() {  # memory OUT [SIZES] [KEY=VALUE ...]
   local size variant dir model status=0
   for size in ${sizes//,/ }; do
     model=$("$PYTHON" -c "from recipe.tools.bench.models import random_model_path as p; print(p('$size'))")
-    for variant in lora full; do
+    for variant in ${VARIANTS:-lora full}; do
       dir=$out/$size-$variant
       mkdir -p "$dir"
       local lora=()
