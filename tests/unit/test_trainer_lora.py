@@ -29,9 +29,10 @@ def model_dir(tiny_model_path):
     return Path(tiny_model_path)
 
 
-def _worker(model_path: Path | str) -> TrainerWorker:
+def _worker(model_path: Path | str, compute_dtype: str = "float32") -> TrainerWorker:
     actor = ActorConfig(lr=1e-2, ppo_mini_batch_size=3, ppo_micro_batch_size_per_gpu=6, lora=LORA)
-    return TrainerWorker(actor, TrainerSpec(str(model_path), total_optimizer_steps=4))
+    spec = TrainerSpec(str(model_path), total_optimizer_steps=4, compute_dtype=compute_dtype)
+    return TrainerWorker(actor, spec)
 
 
 def _train(worker: TrainerWorker, batch) -> dict[str, float]:
@@ -101,6 +102,32 @@ def test_the_exported_folder_is_the_trained_policy_for_peft(model_dir, tmp_path)
     assert merged.keys() == served.state_dict().keys() - {"lm_head.weight"}  # tied: sent once
     base.load_state_dict(merged, strict=False)  # the merged push, loaded as an engine would
     torch.testing.assert_close(_plain_logprobs(base, batch)[mask], trained_bt[mask])
+
+
+def test_a_push_sends_the_adapter_in_the_engines_dtype_and_a_checkpoint_keeps_float32(
+    model_dir, tmp_path
+):
+    """A bfloat16 engine casts an adapter to bfloat16 on load: the push sends it so (half
+    the bytes, the same served weights); the checkpoint keeps the float32 master weights."""
+    from safetensors import safe_open
+
+    worker = _worker(model_dir, compute_dtype="bfloat16")
+    try:
+        _train(worker, random_train_batch(model_dir, seed=3))
+        master = worker.adapter_state_dict()
+        pushed = worker.export_adapter(str(tmp_path / "push"))
+        worker.save_hf(tmp_path / "ckpt")
+    finally:
+        worker.close()
+    assert pushed is not None
+    assert pushed.num_bytes * 2 == sum(t.numel() * t.element_size() for t in master.values())
+    with safe_open(pushed.weights_path, framework="pt", device="cpu") as f:
+        for name in f.keys():  # noqa: SIM118 - safe_open is not iterable
+            assert torch.equal(f.get_tensor(name), master[name].to(torch.bfloat16)), name
+    saved = next((tmp_path / "ckpt").rglob(ADAPTER_WEIGHTS_NAME))
+    with safe_open(str(saved), framework="pt", device="cpu") as f:
+        for name in f.keys():  # noqa: SIM118 - safe_open is not iterable
+            assert torch.equal(f.get_tensor(name), master[name]), name
 
 
 def _other_base(model_dir: Path, tmp_path: Path) -> Path:

@@ -55,11 +55,15 @@ class AdapterIO:
                 tensors[peft_name(name)] = tensor.to("cpu", copy=True)
         return tensors
 
-    def export(self, directory: str | Path) -> AdapterFile | None:
-        """Rank 0 writes the PEFT folder and returns its record; other ranks None."""
+    def export(self, directory: str | Path, dtype: torch.dtype | None = None) -> AdapterFile | None:
+        """Rank 0 writes the PEFT folder and returns its record; other ranks None. ``dtype``:
+        the tensors cast to it (a push: the engines' dtype); None keeps the master weights'
+        (a checkpoint, which a resume must restore exactly)."""
         tensors = self.state_dict()
         if self._rank != 0:
             return None
+        if dtype is not None:
+            tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
         return write_adapter(tensors, peft_config_dict(self._cfg, self._base_path), directory)
 
     def save_checkpoint(self, path: str | Path) -> None:

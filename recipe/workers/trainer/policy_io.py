@@ -144,13 +144,16 @@ class PolicyIO:
 
     def export_adapter(self, directory: str, slot: str | None = None) -> AdapterFile | None:
         """Rank 0 writes the adapter as a PEFT folder (``recipe.utils.adapter_file``: written
-        aside, then renamed) and returns its record; other ranks return None. ``slot``: the
+        aside, then renamed) and returns its record; other ranks return None. In the engines'
+        dtype (``model.dtype``, as ``iter_push_params``): vLLM casts an adapter to it on load,
+        so a bfloat16 engine serves the same weights from half the bytes. ``slot``: the
         adapter ``save_model_to_cpu(slot)`` saved. Collective."""
         adapter = self._adapter_io("export_adapter")
+        dtype = getattr(torch, self.spec.compute_dtype)
         if slot is None:
-            return adapter.export(directory)
+            return adapter.export(directory, dtype)
         with self._swapped_in(slot):
-            return adapter.export(directory)
+            return adapter.export(directory, dtype)
 
     def _adapter_io(self, what: str) -> AdapterIO:
         if self._adapter is None:
