@@ -93,8 +93,13 @@ class ReceiverClient(Protocol):
         self, path: str, version: int, sha256: str | None = None
     ) -> ObjectRef[None]: ...
 
+    def check_adapter(self, adapter: AdapterFile) -> ObjectRef[dict[str, float]]:
+        """LoRA: check the adapter folder while still serving (its ``sync/verify_s``)."""
+        ...
+
     def load_adapter(self, adapter: AdapterFile, version: int) -> ObjectRef[dict[str, float]]:
-        """LoRA: verify, load and probe the adapter folder as ``version`` (its ``sync/*``)."""
+        """LoRA: verify (unless checked), load and probe the adapter folder as ``version``
+        (its ``sync/*``)."""
         ...
 
     def pause(self) -> ObjectRef[None]: ...

@@ -22,10 +22,11 @@ it to pause and resume and never pauses an engine itself::
       agree-after            rank 0 commits v+1        ==        every replica serves v+1
       resume                 engines.resume(): generation goes on
 
-With LoRA (``adapter_only``, backend ``adapter``) transfer, verify and load are one phase
-after the pause: trainer rank 0 writes the adapter's PEFT folder, every replica checks its
-sha256, loads it in place of the served adapter (prefix cache reset) and probes that it
-serves it, not the base (recipe/workers/rollout/lora.py); the base weights never move.
+With LoRA (``adapter_only``, backend ``adapter``) trainer rank 0 writes the adapter's PEFT
+folder and every replica checks its sha256 (transfer, verify: staged first when the owner
+serves while staging); after the pause every replica loads it in place of the served adapter
+(prefix cache reset) and probes that it serves it, not the base
+(recipe/workers/rollout/lora.py); the base weights never move.
 
 Invariant: an engine changes weights only in ``load``, and ``load`` runs only after every
 replica verified the full push, so a failed or partial transfer leaves every engine on
@@ -195,8 +196,8 @@ class ParameterSynchronizer:
         self._stage_ready(version)  # agree-before; resolves the backend on the first push
         staged = None
         transport = self.transport
-        if self._engines.stage_while_serving and transport.stages:
-            staged = transport.stage(target)  # transfer + verify while the engines still generate
+        if self._engines.stage_while_serving:
+            staged = transport.stage_ahead(target)  # moved while the engines still generate
         self._pause_engines(paused)
         if self._engines.workers() != transport.workers:  # a new worker has nothing staged
             self.reset_transport()

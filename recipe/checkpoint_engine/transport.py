@@ -5,12 +5,16 @@
     agree(phase, v)       rank 0's version == every replica's (commit: rank 0 records it)
     stage(v)              transfer + verify: every replica holds v in staging, its engine's
                           own weights untouched
+    stage_adapter(v)      LoRA: the adapter's PEFT folder for v written, every replica
+                          checks it (its engine still serving the old one)
+    stage_ahead(v)        what moves before the engines pause, where they serve meanwhile:
+                          stage or stage_adapter (``Staged``); files: nothing
     load(v, id)           every (paused) replica loads staged transfer ``id`` as v
     push(v, staged)       what the backend's registry line moves (transports.py):
                           buckets: stage(v) unless staged already, then load(v, id)
                           file (push_file): one safetensors file, checked and loaded
-                          adapter (push_adapter, LoRA ``adapter_only``): the adapter's PEFT
-                          folder alone, checked, loaded and probed by every replica
+                          adapter (push_adapter, LoRA ``adapter_only``): stage_adapter(v)
+                          unless staged already, then every replica loads and probes it
                           (recipe/workers/rollout/lora.py)
     close()               both ends released (best effort, never waiting on a hung peer)
 
@@ -26,6 +30,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -54,12 +59,25 @@ from recipe.checkpoint_engine.transports import (
     get_transport,
 )
 from recipe.observability.trace import SENDER_TID, Tracer
+from recipe.utils.adapter_file import AdapterFile
 
 logger = logging.getLogger(__name__)
 
 # A peer's own deadline error says what it waited for; the driver waits a little longer so
 # that error, not the driver's generic one, is what the caller sees.
 _DRIVER_GRACE_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """What a push moved before the engines paused (``PushTransport.stage_ahead``)."""
+
+    metrics: dict[str, float]
+    """Its ``sync/*`` figures so far (transfer, verify, bytes)."""
+    transfer_id: int | None = None
+    """Buckets: the transfer every replica holds in staging."""
+    adapter: AdapterFile | None = None
+    """LoRA: the adapter folder every replica checked."""
 
 
 class SendingRanks(Protocol):
@@ -191,14 +209,27 @@ class PushTransport:
         """The backend stages buckets (so they can be staged while the engines serve)."""
         return self.backend is not None and self.spec.stages
 
-    def push(self, target: int, staged: tuple[int, dict[str, float]] | None) -> dict[str, float]:
-        """Every (paused) replica ends up loaded with ``target``, the way the backend's
-        registry line moves weights; ``staged``: ``stage``'s result when already staged."""
+    def stage_ahead(self, target: int) -> Staged | None:
+        """What can move while the engines still serve (their owner pauses them after):
+        the buckets' transfer and verify, or the adapter folder written and checked; None
+        for a backend that stages nothing (files)."""
         if self.spec.moves == ADAPTER:
-            return self.push_adapter(target)
+            return self.stage_adapter(target)
+        if self.stages:
+            transfer_id, metrics = self.stage(target)
+            return Staged(metrics, transfer_id=transfer_id)
+        return None
+
+    def push(self, target: int, staged: Staged | None) -> dict[str, float]:
+        """Every (paused) replica ends up loaded with ``target``, the way the backend's
+        registry line moves weights; ``staged``: ``stage_ahead``'s result, if it ran."""
+        if self.spec.moves == ADAPTER:
+            return self.push_adapter(target, staged)
         if self.spec.moves == FILE:
             return self.push_file(target)
-        return self.load(target, *(staged or self.stage(target)))
+        if staged is None or staged.transfer_id is None:
+            return self.load(target, *self.stage(target))
+        return self.load(target, staged.transfer_id, staged.metrics)
 
     def _build_layout(self, free_bytes: int) -> BucketLayout:
         assert self._metadata is not None
@@ -302,29 +333,51 @@ class PushTransport:
             "sync/bytes": float(exported[SENDER].num_bytes),
         }
 
-    def push_adapter(self, target: int) -> dict[str, float]:
-        """LoRA: trainer rank 0 writes the adapter's PEFT folder (aside, then renamed) at one
-        path in ``file_root``; each (paused) replica checks both files' sha256 against the
-        writer's record, loads it under the served name with its prefix cache reset, and
-        probes that it serves the adapter, not the base (recipe/workers/rollout/lora.py)."""
+    def stage_adapter(self, target: int) -> Staged:
+        """LoRA: trainer rank 0 writes the adapter's PEFT folder for ``target`` (aside, then
+        renamed; a folder per version, so the one an engine serves is never rewritten under
+        it) in ``file_root``; every replica checks both files' sha256 against the writer's
+        record and sums its tensors (``check_adapter``), its engine still serving."""
         assert self._file_dir is not None
-        directory = str(self._file_dir / "adapter")
+        directory = str(self._file_dir / f"adapter-v{target}")
         start = time.perf_counter()
         exported = self.phase("transfer", self.on_ranks(lambda s: s.export_adapter(directory)))
         transfer_s = time.perf_counter() - start
         adapter = exported[SENDER]
+        checked = self.phase("verify", self.on_replicas(lambda _, r: r.check_adapter(adapter)))
+        metrics = {
+            "sync/gather_s": 0.0,
+            "sync/transfer_s": transfer_s,
+            "sync/verify_s": max(m["sync/verify_s"] for m in checked.values()),
+            "sync/bytes": float(adapter.num_bytes),
+        }
+        return Staged(metrics, adapter=adapter)
+
+    def push_adapter(self, target: int, staged: Staged | None = None) -> dict[str, float]:
+        """LoRA: ``stage_adapter`` unless ``staged`` already; each (paused) replica loads the
+        checked folder under the served name with its prefix cache reset and probes that it
+        serves the adapter, not the base (recipe/workers/rollout/lora.py). The folders of
+        earlier versions are removed once every replica serves ``target``."""
+        if staged is None or staged.adapter is None:
+            staged = self.stage_adapter(target)
+        adapter = staged.adapter
+        assert adapter is not None
         start = time.perf_counter()
         loaded = self.phase("load", self.on_replicas(lambda _, r: r.load_adapter(adapter, target)))
         load_s = time.perf_counter() - start
-        return {
-            "sync/gather_s": 0.0,
-            "sync/transfer_s": transfer_s,
-            "sync/verify_s": max(m["sync/verify_s"] for m in loaded.values()),
+        self._remove_adapters(keep=Path(adapter.path))
+        return staged.metrics | {
             "sync/load_s": load_s,
-            "sync/bytes": float(adapter.num_bytes),
             "sync/adapter_probe_diff": min(m["sync/adapter_probe_diff"] for m in loaded.values()),
             "sync/adapter_readback_s": max(m["sync/adapter_readback_s"] for m in loaded.values()),
         }
+
+    def _remove_adapters(self, keep: Path) -> None:
+        """Every adapter folder but ``keep``, the one the replicas serve now."""
+        assert self._file_dir is not None
+        for folder in self._file_dir.glob("adapter-v*"):
+            if folder != keep:
+                shutil.rmtree(folder, ignore_errors=True)
 
     def close(self) -> None:
         """Finalize both ends (best effort, bounded by the deadline); re-init on next sync."""

@@ -103,10 +103,13 @@ def test_every_agent_turn_after_a_push_is_served_by_the_adapter(chat_model_path,
     assert len(after_push) >= 4, f"only {len(after_push)} turns after a push"
     bare = sorted({v for v, lora in after_push if lora is None})
     assert not bare, f"turns at versions {bare} were sampled without the adapter"
-    adapters = {lora for _, lora in after_push}
-    assert len(adapters) == 1, adapters  # one name, replaced in place (rollout/lora.py)
-    ((name, lora_id, path),) = adapters
-    assert (name, lora_id) == (ADAPTER_NAME, ADAPTER_ID) and Path(path).name == "adapter"
+    # One name and id, replaced in place (rollout/lora.py); each turn from its version's folder.
+    assert {lora[:2] for _, lora in after_push} == {(ADAPTER_NAME, ADAPTER_ID)}
+    stale = sorted(
+        {(v, Path(lora[2]).name) for v, lora in after_push}
+        - {(v, f"adapter-v{v}") for v, _ in after_push}
+    )
+    assert not stale, f"turns sampled on another version's adapter: {stale}"
     assert max(v for v, _ in after_push) >= NUM_STEPS - 1, "the later pushes served no turn"
     # The trained episodes: several model turns, tokens of pushed versions among them.
     trajs = [t for _, groups in seen for g in groups for t in g.trajectories]

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.runs import read_metrics
+from tests.helpers.trace_checks import load_checked, slices
 
 pytestmark = pytest.mark.integration
 
@@ -75,6 +76,20 @@ def test_lora_run_pushes_and_serves_the_adapter_alone(mode, tiny_model_path, tmp
     if mode == "sync":  # each batch sampled by the adapter just pushed, trained from it
         trained = [r for r in read_metrics(run_dir) if "mismatch/logprob_abs_diff_mean" in r]
         assert _max_mismatch(trained) < MISMATCH_TOL
+    _check_staging(run_dir, len(pushes), ahead=mode == "fully_async")
+
+
+def _check_staging(run_dir: Path, num_pushes: int, *, ahead: bool) -> None:
+    """Each push's folder written (transfer) and checked by every replica (verify) before
+    its pause where the engines serve while a push stages (fully_async), after it elsewhere."""
+    events = load_checked(run_dir)
+    pauses, transfers, verifies = (slices(events, n) for n in ("pause", "transfer", "verify"))
+    assert len(pauses) == len(transfers) == len(verifies) == num_pushes
+    for pause, transfer, verify in zip(pauses, transfers, verifies, strict=True):
+        if ahead:
+            assert transfer["ts"] + transfer["dur"] <= verify["ts"] <= pause["ts"] - verify["dur"]
+        else:
+            assert pause["ts"] <= transfer["ts"] <= verify["ts"]
 
 
 def test_resumed_lora_run_serves_the_adapter_on_the_base_not_twice(tmp_path):

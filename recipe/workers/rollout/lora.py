@@ -1,8 +1,9 @@
 """LoRA on the engine side: the base loaded once, the trained adapter served by one name.
 
     engine start   enable_lora, max_lora_rank = actor.lora.rank, one adapter slot
-    load_adapter   verify the folder (sha256 of both files) -> remove the old adapter
-                   -> add the new one under the same name and path -> reset the prefix cache
+    load_adapter   verify the folder (sha256 of both files; ahead, while serving, when the
+                   push was staged) -> remove the old adapter -> add the new one under the
+                   same name and id, from its version's folder -> reset the prefix cache
                    -> probe: a fixed prompt's log-probs under the adapter vs the base
                    -> read back: the engine's adapter slot vs the file (lora_readback.py)
     every request  ``LoRARequest(ADAPTER_NAME, ADAPTER_ID, path)`` of the served version
@@ -11,8 +12,10 @@ One name replaced in place, not a name per version: a push pauses the engine wit
 request aborted and resumes the partial responses on the new version (base.py's invariant),
 so no request ever runs across two adapters and a name per version would buy nothing but an
 eviction rule and ``max_loras`` slots. The price of one name is that vLLM keys prefix-cache
-blocks by adapter name and path, both unchanged by a push: the load resets the prefix cache,
-or the next requests would reuse KV computed under the previous adapter.
+blocks by the adapter's name (and, in newer releases, its path): the load resets the prefix
+cache, or the next requests could reuse KV computed under the previous adapter. A push
+writes each version to a folder of its own (``adapter-v<N>``), so the folder an engine
+serves is never rewritten while a push is staged beside it.
 
 Never a silent base policy: once an adapter was pushed, a request of a LoRA engine without
 one raises (``AdapterMissingError``), and the probe after each load fails the push when the

@@ -3,8 +3,10 @@
 A LoRA engine keeps its base weights and serves the pushed adapter (``lora.py`` says why one
 name, replaced in place)::
 
-    load_adapter(adapter, v)   verify both files' sha256, sum the tensors as the engine
-                               will hold them (still serving) -> pause -> base weights back
+    check_adapter(adapter)     verify both files' sha256, sum the tensors as the engine
+                               will hold them, while still serving (a push staged ahead
+                               of its pause); load_adapter of that folder reuses it
+    load_adapter(adapter, v)   (the checks above unless done) -> pause -> base weights back
                                if merged ones were loaded -> swap the adapter in (prefix
                                cache reset) -> probe -> read the engine's adapter back
                                (its sums vs the file's) -> serve v (resume if it ran)
@@ -20,7 +22,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from recipe.utils.adapter_file import AdapterFile, verify_adapter_folder
 from recipe.workers.rollout.lora import (
@@ -42,8 +44,18 @@ from recipe.workers.rollout.lora_readback import (
 
 if TYPE_CHECKING:
     from recipe.model import HFModelConfig
+    from recipe.workers.rollout.lora_readback import AdapterSums
 
 logger = logging.getLogger(__name__)
+
+
+class CheckedAdapter(NamedTuple):
+    """An adapter folder's checks before it is loaded (``LoraServing._check``)."""
+
+    zero: bool
+    """Every ``lora_B`` is zero: the adapter is the base (the probe may read no difference)."""
+    expected: AdapterSums
+    """Its per-module sums as the engine will hold them (the read-back compares them)."""
 
 
 class LoraServing:
@@ -66,6 +78,7 @@ class LoraServing:
         self._lora_rank = rank
         self._adapter: AdapterFile | None = None  # the adapter served, once one was pushed
         self._policy_in_base = False  # full (merged) weights were loaded into the base
+        self._checked: tuple[AdapterFile, CheckedAdapter] | None = None  # check_adapter's
 
     def _lora_request(self) -> Any:
         """The served adapter's ``LoRARequest`` for every request (training, validation,
@@ -80,22 +93,41 @@ class LoraServing:
             )
         return None
 
-    async def load_adapter(self, adapter: AdapterFile, version: int) -> dict[str, float]:
-        """Serve the pushed ``adapter`` as ``version`` (module docstring). A running worker
-        is paused around the load and resumed after it; a failure leaves it paused and
-        raises. Returns ``sync/*`` figures of the load."""
+    async def check_adapter(self, adapter: AdapterFile) -> dict[str, float]:
+        """Check a pushed adapter folder while the engine still serves: both files' sha256
+        against the writer's record, whether it is zero, its sums as the engine will hold
+        them; ``load_adapter`` of the same folder then skips them. Returns its
+        ``sync/verify_s``."""
+        start = time.perf_counter()
+        self._checked = (adapter, await self._check(adapter, "check_adapter"))
+        return {"sync/verify_s": time.perf_counter() - start}
+
+    async def _check(self, adapter: AdapterFile, what: str) -> CheckedAdapter:
         self._check_open()
         if not self._lora_rank:
-            raise ValueError("load_adapter: this engine was started without LoRA (lora_rank 0)")
+            raise ValueError(f"{what}: this engine was started without LoRA (lora_rank 0)")
         if adapter.rank > self._lora_rank:
             raise ValueError(f"adapter rank {adapter.rank} > the engine's {self._lora_rank}")
-        if version <= self._version:
-            raise ValueError(f"load_adapter(version={version}): serving {self._version}")
-        start = time.perf_counter()
         await asyncio.to_thread(verify_adapter_folder, adapter)
         zero = await asyncio.to_thread(adapter_is_zero, adapter)
         dtype = engine_lora_dtype(self._engine)
         expected = await asyncio.to_thread(adapter_checksums, adapter, dtype)
+        return CheckedAdapter(zero, expected)
+
+    async def load_adapter(self, adapter: AdapterFile, version: int) -> dict[str, float]:
+        """Serve the pushed ``adapter`` as ``version`` (module docstring). A running worker
+        is paused around the load and resumed after it; a failure leaves it paused and
+        raises. Returns ``sync/*`` figures of the load (``sync/verify_s`` 0 when
+        ``check_adapter`` checked this folder before)."""
+        self._check_open()
+        if version <= self._version:
+            raise ValueError(f"load_adapter(version={version}): serving {self._version}")
+        start = time.perf_counter()
+        checked, self._checked = self._checked, None
+        if checked is not None and checked[0] == adapter:
+            zero, expected = checked[1]
+        else:
+            zero, expected = await self._check(adapter, "load_adapter")
         verify_s = time.perf_counter() - start
         was_running = not self._paused
         await self.pause()
