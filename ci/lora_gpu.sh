@@ -7,7 +7,8 @@
 #       0.5B,7B), LoRA (actor.lora.rank=LORA_RANK, default 32) and full fine-tuning each
 #       (VARIANTS, default "lora full": one of them fits a call of its own), STEPS steps
 #       (default 4): the run's summary (samples/s, push bytes, start-up) in
-#       OUT/<size>-<lora|full>/run/, and the peak GPU memory of the trainer and the engine
+#       OUT/<size>-<lora|full>/run/ (summary.json and metrics.jsonl copied up beside its
+#       run.log), and the peak GPU memory of the trainer and the engine
 #       (python -m recipe.tools.study.gpu_memory) in its gpu_memory.csv; a run that fails (a
 #       full fine-tuning that does not fit beside its engine) keeps its log and the memory each
 #       side held up to the failure
@@ -50,6 +51,8 @@ memory() {  # memory OUT [SIZES] [KEY=VALUE ...]
         trainer.val_before_train=false data.num_val_prompts=32 logger.quiet=true \
         async_training.trigger_parameter_sync_step=2 async_training.require_batches=1 \
         hydra.run.dir="$dir/run" "${lora[@]}" "$@" > "$dir/run.log" 2>&1 || status=1
+      # The records beside the log too: a machine that hands back only shallow files keeps them.
+      cp -f "$dir"/run/summary.json "$dir"/run/metrics.jsonl "$dir"/ 2>/dev/null || true
       echo "$size $variant: $(tail -1 "$dir/run.log")"  # the peaks, as gpu_memory prints them
       grep -E "^error:|OutOfMemoryError: CUDA" "$dir/run.log" | head -1 || true
     done
