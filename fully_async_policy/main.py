@@ -42,7 +42,7 @@ from fully_async_policy.rollouter.actor import FullyAsyncRollouter
 from recipe.config import RecipeConfig
 from recipe.run.inputs import RunInputs
 from recipe.run.placement import ENGINE_LOG_DIR, init_ray, resolve_device
-from recipe.run.startup import StartupTimes, engine_log_phases
+from recipe.run.startup import StartupTimes
 from recipe.workers.cluster import on_driver_node, wait_started
 from recipe.workers.judge_server import stop_judge
 
@@ -98,11 +98,7 @@ class FullyAsyncRecipe:
                 {"engines": [started, *judge_ready], "trainer": ranks_ready},
                 on_failure={"trainer": ranks.wait_ready},  # shuts the ranks down, raises
             )
-            startup.add("engines_s", ended_at["engines"] - engines_start)
-            for name, seconds in engine_log_phases(
-                sorted((Path(run_dir) / ENGINE_LOG_DIR).glob("*.log"))
-            ).items():
-                startup.add(name, seconds)
+            startup.add_engines(ended_at["engines"] - engines_start, Path(run_dir) / ENGINE_LOG_DIR)
             startup.add("trainer_init_s", ended_at["trainer"] - trainer_start)
             self.trainer.attach(client, QueueClient(self.queue))
         except BaseException:

@@ -29,7 +29,6 @@ from recipe.run.checkpointing import exported_weights
 from recipe.run.inputs import RunInputs
 from recipe.run.metrics import val_metrics, val_sampling
 from recipe.run.placement import ENGINE_LOG_DIR, init_ray
-from recipe.run.startup import engine_log_phases
 from recipe.run.training_run import TraceSource
 from recipe.separate_trainer import SeparateRayPPOTrainer
 from recipe.workers.cluster import ReadyClock
@@ -132,10 +131,7 @@ class BatchTrainer(SeparateRayPPOTrainer):
             if self._rollout is not None:  # the judge failed after the engines started
                 self._rollout.shutdown()
             raise
-        startup.add("engines_s", time.perf_counter() - engines_start)
-        logs = sorted((self.run_dir / ENGINE_LOG_DIR).glob("*.log"))
-        for name, seconds in engine_log_phases(logs).items():
-            startup.add(name, seconds)
+        startup.add_engines(time.perf_counter() - engines_start, self.run_dir / ENGINE_LOG_DIR)
         ranks.wait_ready()
         startup.add("trainer_init_s", ranks_up.ended_at() - trainer_start)
 

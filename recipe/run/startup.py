@@ -113,6 +113,13 @@ class StartupTimes:
         finally:
             self.add(name, time.perf_counter() - start)
 
+    def add_engines(self, seconds: float, log_dir: Path) -> None:
+        """``engines_s`` and its split off the engine logs in ``log_dir`` (``*.log``, the
+        slowest engine's figure per phase: ``engine_log_phases``)."""
+        self.add("engines_s", seconds)
+        for name, phase_s in engine_log_phases(sorted(log_dir.glob("*.log"))).items():
+            self.add(name, phase_s)
+
     def first_step(self, now: float | None = None) -> None:
         """The first training step begins now (``now``: seconds since the epoch); later
         calls change nothing."""
