@@ -140,6 +140,7 @@ def test_a_study_runs_in_order_fixes_targets_once_and_keeps_every_record(tmp_pat
     assert record["order"] == 4 and record["gpu"] == {"gpus": 0}
     assert record["gpu_memory_mib"] == {}  # no nvidia-smi here: nothing sampled, nothing guessed
     assert record["design_sha256"] == harness.design.sha256
+    assert len(record["code_sha256"]) == 64 and "code_changed" in record
     res = analyse(records)
     print_results(res)
     assert "fully_async / sync, time to 0.200: 0.50x" in capsys.readouterr().out

@@ -10,9 +10,9 @@ clock, its records kept; resumable across machines that lose their files.
         eval    python -m recipe.tools.study.evaluate <out>/<tag> (its eval.log)
         keep    metrics.jsonl, summary.json, config.yaml, snapshots.jsonl, eval.jsonl, the
                 planner's projection from the run's phases to 2, 4 and 8 GPUs
-                (plan-gpusN.txt) and record.json (mode, seed, order, design and data
-                checksums, code commit, GPU telemetry, peak GPU memory of the trainer and
-                the engine, seconds) into <records>/runs/<tag>/
+                (plan-gpusN.txt) and record.json (mode, seed, order, design, data and
+                code checksums, code commit, GPU telemetry, peak GPU memory of the trainer
+                and the engine, seconds) into <records>/runs/<tag>/
 
 Every run of a study runs on the cards its first run ran on (``device`` in each record,
 ``telemetry.device_name``): on a machine with other cards the study stops before any run,
@@ -27,7 +27,6 @@ is counted.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -41,6 +40,7 @@ from typing import Any
 from recipe.tools.study.design import RunSpec, StudyDesign, Targets, fix_targets
 from recipe.tools.study.evaluate import EVAL_FILE, read_points
 from recipe.tools.study.gpu_memory import GpuProcessMemory, peaks
+from recipe.tools.study.provenance import code_changed, code_checksum, data_checksum, git_commit
 from recipe.tools.study.runs import run_logged
 from recipe.tools.study.telemetry import GpuTelemetry, device_name, summarize
 
@@ -205,7 +205,9 @@ class Harness:
             "resumed": trained["resumed"],
             "design_sha256": self.design.sha256,
             "data_sha256": self.data_sha256,
-            "commit": _commit(),
+            "commit": git_commit(),
+            "code_changed": code_changed(),
+            "code_sha256": code_checksum(),
             "device": self.device,
             "gpu": summarize(run_dir / "gpu.csv"),
             "gpu_memory_mib": peaks(run_dir / "gpu_memory.csv"),
@@ -269,25 +271,3 @@ class Harness:
             clock_s=points[-1].clock_s,
             records=self.records,
         )
-
-
-def data_checksum(folder: Path) -> str:
-    """sha256 over the files of the study's data folder (names and bytes, sorted)."""
-    if not folder.is_dir():
-        raise ValueError(f"data={folder}: not a folder")
-    digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        digest.update(str(path.relative_to(folder)).encode() + b"\0")
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def _commit() -> str:
-    proc = subprocess.run(
-        ["git", "rev-parse", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=Path(__file__).resolve().parent,
-    )
-    return proc.stdout.strip() if proc.returncode == 0 else "unknown"
