@@ -93,13 +93,14 @@ class ReceiverClient(Protocol):
         self, path: str, version: int, sha256: str | None = None
     ) -> ObjectRef[None]: ...
 
-    def check_adapter(self, adapter: AdapterFile) -> ObjectRef[dict[str, float]]:
-        """LoRA: check the adapter folder while still serving (its ``sync/verify_s``)."""
+    def stage_adapter(self, adapter: AdapterFile, version: int) -> ObjectRef[dict[str, float]]:
+        """LoRA: check the adapter folder and add it as ``version`` beside the served one,
+        probed and read back, while still serving (its ``sync/*``)."""
         ...
 
     def load_adapter(self, adapter: AdapterFile, version: int) -> ObjectRef[dict[str, float]]:
-        """LoRA: verify (unless checked), load and probe the adapter folder as ``version``
-        (its ``sync/*``)."""
+        """LoRA: stage the adapter folder as ``version`` unless staged, then serve it (its
+        ``sync/*``)."""
         ...
 
     def pause(self) -> ObjectRef[None]: ...

@@ -29,7 +29,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -78,6 +78,17 @@ class Staged:
     """Buckets: the transfer every replica holds in staging."""
     adapter: AdapterFile | None = None
     """LoRA: the adapter folder every replica checked."""
+
+
+def adapter_metrics(replies: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """The replicas' adapter figures as one: the slowest replica's seconds, the smallest
+    probe difference (the replica likeliest to serve the base)."""
+    merged: dict[str, float] = {}
+    for reply in replies:
+        for key, value in reply.items():
+            pick = min if key == "sync/adapter_probe_diff" else max
+            merged[key] = pick(merged[key], value) if key in merged else value
+    return merged
 
 
 class SendingRanks(Protocol):
@@ -337,27 +348,31 @@ class PushTransport:
         """LoRA: trainer rank 0 writes the adapter's PEFT folder for ``target`` (aside, then
         renamed; a folder per version, so the one an engine serves is never rewritten under
         it) in ``file_root``; every replica checks both files' sha256 against the writer's
-        record and sums its tensors (``check_adapter``), its engine still serving."""
+        record, adds the adapter as ``target`` beside the version it serves, probes it and
+        reads it back (``stage_adapter``), its engine still serving where its owner serves
+        during a push."""
         assert self._file_dir is not None
         directory = str(self._file_dir / f"adapter-v{target}")
         start = time.perf_counter()
         exported = self.phase("transfer", self.on_ranks(lambda s: s.export_adapter(directory)))
         transfer_s = time.perf_counter() - start
         adapter = exported[SENDER]
-        checked = self.phase("verify", self.on_replicas(lambda _, r: r.check_adapter(adapter)))
+        staged = self.phase(
+            "verify", self.on_replicas(lambda _, r: r.stage_adapter(adapter, target))
+        )
         metrics = {
             "sync/gather_s": 0.0,
             "sync/transfer_s": transfer_s,
-            "sync/verify_s": max(m["sync/verify_s"] for m in checked.values()),
             "sync/bytes": float(adapter.num_bytes),
+            **adapter_metrics(staged.values()),
         }
         return Staged(metrics, adapter=adapter)
 
     def push_adapter(self, target: int, staged: Staged | None = None) -> dict[str, float]:
-        """LoRA: ``stage_adapter`` unless ``staged`` already; each (paused) replica loads the
-        checked folder under the served name with its prefix cache reset and probes that it
-        serves the adapter, not the base (recipe/workers/rollout/lora.py). The folders of
-        earlier versions are removed once every replica serves ``target``."""
+        """LoRA: ``stage_adapter`` unless ``staged`` already; each (paused) replica switches
+        to the staged version, or stages it inside the pause where it was not
+        (recipe/workers/rollout/lora.py). The folders of earlier versions are removed once
+        every replica serves ``target``."""
         if staged is None or staged.adapter is None:
             staged = self.stage_adapter(target)
         adapter = staged.adapter
@@ -366,11 +381,7 @@ class PushTransport:
         loaded = self.phase("load", self.on_replicas(lambda _, r: r.load_adapter(adapter, target)))
         load_s = time.perf_counter() - start
         self._remove_adapters(keep=Path(adapter.path))
-        return staged.metrics | {
-            "sync/load_s": load_s,
-            "sync/adapter_probe_diff": min(m["sync/adapter_probe_diff"] for m in loaded.values()),
-            "sync/adapter_readback_s": max(m["sync/adapter_readback_s"] for m in loaded.values()),
-        }
+        return staged.metrics | adapter_metrics(loaded.values()) | {"sync/load_s": load_s}
 
     def _remove_adapters(self, keep: Path) -> None:
         """Every adapter folder but ``keep``, the one the replicas serve now."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from recipe.workers.rollout.lora import ADAPTER_ID, ADAPTER_NAME
+from recipe.workers.rollout.lora import adapter_name
 from tests.helpers import lora_agent
 from tests.helpers.chat_templates import copy_with_tools_template
 from tests.helpers.models import EOS
@@ -103,11 +103,10 @@ def test_every_agent_turn_after_a_push_is_served_by_the_adapter(chat_model_path,
     assert len(after_push) >= 4, f"only {len(after_push)} turns after a push"
     bare = sorted({v for v, lora in after_push if lora is None})
     assert not bare, f"turns at versions {bare} were sampled without the adapter"
-    # One name and id, replaced in place (rollout/lora.py); each turn from its version's folder.
-    assert {lora[:2] for _, lora in after_push} == {(ADAPTER_NAME, ADAPTER_ID)}
+    # A name and id per version (rollout/lora.py), each turn from its version's folder.
     stale = sorted(
-        {(v, Path(lora[2]).name) for v, lora in after_push}
-        - {(v, f"adapter-v{v}") for v, _ in after_push}
+        {(v, *lora[:2], Path(lora[2]).name) for v, lora in after_push}
+        - {(v, adapter_name(v), v, f"adapter-v{v}") for v, _ in after_push}
     )
     assert not stale, f"turns sampled on another version's adapter: {stale}"
     assert max(v for v, _ in after_push) >= NUM_STEPS - 1, "the later pushes served no turn"

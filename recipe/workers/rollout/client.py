@@ -101,13 +101,14 @@ class ReplicaClient:
     def commit_weights(self, version: int, transfer_id: int) -> ObjectRef[Wire]:
         return self.handle.commit_weights.remote(version, transfer_id)
 
-    def check_adapter(self, adapter: AdapterFile) -> ObjectRef[dict[str, float]]:
-        """LoRA: check the adapter folder while still serving (its ``sync/verify_s``)."""
-        return self.handle.check_adapter.remote(adapter)
+    def stage_adapter(self, adapter: AdapterFile, version: int) -> ObjectRef[dict[str, float]]:
+        """LoRA: check the adapter folder and add it as ``version`` beside the served one,
+        probed and read back, while still serving (its ``sync/*``)."""
+        return self.handle.stage_adapter.remote(adapter, version)
 
     def load_adapter(self, adapter: AdapterFile, version: int) -> ObjectRef[dict[str, float]]:
-        """LoRA: verify (unless checked), load and probe the adapter folder as ``version``
-        (its ``sync/*``)."""
+        """LoRA: stage the adapter folder as ``version`` unless staged, then serve it (its
+        ``sync/*``)."""
         return self.handle.load_adapter.remote(adapter, version)
 
     # ---- its engine workers' WeightReceiver (one result per engine worker) ------------------

@@ -1,15 +1,16 @@
 """``LoraServing``: the LoRA half of ``VLLMRolloutWorker`` (mixed into it).
 
-A LoRA engine keeps its base weights and serves the pushed adapter (``lora.py`` says why one
-name, replaced in place)::
+A LoRA engine keeps its base weights and serves each pushed version's adapter under a name of
+its own (``lora.py`` says why)::
 
-    check_adapter(adapter)     verify both files' sha256, sum the tensors as the engine
-                               will hold them, while still serving (a push staged ahead
-                               of its pause); load_adapter of that folder reuses it
-    load_adapter(adapter, v)   (the checks above unless done) -> pause -> base weights back
-                               if merged ones were loaded -> swap the adapter in (prefix
-                               cache reset) -> probe -> read the engine's adapter back
-                               (its sums vs the file's) -> serve v (resume if it ran)
+    stage_adapter(adapter, v)  verify both files' sha256, sum the tensors as the engine will
+                               hold them; then, unless full (merged) weights are loaded, add
+                               it as v beside the served version, probe it, read it back:
+                               while the engine still serves where a push is staged ahead of
+                               its pause (fully_async)
+    load_adapter(adapter, v)   (stage_adapter unless staged) -> pause -> (merged weights
+                               loaded: base weights back, then add, probe, read back) ->
+                               serve v -> resume -> remove the previous version
     _lora_request()            the served adapter's request, for every engine request;
                                AdapterMissingError rather than a silent base past version 0
     _drop_adapter()            full weights loaded (a resume or a restarted replica gets the
@@ -19,22 +20,22 @@ name, replaced in place)::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from recipe.utils.adapter_file import AdapterFile, verify_adapter_folder
 from recipe.workers.rollout.lora import (
-    ADAPTER_ID,
     AdapterMissingError,
-    ProbeResult,
     adapter_is_zero,
+    add_adapter,
     cached_prompt_tokens,
     lora_request,
     probe,
     probe_prompt,
-    swap_adapter,
 )
 from recipe.workers.rollout.lora_readback import (
     adapter_checksums,
@@ -43,19 +44,31 @@ from recipe.workers.rollout.lora_readback import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from recipe.model import HFModelConfig
     from recipe.workers.rollout.lora_readback import AdapterSums
 
 logger = logging.getLogger(__name__)
 
 
-class CheckedAdapter(NamedTuple):
-    """An adapter folder's checks before it is loaded (``LoraServing._check``)."""
+@dataclass(frozen=True, slots=True)
+class StagedAdapter:
+    """A pushed version's adapter, checked (and added beside the served one when ``added``)."""
 
+    adapter: AdapterFile
+    version: int
     zero: bool
     """Every ``lora_B`` is zero: the adapter is the base (the probe may read no difference)."""
     expected: AdapterSums
     """Its per-module sums as the engine will hold them (the read-back compares them)."""
+    added: bool = False
+    """Added to the engine as ``version``, probed and read back."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """``sync/*`` of its checks so far."""
+
+    def same(self, adapter: AdapterFile, version: int) -> bool:
+        return self.adapter == adapter and self.version == version
 
 
 class LoraServing:
@@ -78,14 +91,14 @@ class LoraServing:
         self._lora_rank = rank
         self._adapter: AdapterFile | None = None  # the adapter served, once one was pushed
         self._policy_in_base = False  # full (merged) weights were loaded into the base
-        self._checked: tuple[AdapterFile, CheckedAdapter] | None = None  # check_adapter's
+        self._staged: StagedAdapter | None = None  # stage_adapter's, until load_adapter
 
     def _lora_request(self) -> Any:
         """The served adapter's ``LoRARequest`` for every request (training, validation,
         episode turns, agent endpoint turns all come through ``_stream``); None without
         LoRA or at version 0 (a fresh adapter adds nothing). Never the base silently."""
         if self._adapter is not None:
-            return lora_request(self._adapter)
+            return lora_request(self._adapter, self._version)
         if self._lora_rank and self._version > 0 and not self._policy_in_base:
             raise AdapterMissingError(
                 f"LoRA engine at version {self._version} has no adapter loaded: it would "
@@ -93,59 +106,100 @@ class LoraServing:
             )
         return None
 
-    async def check_adapter(self, adapter: AdapterFile) -> dict[str, float]:
-        """Check a pushed adapter folder while the engine still serves: both files' sha256
-        against the writer's record, whether it is zero, its sums as the engine will hold
-        them; ``load_adapter`` of the same folder then skips them. Returns its
-        ``sync/verify_s``."""
-        start = time.perf_counter()
-        self._checked = (adapter, await self._check(adapter, "check_adapter"))
-        return {"sync/verify_s": time.perf_counter() - start}
+    async def stage_adapter(self, adapter: AdapterFile, version: int) -> dict[str, float]:
+        """Check ``adapter`` and, unless merged weights are loaded, add, probe and read it
+        back as ``version`` beside the served version (module docstring); ``load_adapter``
+        of the same then only switches. Returns its ``sync/*``."""
+        self._check_version(adapter, version, "stage_adapter")
+        await self._discard_staged()
+        staged = await self._check(adapter, version)
+        if not self._policy_in_base:
+            staged = await self._add(staged, self._pause_engine if self._paused else None)
+        self._staged = staged
+        return staged.metrics
 
-    async def _check(self, adapter: AdapterFile, what: str) -> CheckedAdapter:
+    async def load_adapter(self, adapter: AdapterFile, version: int) -> dict[str, float]:
+        """Serve the pushed ``adapter`` as ``version`` (module docstring). A running worker
+        is paused around the switch and resumed after it; a failure leaves it paused and
+        raises. Returns the ``sync/*`` figures of what it had to do beyond the staging."""
+        self._check_version(adapter, version, "load_adapter")
+        staged, self._staged = self._staged, None
+        metrics: dict[str, float] = {}
+        if staged is None or not staged.same(adapter, version):
+            if staged is not None:
+                await self._remove(staged)
+            staged = await self._check(adapter, version)
+            metrics = staged.metrics
+        was_running = not self._paused
+        await self.pause()
+        if not staged.added:
+            if self._policy_in_base:
+                await self._restore_base()
+            staged = await self._add(staged, self._pause_engine)
+            metrics = staged.metrics
+        previous = self._version if self._adapter is not None else None
+        self._adapter, self._version = adapter, version
+        logger.info("rollout worker serves adapter v%d from %s", version, adapter.path)
+        if was_running:
+            await self.resume()
+        if previous is not None:  # no request names it: the pause aborted them all
+            await self._engine.remove_lora(previous)
+        return metrics
+
+    def _check_version(self, adapter: AdapterFile, version: int, what: str) -> None:
         self._check_open()
         if not self._lora_rank:
             raise ValueError(f"{what}: this engine was started without LoRA (lora_rank 0)")
         if adapter.rank > self._lora_rank:
             raise ValueError(f"adapter rank {adapter.rank} > the engine's {self._lora_rank}")
+        if version <= self._version:
+            raise ValueError(f"{what}(version={version}): serving {self._version}")
+
+    async def _check(self, adapter: AdapterFile, version: int) -> StagedAdapter:
+        """Both files' sha256 against the writer's record, whether the adapter is zero, its
+        sums as the engine will hold them (off the event loop)."""
+        start = time.perf_counter()
         await asyncio.to_thread(verify_adapter_folder, adapter)
         zero = await asyncio.to_thread(adapter_is_zero, adapter)
         dtype = engine_lora_dtype(self._engine)
         expected = await asyncio.to_thread(adapter_checksums, adapter, dtype)
-        return CheckedAdapter(zero, expected)
+        metrics = {"sync/verify_s": time.perf_counter() - start}
+        return StagedAdapter(adapter, version, zero, expected, metrics=metrics)
 
-    async def load_adapter(self, adapter: AdapterFile, version: int) -> dict[str, float]:
-        """Serve the pushed ``adapter`` as ``version`` (module docstring). A running worker
-        is paused around the load and resumed after it; a failure leaves it paused and
-        raises. Returns ``sync/*`` figures of the load (``sync/verify_s`` 0 when
-        ``check_adapter`` checked this folder before)."""
-        self._check_open()
-        if version <= self._version:
-            raise ValueError(f"load_adapter(version={version}): serving {self._version}")
+    async def _add(
+        self, staged: StagedAdapter, pause_again: Callable[[], Awaitable[Any]] | None
+    ) -> StagedAdapter:
+        """Add ``staged`` beside the served version, probe that it is not the base and read
+        it back (``pause_again``: the engine is paused; None: it serves meanwhile)."""
+        adapter, version = staged.adapter, staged.version
         start = time.perf_counter()
-        checked, self._checked = self._checked, None
-        if checked is not None and checked[0] == adapter:
-            zero, expected = checked[1]
-        else:
-            zero, expected = await self._check(adapter, "load_adapter")
-        verify_s = time.perf_counter() - start
-        was_running = not self._paused
-        await self.pause()
-        if self._policy_in_base:
-            await self._restore_base()
-        replace, self._adapter = self._adapter is not None, None
-        await swap_adapter(self._engine, adapter, replace=replace)
-        self._adapter, self._version = adapter, version
-        result = await self._probe(zero)
-        result.check(version, adapter.path)
-        readback_s = await read_back(self._engine, adapter, ADAPTER_ID, version, expected)
-        logger.info("rollout worker serves adapter v%d from %s", version, adapter.path)
-        if was_running:
-            await self.resume()
-        return result.to_metrics() | {
-            "sync/verify_s": verify_s,
+        await add_adapter(self._engine, adapter, version)
+        try:
+            ids = probe_prompt(self._engine.vllm_config.model_config.get_vocab_size())
+            request = lora_request(adapter, version)
+            result = await probe(self._engine, ids, request, staged.zero, pause_again)
+            result.check(version, adapter.path)
+            readback_s = await read_back(self._engine, adapter, version, version, staged.expected)
+        except BaseException:
+            await self._engine.remove_lora(version)
+            raise
+        metrics = staged.metrics | result.to_metrics()
+        metrics |= {
             "sync/adapter_readback_s": readback_s,
+            "sync/adapter_add_s": time.perf_counter() - start,
         }
+        return dataclasses.replace(staged, added=True, metrics=metrics)
+
+    async def _remove(self, staged: StagedAdapter) -> None:
+        if staged.added:
+            await self._engine.remove_lora(staged.version)
+
+    async def _discard_staged(self) -> None:
+        """A staged version not loaded (its push failed and is tried again): out of the
+        engine, so the version's folder is read afresh."""
+        staged, self._staged = self._staged, None
+        if staged is not None:
+            await self._remove(staged)
 
     async def verify_served_adapter(self) -> float:
         """Read the served adapter back from the engine and compare it with its folder as
@@ -153,13 +207,13 @@ class LoraServing:
         self._check_open()
         if self._adapter is None:
             raise ValueError("verify_served_adapter: no adapter is served")
-        return await read_back(self._engine, self._adapter, ADAPTER_ID, self._version)
+        return await read_back(self._engine, self._adapter, self._version, self._version)
 
-    async def _probe(self, zero: bool) -> ProbeResult:
-        """The post-load probe (``lora.probe``); the worker stays PAUSED, so only the probe
-        runs while the engine's scheduler does."""
-        ids = probe_prompt(self._engine.vllm_config.model_config.get_vocab_size())
-        return await probe(self._engine, ids, self._lora_request(), zero, self._pause_engine)
+    async def adapter_versions(self) -> list[int]:
+        """The versions whose adapters the engine holds (the served one, and one staged
+        beside it until it is served). A check for tests."""
+        self._check_open()
+        return sorted(int(i) for i in await self._engine.list_loras())
 
     async def cached_prompt_tokens(self, prompt_ids: list[int]) -> int:
         """Prompt tokens the prefix cache serves a request of the served policy (a check
@@ -181,6 +235,7 @@ class LoraServing:
         """Full weights were loaded: with LoRA they are the merged policy, no adapter on top."""
         if not self._lora_rank:
             return
+        await self._discard_staged()
         if self._adapter is not None:
-            await self._engine.remove_lora(ADAPTER_ID)
+            await self._engine.remove_lora(self._version)
         self._adapter, self._policy_in_base = None, True
