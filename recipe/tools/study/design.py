@@ -197,7 +197,7 @@ def registered(records: Path) -> StudyDesign:
 
 @dataclass(frozen=True, slots=True)
 class Targets:
-    """Fixed after the warm-ups, before the first measured run (``targets.json``)."""
+    """Fixed once the warm-up sync run is kept, before any other run (``targets.json``)."""
 
     accuracies: list[float]
     budgets_s: list[float]

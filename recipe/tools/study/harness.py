@@ -3,7 +3,8 @@ clock, its records kept; resumable across machines that lose their files.
 
     for run in design.runs() (warm-ups, then blocks of alternating mode order):
         a record in <records>/runs/<tag>/record.json   --> done, skipped
-        before the first measured run                   --> targets.json fixed (design.py)
+        once the warm-up sync run is kept               --> targets.json fixed (design.py), or
+                                                            DesignError: no run after it
         less time left before ``deadline_s`` than the mode's longest run so far (or the
         design's timeouts before any)                   --> stop, exit code 3: call again
         train   python -m recipe ... in <out>/<tag>/ with GPU telemetry (its study.log)
@@ -108,6 +109,8 @@ class Harness:
                 print(f"{spec.tag}: FAILED ({failed})", flush=True)
                 return 1
             self.write_archive()
+            if spec.warmup and spec.mode == "sync":
+                self.targets()  # a warm-up within the noise stops the study here, not later
         return 0
 
     def check_device(self) -> None:
