@@ -13,9 +13,13 @@
 #       full fine-tuning that does not fit beside its engine) keeps its log and the memory each
 #       side held up to the failure
 #   ci/lora_gpu.sh gsm8k [MODES]
-#       Qwen2.5-Coder-0.5B-Instruct on GSM8K (ci/real_models_gpu.sh gsm8k), LoRA and full
-#       fine-tuning at equal samples, SEEDS (default 0,1) in MODES (default sync,fully_async);
-#       records under docs/study/real/gsm8k_lora and gsm8k_full
+#       Qwen2.5-Coder-0.5B-Instruct (MODEL: another catalog model, e.g.
+#       qwen2.5-coder-1.5b-instruct) on GSM8K (ci/real_models_gpu.sh gsm8k), LoRA and full
+#       fine-tuning (VARIANTS, default "lora full") at equal samples, SEEDS (default 0,1) in
+#       MODES (default sync,fully_async); LoRA at LORA_LR (default 3e-5), ten times full
+#       fine-tuning's LR (default 3e-6): an adapter's updates need a larger rate for the same
+#       change of the policy (the usual rule for RL with LoRA); records under
+#       docs/study/real/gsm8k_lora and gsm8k_full (MODEL's name appended for another model)
 #
 # Needs the GPU stack (vllm, ray) importable first: on an offline machine, source the GPU kit's
 # env; for gsm8k, `ci/real_models_gpu.sh setup WHEELS` first.
@@ -64,9 +68,16 @@ case ${1:-} in
   memory) shift; memory "$@" ;;
   gsm8k)
     modes=${2:-sync,fully_async}
-    SEEDS=${SEEDS:-0,1} STUDY_NAME=gsm8k_lora ci/real_models_gpu.sh gsm8k "$modes" \
-      actor.lora.rank="$RANK"
-    SEEDS=${SEEDS:-0,1} STUDY_NAME=gsm8k_full ci/real_models_gpu.sh gsm8k "$modes" ;;
+    suffix=""
+    [ -n "${MODEL:-}" ] && suffix="_${MODEL}"
+    for variant in ${VARIANTS:-lora full}; do
+      if [ "$variant" = lora ]; then
+        SEEDS=${SEEDS:-0,1} LR=${LORA_LR:-3e-5} STUDY_NAME=gsm8k_lora$suffix \
+          ci/real_models_gpu.sh gsm8k "$modes" actor.lora.rank="$RANK"
+      else
+        SEEDS=${SEEDS:-0,1} STUDY_NAME=gsm8k_full$suffix ci/real_models_gpu.sh gsm8k "$modes"
+      fi
+    done ;;
   *)
     echo "usage: $0 memory OUT [SIZES] [KEY=VALUE ...] | gsm8k [MODES]" >&2
     exit 2 ;;

