@@ -402,3 +402,81 @@ def test_a_sync_peer_that_never_answers_stops_the_run_cleanly_naming_the_phase(
     assert summary["status"] == "failed" and "agree-before" in summary["error"]
     assert summary["param_version"] == 1 and summary["faults/sync_retries"] == 0
     assert [r["step"] for r in read_metrics(run_dir)] == [1]
+
+
+# Nightly: one more vLLM run; the LoRA push's own tests run in CI (test_rollout_lora.py,
+# test_lora_push.py), this one adds a replica's restart between two adapter pushes.
+@pytest.mark.nightly
+def test_a_lora_replica_restarted_mid_run_serves_each_version_on_its_base(
+    rollout_model_path, tmp_path
+):
+    """A restarted LoRA replica gets the served (merged) policy as full weights and may have
+    staged the next adapter on its fresh base before that; the next push must drop the staged
+    one and put the base back before serving the adapter, or the policy counts twice. Every
+    trained token's log-prob must be the one its stamped version's merged weights give."""
+    reward_file = tmp_path / "reward.py"
+    reward_file.write_text(
+        "def score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return float(len(set(solution_str)) % 2)\n"
+    )
+    run_dir = tmp_path / "run"
+    recipe = build_recipe(
+        run_dir,
+        PRESET,
+        {
+            "model.path": str(rollout_model_path),
+            "reward.custom_fn": f"{reward_file}:score",
+            "rollout.response_length": 24,
+            "rollout.max_num_seqs": 8,
+            "actor.lora.rank": 8,
+            "actor.lr": 1e-2,
+            "trainer.total_training_steps": 4,
+        },
+    )
+    trainer = recipe.trainer
+    oracle = VersionedLogprobs(rollout_model_path)
+    kills: list[int] = []
+    seen: list[list] = []
+    train_step, take, push = trainer._train_step, trainer.feed.take, trainer._fit_update_weights
+
+    def killing_train_step(local_step):
+        if trainer.global_step + 1 == 2:
+            wait_mid_generation(recipe)
+            kills.append(replica_processes(recipe)["worker"])
+            os.kill(kills[-1], signal.SIGKILL)
+        return train_step(local_step)
+
+    def recording_take(num_groups, version):
+        groups = take(num_groups, version)
+        seen.append(groups)
+        return groups
+
+    def recording_push(metrics):
+        state = trainer.ranks.full_state_dict()  # the merged policy this push serves
+        push(metrics)
+        oracle.states[trainer.version] = state
+
+    trainer._train_step = killing_train_step
+    trainer.feed.take = recording_take
+    trainer._fit_update_weights = recording_push
+    try:
+        summary = recipe.fit()
+        ledger = recipe.ledger
+    finally:
+        recipe.close()
+    assert len(kills) == 1 and summary["faults/rollout_restarts"] == 1, summary
+    assert summary["steps"] == 4 and summary["param_version"] == 4
+    assert_ledger_balances(ledger)
+    pushes = [r for r in read_metrics(run_dir) if "sync/bytes" in r]
+    assert len(pushes) == 4 and all(r["sync/backend/adapter"] == 1.0 for r in pushes)
+    assert all(r["sync/adapter_probe_diff"] > 0 for r in pushes[1:])
+    gaps = [
+        float(
+            (oracle.token_logprobs(v, t.prompt_ids, t.response_ids) - lp)[versions == v].abs().max()
+        )
+        for groups in seen
+        for t in (t for g in groups for t in g.trajectories)
+        for versions, lp in [(torch.tensor(t.token_versions), torch.tensor(t.rollout_logprobs))]
+        for v in versions.unique().tolist()
+    ]
+    assert max(gaps) < 1e-3, sorted(gaps)[-5:]
