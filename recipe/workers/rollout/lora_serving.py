@@ -5,12 +5,13 @@ its own (``lora.py`` says why)::
 
     stage_adapter(adapter, v)  verify both files' sha256, sum the tensors as the engine will
                                hold them; then, unless full (merged) weights are loaded, add
-                               it as v beside the served version, probe it, read it back:
-                               while the engine still serves where a push is staged ahead of
-                               its pause (fully_async)
+                               it as v beside the served version and read it back: while the
+                               engine still serves where a push is staged ahead of its pause
+                               (fully_async)
     load_adapter(adapter, v)   (stage_adapter unless staged) -> pause -> (merged weights
-                               loaded: base weights back, then add, probe, read back) ->
-                               serve v -> resume -> remove the previous version
+                               loaded: base weights back, then add, read back) -> probe, on
+                               the paused engine alone -> serve v -> resume -> remove the
+                               previous version
     _lora_request()            the served adapter's request, for every engine request;
                                AdapterMissingError rather than a silent base past version 0
     _drop_adapter()            full weights loaded (a resume or a restarted replica gets the
@@ -44,8 +45,6 @@ from recipe.workers.rollout.lora_readback import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
     from recipe.model import HFModelConfig
     from recipe.workers.rollout.lora_readback import AdapterSums
 
@@ -63,7 +62,7 @@ class StagedAdapter:
     expected: AdapterSums
     """Its per-module sums as the engine will hold them (the read-back compares them)."""
     added: bool = False
-    """Added to the engine as ``version``, probed and read back."""
+    """Added to the engine as ``version`` (in one of its slots) and read back."""
     metrics: dict[str, float] = field(default_factory=dict)
     """``sync/*`` of its checks so far."""
 
@@ -107,21 +106,22 @@ class LoraServing:
         return None
 
     async def stage_adapter(self, adapter: AdapterFile, version: int) -> dict[str, float]:
-        """Check ``adapter`` and, unless merged weights are loaded, add, probe and read it
-        back as ``version`` beside the served version (module docstring); ``load_adapter``
-        of the same then only switches. Returns its ``sync/*``."""
+        """Check ``adapter`` and, unless merged weights are loaded, add it as ``version``
+        beside the served version and read it back (module docstring); ``load_adapter`` of
+        the same then only probes and switches. Returns its ``sync/*``."""
         self._check_version(adapter, version, "stage_adapter")
         await self._discard_staged()
         staged = await self._check(adapter, version)
         if not self._policy_in_base:
-            staged = await self._add(staged, self._pause_engine if self._paused else None)
+            staged = await self._add(staged)
         self._staged = staged
         return staged.metrics
 
     async def load_adapter(self, adapter: AdapterFile, version: int) -> dict[str, float]:
         """Serve the pushed ``adapter`` as ``version`` (module docstring). A running worker
-        is paused around the switch and resumed after it; a failure leaves it paused and
-        raises. Returns the ``sync/*`` figures of what it had to do beyond the staging."""
+        is paused around the probe and the switch and resumed after them; a failure leaves
+        it paused and raises. Returns the ``sync/*`` figures of what it did beyond the
+        staging (the probe's always)."""
         self._check_version(adapter, version, "load_adapter")
         staged, self._staged = self._staged, None
         metrics: dict[str, float] = {}
@@ -135,8 +135,9 @@ class LoraServing:
         if not staged.added:
             if self._policy_in_base:
                 await self._restore_base()
-            staged = await self._add(staged, self._pause_engine)
+            staged = await self._add(staged)
             metrics = staged.metrics
+        metrics = metrics | await self._probe(staged)
         previous = self._version if self._adapter is not None else None
         self._adapter, self._version = adapter, version
         logger.info("rollout worker serves adapter v%d from %s", version, adapter.path)
@@ -166,29 +167,36 @@ class LoraServing:
         metrics = {"sync/verify_s": time.perf_counter() - start}
         return StagedAdapter(adapter, version, zero, expected, metrics=metrics)
 
-    async def _add(
-        self, staged: StagedAdapter, pause_again: Callable[[], Awaitable[Any]] | None
-    ) -> StagedAdapter:
-        """Add ``staged`` beside the served version, probe that it is not the base and read
-        it back (``pause_again``: the engine is paused; None: it serves meanwhile)."""
+    async def _add(self, staged: StagedAdapter) -> StagedAdapter:
+        """Add ``staged`` beside the served version (vLLM puts it in a slot at once) and read
+        the slot back against the file; out again if the read-back fails."""
         adapter, version = staged.adapter, staged.version
         start = time.perf_counter()
         await add_adapter(self._engine, adapter, version)
         try:
-            ids = probe_prompt(self._engine.vllm_config.model_config.get_vocab_size())
-            request = lora_request(adapter, version)
-            result = await probe(self._engine, ids, request, staged.zero, pause_again)
-            result.check(version, adapter.path)
             readback_s = await read_back(self._engine, adapter, version, version, staged.expected)
         except BaseException:
             await self._engine.remove_lora(version)
             raise
-        metrics = staged.metrics | result.to_metrics()
-        metrics |= {
+        metrics = staged.metrics | {
             "sync/adapter_readback_s": readback_s,
             "sync/adapter_add_s": time.perf_counter() - start,
         }
         return dataclasses.replace(staged, added=True, metrics=metrics)
+
+    async def _probe(self, staged: StagedAdapter) -> dict[str, float]:
+        """The probe (``lora.probe``) of the added ``staged`` on the paused engine, where its
+        requests are the only ones; out of the engine again if it sees the base."""
+        adapter, version = staged.adapter, staged.version
+        ids = probe_prompt(self._engine.vllm_config.model_config.get_vocab_size())
+        try:
+            request = lora_request(adapter, version)
+            result = await probe(self._engine, ids, request, staged.zero, self._pause_engine)
+            result.check(version, adapter.path)
+        except BaseException:
+            await self._engine.remove_lora(version)
+            raise
+        return result.to_metrics()
 
     async def _remove(self, staged: StagedAdapter) -> None:
         if staged.added:
