@@ -94,13 +94,13 @@ class ReceiverClient(Protocol):
     ) -> ObjectRef[None]: ...
 
     def stage_adapter(self, adapter: AdapterFile, version: int) -> ObjectRef[dict[str, float]]:
-        """LoRA: check the adapter folder and add it as ``version`` beside the served one,
-        probed and read back, while still serving (its ``sync/*``)."""
+        """LoRA: check the adapter folder, add it as ``version`` beside the served one and
+        read it back, while still serving (its ``sync/*``)."""
         ...
 
     def load_adapter(self, adapter: AdapterFile, version: int) -> ObjectRef[dict[str, float]]:
-        """LoRA: stage the adapter folder as ``version`` unless staged, then serve it (its
-        ``sync/*``)."""
+        """LoRA: stage the adapter folder as ``version`` unless staged, then probe it on the
+        paused engine and serve it (its ``sync/*``)."""
         ...
 
     def pause(self) -> ObjectRef[None]: ...

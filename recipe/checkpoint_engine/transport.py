@@ -14,7 +14,8 @@
                           buckets: stage(v) unless staged already, then load(v, id)
                           file (push_file): one safetensors file, checked and loaded
                           adapter (push_adapter, LoRA ``adapter_only``): stage_adapter(v)
-                          unless staged already, then every replica loads and probes it
+                          unless staged already, then every (paused) replica probes it and
+                          switches to it
                           (recipe/workers/rollout/lora.py)
     close()               both ends released (best effort, never waiting on a hung peer)
 
@@ -348,8 +349,8 @@ class PushTransport:
         """LoRA: trainer rank 0 writes the adapter's PEFT folder for ``target`` (aside, then
         renamed; a folder per version, so the one an engine serves is never rewritten under
         it) in ``file_root``; every replica checks both files' sha256 against the writer's
-        record, adds the adapter as ``target`` beside the version it serves, probes it and
-        reads it back (``stage_adapter``), its engine still serving where its owner serves
+        record, adds the adapter as ``target`` beside the version it serves and reads it
+        back (``stage_adapter``), its engine still serving where its owner serves
         during a push."""
         assert self._file_dir is not None
         directory = str(self._file_dir / f"adapter-v{target}")
@@ -369,8 +370,9 @@ class PushTransport:
         return Staged(metrics, adapter=adapter)
 
     def push_adapter(self, target: int, staged: Staged | None = None) -> dict[str, float]:
-        """LoRA: ``stage_adapter`` unless ``staged`` already; each (paused) replica switches
-        to the staged version, or stages it inside the pause where it was not
+        """LoRA: ``stage_adapter`` unless ``staged`` already; each (paused) replica probes
+        the staged version alone and switches to it, staging it inside the pause where it
+        was not
         (recipe/workers/rollout/lora.py). The folders of earlier versions are removed once
         every replica serves ``target``."""
         if staged is None or staged.adapter is None:

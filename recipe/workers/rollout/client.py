@@ -102,13 +102,13 @@ class ReplicaClient:
         return self.handle.commit_weights.remote(version, transfer_id)
 
     def stage_adapter(self, adapter: AdapterFile, version: int) -> ObjectRef[dict[str, float]]:
-        """LoRA: check the adapter folder and add it as ``version`` beside the served one,
-        probed and read back, while still serving (its ``sync/*``)."""
+        """LoRA: check the adapter folder, add it as ``version`` beside the served one and
+        read it back, while still serving (its ``sync/*``)."""
         return self.handle.stage_adapter.remote(adapter, version)
 
     def load_adapter(self, adapter: AdapterFile, version: int) -> ObjectRef[dict[str, float]]:
-        """LoRA: stage the adapter folder as ``version`` unless staged, then serve it (its
-        ``sync/*``)."""
+        """LoRA: stage the adapter folder as ``version`` unless staged, then probe it on the
+        paused engine and serve it (its ``sync/*``)."""
         return self.handle.load_adapter.remote(adapter, version)
 
     # ---- its engine workers' WeightReceiver (one result per engine worker) ------------------

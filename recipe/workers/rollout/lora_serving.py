@@ -109,7 +109,7 @@ class LoraServing:
         """Check ``adapter`` and, unless merged weights are loaded, add it as ``version``
         beside the served version and read it back (module docstring); ``load_adapter`` of
         the same then only probes and switches. Returns its ``sync/*``."""
-        self._check_version(adapter, version, "stage_adapter")
+        self._check_push(adapter, version, "stage_adapter")
         await self._discard_staged()
         staged = await self._check(adapter, version)
         if not self._policy_in_base:
@@ -122,7 +122,7 @@ class LoraServing:
         is paused around the probe and the switch and resumed after them; a failure leaves
         it paused and raises. Returns the ``sync/*`` figures of what it did beyond the
         staging (the probe's always)."""
-        self._check_version(adapter, version, "load_adapter")
+        self._check_push(adapter, version, "load_adapter")
         staged, self._staged = self._staged, None
         metrics: dict[str, float] = {}
         if staged is None or not staged.same(adapter, version):
@@ -147,7 +147,7 @@ class LoraServing:
             await self._engine.remove_lora(previous)
         return metrics
 
-    def _check_version(self, adapter: AdapterFile, version: int, what: str) -> None:
+    def _check_push(self, adapter: AdapterFile, version: int, what: str) -> None:
         self._check_open()
         if not self._lora_rank:
             raise ValueError(f"{what}: this engine was started without LoRA (lora_rank 0)")
