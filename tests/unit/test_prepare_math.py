@@ -1,7 +1,8 @@
 """``python -m recipe.tools.prepare math``: MATH's published rows -> parquet rows that our loader
 reads and ``math_score`` scores, each with its level and subject; rows without an answer are
-skipped and said, level 0.0 rows kept and named, ``--levels`` keeps some levels only, bad
-input exits 2 with one line. The last test runs on the real files when they are present."""
+skipped and said, level 0.0 rows kept and named, ``--levels`` keeps some levels only,
+``--holdout`` moves drawn train rows to a heldout split, bad input exits 2 with one line.
+The last test runs on the real files when they are present."""
 
 from __future__ import annotations
 
@@ -92,6 +93,38 @@ def test_levels_keep_only_those_levels_in_every_split(tmp_path, capsys, caplog):
     assert [r.extra_info["level"] for r in test] == [1]
     assert "--levels [1, 5]: 2 of 4 train rows kept" in caplog.text
     assert f"wrote 2 rows to {out / 'train.parquet'}" in capsys.readouterr().out
+
+
+def test_holdout_moves_drawn_train_rows_to_a_heldout_split_after_the_levels(tmp_path):
+    src = write_source(tmp_path / "src")
+    out = tmp_path / "out"
+    prepare_cli.main(["math", str(src), str(out), "--levels", "0,1,3,5", "--holdout", "2"])
+    train = load_records([str(out / "train.parquet")], split="train")
+    heldout = load_records([str(out / "heldout.parquet")], split="test")
+    assert len(train) == 2 and len(heldout) == 2
+    by_index = sorted(r.extra_info["index"] for r in train + heldout)
+    assert by_index == [0, 1, 4, 5]  # every kept row once, none lost, none twice
+    for rows in (train, heldout):  # the source's order within each split
+        assert [r.extra_info["index"] for r in rows] == sorted(r.extra_info["index"] for r in rows)
+    # The same seed draws the same rows; the draws of other seeds differ.
+    again = prepare("math", src, tmp_path / "again", holdout=2)
+    assert again[tmp_path / "again" / "heldout.parquet"] == 2
+    redrawn = load_records([str(tmp_path / "again" / "heldout.parquet")], split="test")
+    assert [r.uid for r in redrawn] == [r.uid for r in heldout]
+    draws = set()
+    for seed in range(8):
+        prepare("math", src, tmp_path / f"s{seed}", holdout=2, holdout_seed=seed)
+        rows = load_records([str(tmp_path / f"s{seed}" / "heldout.parquet")], split="test")
+        draws.add(tuple(r.extra_info["index"] for r in rows))
+    assert len(draws) > 1
+
+
+@pytest.mark.parametrize("count", [-1, 4, 9])
+def test_a_holdout_that_leaves_no_train_row_is_refused(tmp_path, count):
+    src = write_source(tmp_path / "src")
+    with pytest.raises(PrepareError, match=rf"--holdout {count}: expected 1 to 3"):
+        prepare("math", src, tmp_path / "out", holdout=count)
+    assert not (tmp_path / "out").exists()
 
 
 def test_jsonl_output_loads_as_the_same_records_as_parquet(tmp_path):

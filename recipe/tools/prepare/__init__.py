@@ -1,9 +1,10 @@
 """Turn published datasets into parquet files in verl's row schema.
 
-    python -m recipe.tools.prepare NAME SRC_DIR OUT_DIR
+    python -m recipe.tools.prepare NAME SRC_DIR OUT_DIR [--levels L,..] [--holdout N]
 
     SRC_DIR (the files as the dataset's authors publish them)
         --PREPARERS[NAME].read--> rows of each split, all checked
+        --keep_levels, hold_out--> the levels asked for; N train rows moved to ``heldout``
         --write_parquet_atomic--> OUT_DIR/<split>.parquet
 
 A preparer is a name, the Arrow schema of its rows and a function from the source folder to
@@ -17,6 +18,7 @@ registered for their ``data_source``. To add a dataset, add its module and one e
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,15 +71,19 @@ def prepare(
     out_dir: Path,
     *,
     levels: Collection[int] | None = None,
+    holdout: int = 0,
+    holdout_seed: int = 0,
     file_format: str = "parquet",
 ) -> dict[Path, int]:
     """Prepare dataset ``name`` from ``src_dir`` into ``out_dir``; the rows written per file.
     ``levels``: keep only rows whose ``extra_info["level"]`` is one of them (None: all);
+    ``holdout``: move that many train rows, drawn with ``holdout_seed``, to a ``heldout``
+    split (a test set from the training distribution: same levels, same sources);
     ``file_format``: ``parquet`` or ``jsonl`` (the same rows, one JSON object a line).
 
     Raises ``PrepareError`` for an unknown name, a missing or malformed source, an
-    ``out_dir`` that is a file, or ``levels`` that leave a split empty or that the rows
-    do not carry.
+    ``out_dir`` that is a file, ``levels`` that leave a split empty or that the rows
+    do not carry, or a ``holdout`` that would leave no train row.
     """
     if file_format not in FORMATS:
         raise PrepareError(f"format {file_format!r}: expected one of {', '.join(FORMATS)}")
@@ -89,6 +95,8 @@ def prepare(
     splits = preparer.read(src_dir)  # everything is checked before the first write
     if levels is not None:
         splits = {split: keep_levels(rows, levels, name, split) for split, rows in splits.items()}
+    if holdout:
+        splits = hold_out(splits, holdout, holdout_seed, name)
     ensure_out_dir(out_dir)
     written = {}
     for split, rows in splits.items():
@@ -112,3 +120,25 @@ def keep_levels(
         raise PrepareError(f"--levels {sorted(levels)}: no {split} row of {name!r} is left")
     logger.info("--levels %s: %d of %d %s rows kept", sorted(levels), len(kept), len(rows), split)
     return kept
+
+
+def hold_out(
+    splits: dict[str, list[dict[str, Any]]], count: int, seed: int, name: str
+) -> dict[str, list[dict[str, Any]]]:
+    """``splits`` with ``count`` train rows, drawn uniformly with ``seed``, moved to a
+    ``heldout`` split; both keep the source's row order (the draw does not depend on it)."""
+    train = splits.get("train")
+    if train is None:
+        raise PrepareError(f"--holdout: {name!r} has no train split")
+    if "heldout" in splits:
+        raise PrepareError(f"--holdout: {name!r} already has a heldout split")
+    if not 0 < count < len(train):
+        raise PrepareError(
+            f"--holdout {count}: expected 1 to {len(train) - 1} (the train split has "
+            f"{len(train)} rows and must keep one)"
+        )
+    drawn = set(random.Random(seed).sample(range(len(train)), count))
+    kept = [row for index, row in enumerate(train) if index not in drawn]
+    heldout = [row for index, row in enumerate(train) if index in drawn]
+    logger.info("--holdout %d (seed %d): %d train rows kept", count, seed, len(kept))
+    return splits | {"train": kept, "heldout": heldout}

@@ -1,4 +1,4 @@
-"""``python -m recipe.tools.prepare NAME SRC_DIR OUT_DIR [--levels 3,4,5]``: see
+"""``python -m recipe.tools.prepare NAME SRC_DIR OUT_DIR [--levels 3,4,5] [--holdout N]``: see
 ``recipe.tools.prepare``. What a preparer notes about the source (rows it skipped, and why)
 is printed before the files written.
 
@@ -36,6 +36,15 @@ def main(argv: list[str] | None = None) -> None:
         help="keep only these levels, comma-separated (datasets whose rows carry one: math)",
     )
     parser.add_argument(
+        "--holdout",
+        type=int,
+        default=0,
+        metavar="N",
+        help="move N train rows (drawn with --holdout-seed) to OUT_DIR/heldout.*: a test set "
+        "from the training distribution",
+    )
+    parser.add_argument("--holdout-seed", type=int, default=0, metavar="S", help="default 0")
+    parser.add_argument(
         "--format",
         choices=FORMATS,
         default="parquet",
@@ -45,7 +54,13 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         written = prepare(
-            args.name, args.src_dir, args.out_dir, levels=args.levels, file_format=args.format
+            args.name,
+            args.src_dir,
+            args.out_dir,
+            levels=args.levels,
+            holdout=args.holdout,
+            holdout_seed=args.holdout_seed,
+            file_format=args.format,
         )
     except PrepareError as err:
         if os.environ.get("RECIPE_DEBUG", "0") not in ("", "0"):
