@@ -266,8 +266,10 @@ class FullyAsyncRollouter:
         self.replicas.hold(True)
         await self.validation.finish("stop")
         await self.replicas.pause_all()
-        if self.cfg.rollout.multi_turn.enable:  # episodes wait in paused workers: end them
-            await self.replicas.cut_episodes_all()
+        # End what waits in the paused workers: episodes, and groups whose generate call
+        # arrived after the pause (Ray does not order an async actor's calls); else they
+        # would wait for a resume that comes only after them.
+        await self.replicas.cut_episodes_all()
         self.stream.end()
         await self.stream.finished()
         await self.replicas.resume_all()

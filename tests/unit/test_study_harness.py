@@ -1,7 +1,8 @@
 """The study's design and harness with a scripted run in place of ``python -m recipe``: the
 order (warm-ups, then blocks that alternate the modes), a design that cannot change once
 registered, targets fixed once from the warm-up, phases that start only when they fit before
-the deadline, a study that continues where it stopped, failures that count nothing."""
+the deadline, a study that continues where it stopped, failures that count nothing, runs
+trained in segments that each resume the last."""
 
 from __future__ import annotations
 
@@ -51,6 +52,33 @@ with open(run / "snapshots" / "eval.jsonl", "w") as out:
         p.update(num_prompts=10, response_length_mean=5.0, clip_ratio=0.0, eval_s=0.1)
         out.write(json.dumps(p) + "\\n")
 """
+# A segmented run: a checkpoint of the steps done so far; trains up to the steps its
+# trainer.max_wall_s allows (a step takes 0.5 s of training, fully_async's 0.25 s).
+FAKE_SEGMENT = """
+import json, sys
+from pathlib import Path
+run, mode = Path(sys.argv[1]), sys.argv[2]
+args = dict(a.split("=", 1) for a in sys.argv[3:] if "=" in a)
+assert args["trainer.save_freq"] == "1000000000"
+total, budget = int(args["trainer.total_training_steps"]), float(args["trainer.max_wall_s"])
+run.mkdir(parents=True, exist_ok=True)
+ckpt = run / "ckpt.json"
+start = json.loads(ckpt.read_text())["steps"] if ckpt.exists() else 0
+speed = 2.0 if mode == "fully_async" else 1.0
+steps = min(total, int(budget * speed / 0.5))
+(run / "snapshots").mkdir(exist_ok=True)
+lines = [json.dumps({"samples": 100 * k, "step": k, "version": k, "clock_s": 0.5 * k / speed,
+         "export_s": 0.0, "file": f"s{k}", "num_bytes": 1, "sha256": "x"})
+         for k in range(1, steps + 1)]
+(run / "snapshots" / "index.jsonl").write_text("\\n".join(lines) + "\\n")
+(run / "config.yaml").write_text("mode: " + mode)
+(run / "metrics.jsonl").write_text(json.dumps({"step": steps}) + "\\n")
+ckpt.write_text(json.dumps({"steps": steps}))
+with open(run / "calls.txt", "a") as calls:
+    calls.write(f"{start}->{steps} within {budget:g} s\\n")
+summary = {"steps": steps, "samples/trained": 100 * steps, "throughput/samples_per_s": 1.0}
+(run / "summary.json").write_text(json.dumps(summary))
+"""
 
 
 def _design(**changes: object) -> StudyDesign:
@@ -85,7 +113,7 @@ def _harness(
         device=device,
     )
 
-    def train(spec: RunSpec) -> list[str]:
+    def train(spec: RunSpec, segment: int = 0) -> list[str]:
         run = harness.out / spec.tag
         return [sys.executable, "-c", FAKE_RUN, str(run), spec.mode, str(spec.seed)]
 
@@ -236,3 +264,68 @@ def test_on_n_gpus_sync_colocates_on_all_and_fully_async_splits_them():
     )
     with pytest.raises(DesignError, match="async_trainer_gpus"):
         _design(gpus=2, async_trainer_gpus=2)
+
+
+def _segmented(tmp_path: Path) -> Harness:
+    design = _design(
+        segment_s=1.0,
+        run_timeout_s=30.0,
+        overrides=["rollout.n=2", "trainer.total_training_steps=4"],
+    )
+    harness = _harness(tmp_path, design)
+
+    def train(spec: RunSpec, segment: int = 0) -> list[str]:
+        real = Harness.train_command(harness, spec, segment)[3:]  # after python -m recipe
+        run = str(harness.out / spec.tag)
+        return [sys.executable, "-c", FAKE_SEGMENT, run, spec.mode, *real]
+
+    harness.train_command = train  # type: ignore[method-assign]
+    return harness
+
+
+def test_a_run_longer_than_a_segment_trains_in_segments_each_resuming_the_last(tmp_path):
+    harness = _segmented(tmp_path)
+    one_train = iter([True, False])  # this call has room for one training process
+    harness.fits = lambda phase, spec, end: next(one_train) if phase == "train" else True  # type: ignore[method-assign]
+    assert harness.run_all(deadline_s=600) == EXIT_MORE
+    sync_dir = harness.out / "warmup-sync-seed100"
+    trained = json.loads((sync_dir / "trained.json").read_text())
+    assert trained["complete"] is False and len(trained["segments_s"]) == 1
+    assert (sync_dir / "summary-1.json").is_file() and not (sync_dir / "summary.json").exists()
+    del harness.fits  # the next call: room for everything
+    assert harness.run_all(deadline_s=600) == 0
+    # sync trains 2 steps a segment: two processes, the second resuming the first's 2 steps
+    calls = (sync_dir / "calls.txt").read_text().splitlines()
+    assert calls == ["0->2 within 1 s", "2->4 within 2 s"]
+    record = json.loads((tmp_path / "records/runs/warmup-sync-seed100" / RECORD_FILE).read_text())
+    assert record["segments"] == 2 and record["resumed"] is True
+    assert record["seconds"]["train"] >= record["seconds"]["train_process_max"] > 0
+    # fully_async trains its 4 steps within the first segment: one process
+    async_dir = harness.out / "fully_async-seed0"
+    assert (async_dir / "calls.txt").read_text().splitlines() == ["0->4 within 1 s"]
+    record = json.loads((tmp_path / "records/runs/fully_async-seed0" / RECORD_FILE).read_text())
+    assert record["segments"] == 1 and record["resumed"] is False
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"segment_s": 600.0}, "between 0 and run_timeout_s=540.0"),
+        ({"segment_s": 300.0}, "set trainer.total_training_steps"),
+        (
+            {"segment_s": 300.0, "overrides": ["trainer.total_training_steps=4",
+                                               "trainer.save_freq=2"]},
+            "['trainer.save_freq'] are set by the study per segment",
+        ),
+    ],
+)  # fmt: skip
+def test_a_segmented_design_that_cannot_resume_its_runs_is_refused(changes, words):
+    with pytest.raises(DesignError) as err:
+        _design(**changes)
+    assert words in str(err.value)
+
+
+def test_designs_registered_before_segments_keep_their_file():
+    assert "segment_s" not in _design().to_json()
+    assert _design(segment_s=1.0, run_timeout_s=2.0, overrides=[
+        "trainer.total_training_steps=3"]).to_json()["segment_s"] == 1.0  # fmt: skip

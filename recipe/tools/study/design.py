@@ -44,6 +44,12 @@ PER_RUN_KEYS = (
 )
 
 
+SEGMENT_KEYS = ("trainer.max_wall_s", "trainer.save_freq")
+SEGMENT_SAVE_FREQ = 1_000_000_000
+"""``trainer.save_freq`` of a segmented run: no periodic checkpoint, only the one at each
+segment's end (and the run's)."""
+
+
 class DesignError(ValueError):
     """A design that cannot run, or that differs from the one registered."""
 
@@ -88,7 +94,13 @@ class StudyDesign:
     async_trainer_gpus: int | None = None
     """Trainer GPUs of the async modes when ``gpus`` > 1 (None: half)."""
     run_timeout_s: float = 540.0
+    """Seconds one training process may take (start-up and shutdown included)."""
     eval_timeout_s: float = 540.0
+    segment_s: float | None = None
+    """A run longer than one process may take trains in segments: segment k stops once the
+    run has trained k x ``segment_s`` seconds (``trainer.max_wall_s``, across resumes) with
+    a checkpoint, which segment k + 1 resumes (recipe/run/snapshots.py: the training clock
+    goes on across them). For a machine with a limit per call. None: one process a run."""
     bootstrap_resamples: int = 10_000
     bootstrap_seed: int = 0
 
@@ -111,6 +123,18 @@ class StudyDesign:
         for arg in [*self.overrides, *self.eval_overrides]:
             if arg.partition("=")[0] in PER_RUN_KEYS:
                 raise DesignError(f"overrides: {arg!r} is set by the study per run")
+        if self.segment_s is not None:
+            self.check_segments()
+
+    def check_segments(self) -> None:
+        """Segments need a run's length in steps and leave its budget and saves to the study."""
+        if not 0 < self.segment_s < self.run_timeout_s:  # type: ignore[operator]
+            raise DesignError(f"segment_s: between 0 and run_timeout_s={self.run_timeout_s}")
+        keys = {arg.partition("=")[0] for arg in self.overrides}
+        if "trainer.total_training_steps" not in keys:
+            raise DesignError("segment_s: set trainer.total_training_steps (a run's end)")
+        if set_by_study := sorted(keys & set(SEGMENT_KEYS)):
+            raise DesignError(f"overrides: {set_by_study} are set by the study per segment")
 
     @classmethod
     def load(cls, path: Path) -> StudyDesign:
@@ -132,7 +156,21 @@ class StudyDesign:
             raise DesignError(f"{path}: {exc}") from None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The registered form. ``segment_s`` at None is left out: designs registered before
+        the key keep their file and checksum."""
+        fields = asdict(self)
+        if fields["segment_s"] is None:
+            del fields["segment_s"]
+        return fields
+
+    @property
+    def total_steps(self) -> int:
+        """``trainer.total_training_steps`` of the overrides (0: not set)."""
+        for arg in self.overrides:
+            key, _, value = arg.partition("=")
+            if key == "trainer.total_training_steps":
+                return int(value)
+        return 0
 
     @property
     def sha256(self) -> str:
@@ -147,8 +185,9 @@ class StudyDesign:
             specs += [RunSpec(m, seed, False, len(specs) + i) for i, m in enumerate(order)]
         return specs
 
-    def run_overrides(self, spec: RunSpec, data: str) -> list[str]:
-        """Everything a run is given besides ``mode=``, its seeds and its directory."""
+    def run_overrides(self, spec: RunSpec, data: str, segment: int = 0) -> list[str]:
+        """Everything a run is given besides ``mode=``, its seeds and its directory;
+        ``segment``: which of a segmented run's processes (from 1; 0: not segmented)."""
         own = [*self.overrides, *self.mode_overrides.get(spec.mode, [])]
         fixed = [
             f"trainer.snapshot_samples={self.snapshot_samples}",
@@ -156,6 +195,9 @@ class StudyDesign:
             "trainer.val_before_train=false",
             *self.gpu_overrides(spec.mode),
         ]
+        if segment and self.segment_s is not None:
+            budget = segment * self.segment_s
+            fixed += [f"trainer.max_wall_s={budget:g}", f"trainer.save_freq={SEGMENT_SAVE_FREQ}"]
         return [arg.replace("{data}", data) for arg in [*own, *fixed]]
 
     def gpu_overrides(self, mode: str) -> list[str]:

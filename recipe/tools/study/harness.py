@@ -7,7 +7,9 @@ clock, its records kept; resumable across machines that lose their files.
                                                             DesignError: no run after it
         less time left before ``deadline_s`` than the mode's longest run so far (or the
         design's timeouts before any)                   --> stop, exit code 3: call again
-        train   python -m recipe ... in <out>/<tag>/ with GPU telemetry (its study.log)
+        train   python -m recipe ... in <out>/<tag>/ with GPU telemetry (its study.log), or
+                with the design's ``segment_s``, segment by segment (study-<k>.log), each
+                one process that stops with a checkpoint the next resumes
         eval    python -m recipe.tools.study.evaluate <out>/<tag> (its eval.log)
         keep    metrics.jsonl, summary.json, config.yaml, snapshots.jsonl, eval.jsonl, the
                 planner's projection from the run's phases to 2, 4 and 8 GPUs
@@ -19,9 +21,12 @@ Every run of a study runs on the cards its first run ran on (``device`` in each 
 ``telemetry.device_name``): on a machine with other cards the study stops before any run,
 exit code 2, since times measured on two kinds of GPU do not compare.
 
-Only the small records are kept (commit them); run directories can go. A run that was cut
-off (no ``summary.json``) is run again from its start in a fresh directory, or resumed from a
-checkpoint when the design's overrides set ``trainer.save_freq`` (``resumed`` in its record).
+Only the small records are kept (commit them); run directories can go, once their runs are
+kept: a segmented run's next segment needs its directory (a machine that loses its files
+between calls must train a run within the calls it keeps them). A run that was cut off (no
+``trained.json``) is run again from its start in a fresh directory, or resumed from a
+checkpoint when it is segmented or the design's overrides set ``trainer.save_freq``
+(``resumed`` in its record; ``segments``: its processes).
 A run or evaluation that fails stops the study with exit code 1, naming its log; nothing of it
 is counted.
 """
@@ -42,7 +47,7 @@ from recipe.tools.study.design import RunSpec, StudyDesign, Targets, fix_targets
 from recipe.tools.study.evaluate import EVAL_FILE, read_points
 from recipe.tools.study.gpu_memory import GpuProcessMemory, peaks
 from recipe.tools.study.provenance import code_changed, code_checksum, data_checksum, git_commit
-from recipe.tools.study.runs import run_logged
+from recipe.tools.study.runs import LOG_FILE, run_logged
 from recipe.tools.study.telemetry import GpuTelemetry, device_name, summarize
 
 RUNS_DIR = "runs"
@@ -59,7 +64,19 @@ EXIT_MORE = 3
 OUT_OF_TIME = "out of time"
 PROJECT_GPUS = (2, 4, 8)
 TRAINED_FILE = "trained.json"
-"""In a run directory once its training ended: when it began, its seconds, resumed or not."""
+"""In a run directory once a training process ended: when the run began, each process's
+seconds and their sum, resumed or not, complete or not (segments remain)."""
+
+
+def read_trained(run_dir: Path) -> dict[str, Any]:
+    """The run directory's ``trained.json`` (empty: none yet). One written before runs
+    trained in segments is a complete run's."""
+    path = run_dir / TRAINED_FILE
+    if not path.is_file():
+        return {}
+    trained: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    trained.setdefault("complete", True)
+    return trained
 
 
 class DeviceMismatch(ValueError):
@@ -128,23 +145,9 @@ class Harness:
         """Train, evaluate and keep one run, each phase only when its estimate fits before
         ``end`` (``time.monotonic()``); why it failed, ``OUT_OF_TIME``, or None."""
         run_dir = self.out / spec.tag
-        resumed = (run_dir / "config.yaml").is_file() and not (run_dir / "summary.json").is_file()
-        if resumed and "trainer.save_freq" not in " ".join(self.design.overrides):
-            shutil.rmtree(run_dir)  # cut off, no checkpoints: it runs again from its start
-            resumed = False
-        if not (run_dir / "summary.json").is_file():
-            if not self.fits("train", spec, end):
-                return OUT_OF_TIME
-            started = datetime.now(UTC).isoformat(timespec="seconds")
-            with GpuTelemetry(run_dir / "gpu.csv"), GpuProcessMemory(run_dir / "gpu_memory.csv"):
-                failed, train_s = run_logged(
-                    self.train_command(spec), run_dir, timeout_s=self.design.run_timeout_s
-                )
-            if failed is not None:
-                return f"training: {failed}; see {run_dir}/study.log"
-            trained = {"started_utc": started, "train_s": train_s, "resumed": resumed}
-            (run_dir / TRAINED_FILE).write_text(json.dumps(trained), encoding="utf-8")
-            print(f"{spec.tag}: trained in {train_s:.0f} s", flush=True)
+        failed = self.train(spec, run_dir, end)
+        if failed is not None:
+            return failed
         if not self.fits("eval", spec, end):
             return OUT_OF_TIME
         failed, eval_s = run_logged(
@@ -160,6 +163,57 @@ class Harness:
         self.keep(spec, run_dir, eval_s=eval_s)
         return None
 
+    def train(self, spec: RunSpec, run_dir: Path, end: float) -> str | None:
+        """Train ``spec`` to its last step: in one process, or segment by segment (the
+        design's ``segment_s``), each resuming the checkpoint the one before ended with and
+        started only when its estimate fits before ``end``. Why it failed, ``OUT_OF_TIME``,
+        or None once ``trained.json`` says the training is complete."""
+        trained = read_trained(run_dir)
+        if trained.get("complete"):
+            return None
+        segmented = self.design.segment_s is not None
+        cut_off = (run_dir / "config.yaml").is_file() and not trained
+        if cut_off and not segmented and "trainer.save_freq" not in " ".join(self.design.overrides):
+            shutil.rmtree(run_dir)  # cut off, no checkpoints: it runs again from its start
+            cut_off = False
+        trained.setdefault("started_utc", datetime.now(UTC).isoformat(timespec="seconds"))
+        trained.setdefault("segments_s", [])
+        trained["resumed"] = trained.get("resumed", False) or cut_off
+        while not trained.get("complete"):
+            if not self.fits("train", spec, end):
+                return OUT_OF_TIME
+            segment = len(trained["segments_s"]) + 1 if segmented else 0
+            log = f"study-{segment}.log" if segmented else LOG_FILE
+            with GpuTelemetry(run_dir / "gpu.csv"), GpuProcessMemory(run_dir / "gpu_memory.csv"):
+                failed, seconds = run_logged(
+                    self.train_command(spec, segment),
+                    run_dir,
+                    timeout_s=self.design.run_timeout_s,
+                    log_file=log,
+                )
+            if failed is not None:
+                return f"training: {failed}; see {run_dir}/{log}"
+            trained["segments_s"].append(seconds)
+            trained["train_s"] = sum(trained["segments_s"])
+            trained["complete"] = self.complete(run_dir, segment)
+            trained["resumed"] = trained["resumed"] or segment > 1
+            (run_dir / TRAINED_FILE).write_text(json.dumps(trained), encoding="utf-8")
+            what = f"segment {segment}" if segmented else "trained"
+            print(f"{spec.tag}: {what} in {seconds:.0f} s", flush=True)
+        return None
+
+    def complete(self, run_dir: Path, segment: int) -> bool:
+        """Whether the run reached its last step; an earlier segment's ``summary.json`` is
+        kept aside as ``summary-<segment>.json`` (the last one covers the whole run)."""
+        if not segment:
+            return True
+        summary = run_dir / "summary.json"
+        steps = int(json.loads(summary.read_text(encoding="utf-8")).get("steps", 0))
+        if steps >= self.design.total_steps:
+            return True
+        summary.replace(run_dir / f"summary-{segment}.json")
+        return False
+
     def fits(self, phase: str, spec: RunSpec, end: float) -> bool:
         """The phase's estimate fits before ``end``; else says so."""
         need, left = self.estimate_s(phase, spec.mode), end - time.monotonic()
@@ -171,7 +225,7 @@ class Harness:
         )
         return False
 
-    def train_command(self, spec: RunSpec) -> list[str]:
+    def train_command(self, spec: RunSpec, segment: int = 0) -> list[str]:
         return [
             sys.executable,
             "-m",
@@ -181,7 +235,7 @@ class Harness:
             f"hydra.run.dir={self.out / spec.tag}",
             f"trainer.seed={spec.seed}",
             f"rollout.seed={spec.seed}",
-            *self.design.run_overrides(spec, self.data),
+            *self.design.run_overrides(spec, self.data, segment),
         ]
 
     def eval_command(self, run_dir: Path) -> list[str]:
@@ -204,8 +258,13 @@ class Harness:
             "warmup": spec.warmup,
             "order": spec.order,
             "started_utc": trained["started_utc"],
-            "seconds": {"train": trained["train_s"], "eval": eval_s},
+            "seconds": {
+                "train": trained["train_s"],
+                "eval": eval_s,
+                "train_process_max": max(trained.get("segments_s") or [trained["train_s"]]),
+            },
             "resumed": trained["resumed"],
+            "segments": len(trained.get("segments_s") or [None]),
             "design_sha256": self.design.sha256,
             "data_sha256": self.data_sha256,
             "commit": git_commit(),
@@ -250,13 +309,15 @@ class Harness:
         partial.replace(self.archive)
 
     def estimate_s(self, phase: str, mode: str) -> float:
-        """1.1 x the longest ``phase`` (train, eval) of a kept run of ``mode``; before any,
-        the design's limit for it."""
+        """1.1 x the longest ``phase`` (eval, or one training process: a run or a segment)
+        of a kept run of ``mode``; before any, the design's limit for it."""
         taken = []
         for path in (self.records / RUNS_DIR).glob(f"*/{RECORD_FILE}"):
             record = json.loads(path.read_text(encoding="utf-8"))
             if record["mode"] == mode:
-                taken.append(record["seconds"][phase])
+                seconds = record["seconds"]
+                key = "train_process_max" if phase == "train" else phase
+                taken.append(seconds.get(key, seconds[phase]))
         if taken:
             return 1.1 * max(taken)
         return self.design.run_timeout_s if phase == "train" else self.design.eval_timeout_s

@@ -34,7 +34,7 @@ from recipe.checkpoint_engine.host import export_node_id
 from recipe.observability.request_trace import RequestTrace
 from recipe.protocol import Trajectory
 from recipe.utils.weights_file import verify_weights_file
-from recipe.workers.rollout.requests import GenerationRequest
+from recipe.workers.rollout.requests import GenerationRequest, unstarted_group
 
 logger = logging.getLogger(__name__)
 
@@ -84,10 +84,12 @@ class RolloutWorker(ABC):
             self._check_open()
 
     async def cut_episodes(self) -> None:
-        """End the multi-turn episodes waiting for this PAUSED worker, and those that come to
-        wait before the next ``resume`` (after their environment step): they finish as
-        ``aborted`` (with their state, when their environment saves one); the next
-        ``resume`` lets new episodes wait again."""
+        """End what waits for this PAUSED worker, and what comes to wait before the next
+        ``resume``: multi-turn episodes (after their environment step) finish as ``aborted``
+        (with their state, when their environment saves one); ``generate`` calls that came
+        after the pause return their group as it was, unstarted (``unstarted_group``: a pause
+        that overtook the call cuts it at its first token). The next ``resume`` lets new
+        calls wait again."""
         self._check_open()
         if self._paused:
             self._episodes_cut.set()
@@ -115,7 +117,8 @@ class RolloutWorker(ABC):
     async def generate(self, request: GenerationRequest) -> list[Trajectory]:
         """Generate one group; returns when every response finished or was aborted.
 
-        Waits first while the worker is paused. The result is ordered by ``sample_index``.
+        Waits first while the worker is paused, unless ``cut_episodes`` ends the wait. The
+        result is ordered by ``sample_index``.
         """
         self._check_open()
         if request.choices is not None and not self.keeps_choices:
@@ -123,9 +126,10 @@ class RolloutWorker(ABC):
                 f"GenerationRequest.choices needs a worker that keeps to them: "
                 f"{type(self).__name__} cannot (rollout.backend=vllm can)"
             )
-        while self._paused:
-            await self._running.wait()
-            self._check_open()
+        try:
+            await self.wait_until_running()
+        except EpisodeCut:  # the run stops (cut_episodes) while this call waited
+            return unstarted_group(request)
         start_us, slot = self._requests.begin()
         try:
             trajectories = await self._generate_group(request)

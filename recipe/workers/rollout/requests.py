@@ -180,6 +180,27 @@ def _replace_finish(traj: Trajectory, finish_reason: str) -> Trajectory:
     )
 
 
+def unstarted_group(request: GenerationRequest) -> list[Trajectory]:
+    """``request``'s group as a pause at its first token leaves it: what it resumes as it
+    was (finished responses, and partials still ``aborted``), fresh samples ``aborted``
+    with no token; ordered by ``sample_index``."""
+    if request.resume is not None:
+        return sorted(request.resume, key=lambda traj: traj.sample_index)
+    return [
+        Trajectory(
+            prompt_uid=request.prompt_uid,
+            sample_index=index,
+            prompt_ids=list(request.prompt_ids),
+            response_ids=[],
+            rollout_logprobs=[],
+            token_versions=[],
+            finish_reason="aborted",
+            response_text="",
+        )
+        for index in range(request.n)
+    ]
+
+
 def finish_job(
     request: GenerationRequest,
     job: SampleJob,
