@@ -83,9 +83,13 @@ class TrainerConfig:
     total_training_steps: int | None = None
     """Stop after this many trainer steps (overrides the epoch count when smaller)."""
     test_freq: int = 10
-    """Validate every N weight versions (0: only before and after training)."""
+    """Validate every N weight versions (0: only before and after training, as
+    ``val_before_train`` and ``val_after_train`` say)."""
     val_before_train: bool = True
     """Validate the initial weights."""
+    val_after_train: bool = True
+    """Validate the final weights when the last step did not (false: a run whose accuracy is
+    measured elsewhere, e.g. a study's snapshots, or a segment of one that a resume goes on)."""
     save_freq: int = 0
     """Checkpoint the whole run state to ``checkpoints/step_N/`` every N weight versions and
     after the last step (0: never). A version is one trainer step in sync and one_step_off,

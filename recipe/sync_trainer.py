@@ -76,7 +76,7 @@ class SyncTrainer(BatchTrainer):
                 logger.info("trainer.max_wall_s reached after %d steps", self.global_step)
                 break
         bar.close()
-        final = last_val if run.validated_last(self.global_step, self.version) else self._validate()
+        final = run.final_validation(self._validate, last_val, self.global_step, self.version)
         return run.finish(
             step=self.global_step,
             version=self.version,

@@ -315,11 +315,14 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         self.trained_uids = list(state["trained_uids"])
 
     def _finish(self, start: float) -> dict[str, Any]:
-        """Stop the rollouter, validate the final version, account for every prompt."""
+        """Stop the rollouter, validate the final version (``trainer.val_after_train``),
+        account for every prompt."""
         feed = self._feed
         ledger = feed.within(self.rollouter.stop(), "stop")
         feed.within(feed.run_ref, "run")
-        final = feed.within(self.rollouter.validate(), "validate")
+        final = {}
+        if self.cfg.trainer.val_after_train:
+            final = feed.within(self.rollouter.validate(), "validate")
         leftover = feed.from_queue(self.queue.drain(), "drain")
         feed.from_queue(self.queue.close(), "close")
         queue_stats = feed.from_queue(self.queue.stats(), "stats")

@@ -50,6 +50,13 @@ class PausePolicy(Enum):
         return self is PausePolicy.CUT
 
     @property
+    def cuts_overtaken_calls(self) -> bool:
+        """A group whose call reaches a worker after the pause (Ray does not order an async
+        actor's calls) comes back unstarted (``GenerationRequest.cut_if_paused``), cut at its
+        first token as the pause cuts the others, instead of waiting for the resume."""
+        return self is PausePolicy.CUT
+
+    @property
     def keeps_episodes(self) -> bool:
         """Groups still in flight after the pause are episodes waiting in the workers, counted
         with the partial groups."""

@@ -31,6 +31,7 @@ from fully_async_policy.admission import AdmissionController, Ticket
 from fully_async_policy.deadlines import RolloutDeadlines, bounded
 from fully_async_policy.messages import PromptGroup
 from fully_async_policy.rollouter.engine_replicas import EngineReplicas
+from fully_async_policy.rollouter.pause_policy import PausePolicy
 from fully_async_policy.rollouter.replicas import ReplicaSupervisor
 from fully_async_policy.rollouter.snapshot import StreamBook
 from fully_async_policy.rollouter.states import RolloutState
@@ -93,6 +94,7 @@ class GroupStream:
         self.records = {r.uid: r for r in inputs.train_records}
         self._state, self._version = state, version
         self.deadlines = RolloutDeadlines(cfg)
+        self._cut_if_paused = PausePolicy.of(cfg).cuts_overtaken_calls
         self.in_flight: dict[int, asyncio.Task] = {}
         """Tickets generating or being scored now, and their tasks."""
         self.judging: dict[int, tuple[Ticket, list[Trajectory]]] = {}
@@ -230,6 +232,7 @@ class GroupStream:
                 rollout.top_k,
                 resume=resume,
                 record=self.records[ticket.uid],
+                cut_if_paused=self._cut_if_paused,
             )
             trajs = await self._engines.submit(asked, replica=replica, track=False)
             if any(t.finish_reason == "aborted" for t in trajs):

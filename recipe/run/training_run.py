@@ -135,6 +135,19 @@ class TrainingRun:
         final validation is done."""
         return self.should_validate(version) and step > self.checkpointer.resumed_step
 
+    def final_validation(
+        self,
+        validate: Callable[[], dict[str, float]],
+        last_val: dict[str, float],
+        step: int,
+        version: int,
+    ) -> dict[str, float]:
+        """The run's final validation: the last step's (``last_val``) when it validated, else
+        ``validate()``, unless ``trainer.val_after_train`` is false (then none: ``{}``)."""
+        if self.validated_last(step, version):
+            return last_val
+        return validate() if self.cfg.trainer.val_after_train else {}
+
     def begin(self) -> float:
         """Start this process's clock (``time.perf_counter()``, returned) at the fit's start."""
         self._start = time.perf_counter()

@@ -326,6 +326,19 @@ def test_an_async_reward_bound_to_its_first_loop_scores_training_and_validation(
     assert max(r["reward/mean"] for r in rows[1:]) > 0  # the judge found some answers
 
 
+@pytest.mark.parametrize("after", [True, False])
+def test_the_final_validation_runs_unless_val_after_train_is_off(tmp_path, after):
+    """``trainer.val_after_train=false``: a run whose accuracy is measured elsewhere (a
+    study's snapshots, a segment a resume goes on) ends without validating."""
+    cfg = fully_async_config(
+        **{"trainer.val_before_train": False, "trainer.test_freq": 0,
+           "trainer.val_after_train": after}
+    )  # fmt: skip
+    summary = Run(cfg, tmp_path, inputs=scripted_inputs(cfg, val=6), tick_s=0.002).fit()
+    assert (summary["final/val_accuracy"] is not None) is after
+    assert not any("val/accuracy" in row for row in _rows(tmp_path))
+
+
 def test_a_sync_waits_for_a_validation_longer_than_the_sync_phase_deadline(tmp_path):
     """The sync waits for the running validation (every val answer from one version) within
     the validation's deadline, rollout.generation_timeout_s, not the pause's 0.6 s."""

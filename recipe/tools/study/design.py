@@ -14,9 +14,11 @@ measured run, and never again. The budgets at which accuracy is compared are fra
 the warm-up sync run's training clock, fixed with the targets.
 
 Every run of the study gets ``overrides`` plus its mode's ``mode_overrides``,
-``trainer.snapshot_samples=snapshot_samples``, no in-loop validation (``trainer.test_freq=0``,
-``trainer.val_before_train=false``: accuracy comes from the snapshots, off the clock) and its
-seed; ``{data}`` in an override is the study's data folder (``data=`` on the command line).
+``trainer.snapshot_samples=snapshot_samples``, no validation in the run (``trainer.test_freq=0``,
+``trainer.val_before_train=false``, ``trainer.val_after_train=false``: accuracy comes from the
+snapshots, off the clock) and its seed; ``{data}`` in an override is the study's data folder
+(``data=`` on the command line). A design with ``segment_s`` trains each run in segments
+(``trainer.max_wall_s`` and ``trainer.save_freq`` set by the study per segment).
 """
 
 from __future__ import annotations
@@ -193,6 +195,7 @@ class StudyDesign:
             f"trainer.snapshot_samples={self.snapshot_samples}",
             "trainer.test_freq=0",
             "trainer.val_before_train=false",
+            "trainer.val_after_train=false",
             *self.gpu_overrides(spec.mode),
         ]
         if segment and self.segment_s is not None:

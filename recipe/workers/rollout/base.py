@@ -117,8 +117,8 @@ class RolloutWorker(ABC):
     async def generate(self, request: GenerationRequest) -> list[Trajectory]:
         """Generate one group; returns when every response finished or was aborted.
 
-        Waits first while the worker is paused, unless ``cut_episodes`` ends the wait. The
-        result is ordered by ``sample_index``.
+        Waits first while the worker is paused, unless ``cut_episodes`` ends the wait or the
+        request is ``cut_if_paused``. The result is ordered by ``sample_index``.
         """
         self._check_open()
         if request.choices is not None and not self.keeps_choices:
@@ -126,6 +126,8 @@ class RolloutWorker(ABC):
                 f"GenerationRequest.choices needs a worker that keeps to them: "
                 f"{type(self).__name__} cannot (rollout.backend=vllm can)"
             )
+        if self._paused and request.cut_if_paused:
+            return unstarted_group(request)
         try:
             await self.wait_until_running()
         except EpisodeCut:  # the run stops (cut_episodes) while this call waited

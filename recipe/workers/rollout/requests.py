@@ -12,6 +12,7 @@ every process plans the same group the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 from collections.abc import Sequence
@@ -56,6 +57,13 @@ class GenerationRequest:
     """The prompt's record; with ``rollout.multi_turn.enable`` each response is an episode
     of the environment started from it (``recipe.agent``), ``max_tokens`` its budget of
     tokens after the prompt."""
+    cut_if_paused: bool = False
+    """A call that finds the worker paused returns its group unstarted at once
+    (``unstarted_group``) instead of waiting for the resume: the pause overtook it (Ray does
+    not order an async actor's calls) and cuts it at its first token, as it cuts the groups
+    already generating. For a caller that resumes cut groups itself (the fully async
+    rollouter with partial rollout); else a pause's waiter would wait for a resume that comes
+    only after the pause has waited for it."""
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -286,9 +294,11 @@ class GroupRequest:
     """Training groups follow ``rollout.length_profile``; validation always ends at EOS."""
     record: PromptRecord | None = None
     """The prompt's record, which multi-turn episodes start from."""
+    cut_if_paused: bool = False
+    """``GenerationRequest.cut_if_paused``."""
 
     def to_request(self, cfg: RolloutConfig) -> GenerationRequest:
-        return group_request(
+        request = group_request(
             cfg,
             self.prompt_uid,
             self.prompt_ids,
@@ -299,6 +309,7 @@ class GroupRequest:
             training=self.training,
             record=self.record,
         )
+        return dataclasses.replace(request, cut_if_paused=self.cut_if_paused)
 
 
 def request_seed(base_seed: int, prompt_uid: str, version: int) -> int:
