@@ -126,11 +126,11 @@ class StudyDesign:
             if arg.partition("=")[0] in PER_RUN_KEYS:
                 raise DesignError(f"overrides: {arg!r} is set by the study per run")
         if self.segment_s is not None:
-            self.check_segments()
+            self.check_segments(self.segment_s)
 
-    def check_segments(self) -> None:
+    def check_segments(self, segment_s: float) -> None:
         """Segments need a run's length in steps and leave its budget and saves to the study."""
-        if not 0 < self.segment_s < self.run_timeout_s:  # type: ignore[operator]
+        if not 0 < segment_s < self.run_timeout_s:
             raise DesignError(f"segment_s: between 0 and run_timeout_s={self.run_timeout_s}")
         keys = {arg.partition("=")[0] for arg in self.overrides}
         if "trainer.total_training_steps" not in keys:
