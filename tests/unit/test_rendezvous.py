@@ -130,7 +130,7 @@ def test_init_process_group_meets_through_the_sealed_store():
         text=True,
     )
     try:
-        assert join_process_group(0, 2, address, "cpu")
+        assert join_process_group(0, 2, address, "cpu") is not None
         try:
             value = torch.tensor([1.0])
             dist.all_reduce(value)
@@ -142,3 +142,51 @@ def test_init_process_group_meets_through_the_sealed_store():
             rank_1.kill()
             rank_1.wait()
     assert rank_1.returncode == 0 and out.split() == ["3.0"] and value.item() == 3.0
+
+
+# After the join returns, a collective that reaches the store for the first time: a new gloo
+# group on CPU, NCCL's lazily created communicator (a scatter) on a GPU.
+_LATE_STORE_USE = """
+import datetime, gc, sys, torch, torch.distributed as dist
+from recipe.utils.rendezvous import StoreServer
+from recipe.workers.trainer.fsdp_utils import join_process_group
+keep, device = sys.argv[1] == "keep", sys.argv[2]
+server = StoreServer.open(1, datetime.timedelta(seconds=30), host="127.0.0.1", namespace="t")
+store = join_process_group(0, 1, server.address, device)
+if not keep:
+    del store
+gc.collect()
+if device == "cuda":
+    torch.cuda.set_device(0)
+    out = torch.zeros(2, device="cuda")
+    dist.scatter(out, [torch.ones(2, device="cuda")], src=0)
+else:
+    out = torch.ones(2)
+    dist.all_reduce(out, group=dist.new_group(ranks=[0], backend="gloo"))
+dist.destroy_process_group()
+print(out.sum().item())
+"""
+
+
+def _late_store_use(keep: bool, device: str) -> subprocess.CompletedProcess[str]:
+    args = [sys.executable, "-c", _LATE_STORE_USE, "keep" if keep else "drop", device]
+    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+
+
+def _store_outlives_the_join(device: str) -> None:
+    kept = _late_store_use(True, device)
+    assert kept.returncode == 0 and kept.stdout.split() == ["2.0"], kept.stderr[-2000:]
+    # Why the caller must keep it: the group's store is the Python one, and once that is
+    # collected the store's methods are gone ("Not implemented" from torch's trampoline).
+    dropped = _late_store_use(False, device)
+    assert dropped.returncode != 0 and "Not implemented" in dropped.stderr
+
+
+def test_the_group_store_returned_by_the_join_keeps_later_collectives_working():
+    _store_outlives_the_join("cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_nccls_lazy_communicator_reaches_the_kept_store():
+    _store_outlives_the_join("cuda")

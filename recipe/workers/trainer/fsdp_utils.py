@@ -242,17 +242,22 @@ def _all_reduce(values: list[float], device: torch.device, op: dist.ReduceOp) ->
 
 def join_process_group(
     rank: int, world_size: int, rendezvous: StoreAddress | None, device: str
-) -> bool:
+) -> dist.Store | None:
     """Join the default process group at ``rendezvous`` (None: a world of one, which meets
-    no one: an in-memory store, no listener); True when this call created the group (and
-    must destroy it)."""
+    no one: an in-memory store, no listener). Returns the group's store when this call
+    created the group (which the caller must destroy), else None.
+
+    The caller keeps that store referenced for the group's life: a store written in Python
+    (the rendezvous's ``SealedStore``) lives on in the group as a C++ object whose methods
+    call back into the Python one, and once that is collected NCCL's lazy communicator set-up
+    (the first collective, late at world size 1) and its watchdog fail with "Not implemented"."""
     if dist.is_initialized():
         if (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
             raise ValueError(
                 f"a process group (rank {dist.get_rank()} of {dist.get_world_size()}) already "
                 f"exists in this process; cannot join as rank {rank} of {world_size}"
             )
-        return False
+        return None
     if rendezvous is None:
         if world_size != 1:
             raise ValueError(f"rank {rank} of {world_size} needs the group's rendezvous address")
@@ -266,7 +271,7 @@ def join_process_group(
         world_size=world_size,
         timeout=JOIN_TIMEOUT,
     )
-    return True
+    return store
 
 
 def copy_tokenizer(source: str | Path, target: str | Path) -> None:

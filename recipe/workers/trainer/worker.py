@@ -95,7 +95,8 @@ class TrainerWorker(PolicyIO):
         if self.device.type == "cuda" and not actor.cudnn_attention:
             # Process-wide in this rank's own process (the engines run elsewhere).
             torch.backends.cuda.enable_cudnn_sdp(False)
-        self._owns_group = join_process_group(rank, world_size, rendezvous, device)
+        # The group's store stays referenced while the group lives (join_process_group).
+        self._group_store = join_process_group(rank, world_size, rendezvous, device)
         self._mesh = init_device_mesh(self.device.type, (world_size,))
         torch.manual_seed(spec.seed)
         self._policy = self._build_policy(trainable=True)
@@ -269,6 +270,6 @@ class TrainerWorker(PolicyIO):
         reshard_all(self._policy)
 
     def close(self) -> None:
-        if self._owns_group and dist.is_initialized():
+        if self._group_store is not None and dist.is_initialized():
             dist.destroy_process_group()
-            self._owns_group = False
+        self._group_store = None
