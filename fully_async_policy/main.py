@@ -44,7 +44,7 @@ from recipe.run.inputs import RunInputs
 from recipe.run.placement import ENGINE_LOG_DIR, init_ray, resolve_device
 from recipe.run.startup import StartupTimes
 from recipe.workers.cluster import on_driver_node, wait_started
-from recipe.workers.judge_server import stop_judge
+from recipe.workers.judge_server import judge_ready, stop_judge
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -92,10 +92,10 @@ class FullyAsyncRecipe:
             placement = self.trainer.placement  # the judge's engines: after the policy's on a GPU
             self.judge = placement.start_judge([started] if placement.judge_starts_last else None)
             ranks = self.trainer.ranks
-            ranks_ready = [w.__ray_ready__.remote() for w in ranks.workers]
-            judge_ready = [self.judge.ready.remote()] if self.judge is not None else []
+            ranks_ready = ranks.ready_refs()
+            judge_up = [judge_ready(self.judge)] if self.judge is not None else []
             ended_at = wait_started(
-                {"engines": [started, *judge_ready], "trainer": ranks_ready},
+                {"engines": [started, *judge_up], "trainer": ranks_ready},
                 on_failure={"trainer": ranks.wait_ready},  # shuts the ranks down, raises
             )
             startup.add_engines(ended_at["engines"] - engines_start, Path(run_dir) / ENGINE_LOG_DIR)
@@ -123,7 +123,7 @@ class FullyAsyncRecipe:
         finally:
             if self.rollouter is not None:
                 try:
-                    ray.get(self.rollouter.shutdown.remote(), timeout=_CLOSE_TIMEOUT_S)
+                    ray.get(RolloutClient(self.rollouter).shutdown(), timeout=_CLOSE_TIMEOUT_S)
                 except Exception:  # the engines may be gone already; end the actor anyway
                     logger.exception("closing the rollouter failed")
                 ray.kill(self.rollouter)

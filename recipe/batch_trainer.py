@@ -114,7 +114,7 @@ class BatchTrainer(SeparateRayPPOTrainer):
             total_optimizer_steps=self.total_steps * mini_batches * cfg.actor.ppo_epochs,
             wait=False,
         )
-        ranks_up = ReadyClock([w.__ray_ready__.remote() for w in ranks.workers])
+        ranks_up = ReadyClock(ranks.ready_refs())
         engines_start = time.perf_counter()
         try:
             last = self.placement.judge_starts_last  # on a GPU, after the policy's engines

@@ -33,6 +33,7 @@ from fully_async_policy.messages import (
     SyncPause,
 )
 from fully_async_policy.rollouter.checkpoint import load_snapshot, take_snapshot
+from fully_async_policy.rollouter.clients import QueueProducer
 from fully_async_policy.rollouter.engine_replicas import EngineReplicas
 from fully_async_policy.rollouter.replicas import ReplicaSupervisor
 from fully_async_policy.rollouter.reports import rollout_ledger, rollout_progress
@@ -90,7 +91,7 @@ class FullyAsyncRollouter:
         multi_turn = cfg.rollout.multi_turn
         self.tracer = Tracer(ROLLOUTER_PID, "rollouter", sort_index=ROLLOUTER_PID)
         """This actor's trace events; the trainer pulls them (``drain_trace``)."""
-        self.queue = queue
+        self.queue = QueueProducer(queue)
         train_records = self.inputs.train_records
         self.cursor = PromptCursor(train_records, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
         self.admission: AdmissionController[PromptGroup] = AdmissionController(
@@ -108,7 +109,7 @@ class FullyAsyncRollouter:
             cfg,
             self.inputs,
             self.book,
-            queue,
+            self.queue,
             self.tracer,
             state=lambda: self.state,
             version=lambda: self.version,

@@ -23,13 +23,13 @@ from recipe.checkpoint.rng import capture_rng, restore_rng
 from recipe.checkpoint.store import RUN_STATE_DIR
 
 if TYPE_CHECKING:
-    from ray.actor import ActorHandle
+    from fully_async_policy.rollouter.clients import QueueProducer
 
 logger = logging.getLogger(__name__)
 
 
 async def take_snapshot(
-    sync: RolloutSync, queue: ActorHandle, *, cut_episodes: bool
+    sync: RolloutSync, queue: QueueProducer, *, cut_episodes: bool
 ) -> dict[str, Any]:
     """The rollouter's checkpoint state (snapshot.py), taken while PAUSED for a sync, after
     the push and before ``end_sync``. Single responses: nothing generates (admission is held,
@@ -59,7 +59,7 @@ async def take_snapshot(
         raise RuntimeError(f"snapshot() with {stream.num_generating} groups generating")
     async with stream.puts_held():
         seen = list(book.releases)  # the head may be put (and popped) meanwhile
-        read: Any = queue.snapshot.remote()
+        read = queue.snapshot()
         queued = await bounded(read, sync.deadlines.answer, "snapshot: reading the queue")
         live = {t.ticket: t for t in sync.admission.unreleased()}
         restart = [live[k] for k in sorted(set(stream.in_flight) - set(stream.judging))]

@@ -44,7 +44,7 @@ from recipe.run.inputs import RunInputs
 from recipe.workers.rollout.requests import GroupRequest
 
 if TYPE_CHECKING:
-    from ray.actor import ActorHandle
+    from fully_async_policy.rollouter.clients import QueueProducer
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class GroupStream:
         cfg: RecipeConfig,
         inputs: RunInputs,
         book: StreamBook,
-        queue: ActorHandle,
+        queue: QueueProducer,
         tracer: Tracer,
         *,
         state: Callable[[], RolloutState],
@@ -307,7 +307,7 @@ class GroupStream:
                 while self.book.releases:
                     await self._puts_open.wait()
                     start_us = now_us()
-                    if not await self.queue.put.remote(self.book.releases[0]):
+                    if not await self.queue.put(self.book.releases[0]):
                         return  # queue closed: what is left stays unreleased in the ledger
                     self._trace_put(start_us)
                     self.book.releases.popleft()
@@ -331,7 +331,7 @@ class GroupStream:
         """Close the queue, so the trainer's batch wait ends at once (within
         ``checkpoint_engine.timeout_s``: the queue actor may be what failed)."""
         try:
-            await bounded(self.queue.close.remote(), self.deadlines.answer, "closing the queue")
+            await bounded(self.queue.close(), self.deadlines.answer, "closing the queue")
         except Exception as exc:  # the run's own error is the one to raise
             logger.error("the message queue was not closed: %s", exc)
 

@@ -95,8 +95,9 @@ def adapter_metrics(replies: Iterable[Mapping[str, float]]) -> dict[str, float]:
 class SendingRanks(Protocol):
     """What a push needs of the trainer's group (recipe/workers/trainer/ranks.py)."""
 
-    workers: list[Any]
-    """Trainer rank actors (``SenderClient`` calls them); rank 0 sends."""
+    def senders(self) -> list[SenderClient]:
+        """Each trainer rank's end of a push, rank 0 (the sender) first."""
+        ...
 
     def check_alive(self) -> None:
         """Raise ``TrainerWorkerError`` naming a dead rank."""
@@ -144,13 +145,11 @@ class PushTransport:
 
     def on_sender(self, call: Callable[[SenderClient], Any]) -> dict[str, Any]:
         """``call`` on trainer rank 0 (the sender), keyed by its peer name."""
-        return {SENDER: call(SenderClient(self._ranks.workers[0]))}
+        return {SENDER: call(self._ranks.senders()[0])}
 
     def on_ranks(self, call: Callable[[SenderClient], Any]) -> dict[str, Any]:
         """``call`` on every trainer rank (rank 0 under the sender's peer name)."""
-        return {
-            f"trainer rank {r}": call(SenderClient(w)) for r, w in enumerate(self._ranks.workers)
-        }
+        return {f"trainer rank {r}": call(c) for r, c in enumerate(self._ranks.senders())}
 
     def on_replicas(self, call: Callable[[int, ReceiverClient], Any]) -> dict[str, Any]:
         """``call(i, replica)`` on every replica the transport was built for."""

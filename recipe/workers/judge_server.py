@@ -27,7 +27,7 @@ import dataclasses
 import itertools
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recipe.model import HFModelConfig, ModelConfig
 from recipe.reward.judge.backend import JudgeCall, JudgeReply
@@ -35,6 +35,9 @@ from recipe.reward.judge.config import JudgeConfig
 from recipe.reward.judge.remote import JUDGE_ACTOR
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout.requests import GenerationRequest
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 logger = logging.getLogger(__name__)
 
@@ -256,6 +259,12 @@ def start_judge_server(
     )
 
 
+def judge_ready(handle: Any) -> ObjectRef[None]:
+    """Resolves once the judge's engines serve (raises the engine's error when they failed
+    to start); the caller waits on it beside its other start-up calls."""
+    return handle.ready.remote()
+
+
 def wait_judge(handle: Any, timeout_s: float) -> None:
     """Wait for the judge's engines to serve; ``RunFailure`` past ``timeout_s``
     (``reward.judge.start_timeout_s``), the engine's own error when it failed to start."""
@@ -264,7 +273,7 @@ def wait_judge(handle: Any, timeout_s: float) -> None:
     from recipe.faults import RunFailure
 
     try:
-        ray.get(handle.ready.remote(), timeout=timeout_s)
+        ray.get(judge_ready(handle), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
         raise RunFailure(
             f"the judge's engines did not start within reward.judge.start_timeout_s="

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from recipe.checkpoint_engine.clients import SenderClient
 from recipe.checkpoint_engine.engines import ServingEngines
 from recipe.checkpoint_engine.synchronizer import PushResult
 from recipe.utils.weights_file import WeightsFile, file_sha256
@@ -65,6 +66,9 @@ class ScriptedRanks:
 
     def check_alive(self, timeout_s: float = 5.0) -> None:
         return None
+
+    def senders(self) -> list[SenderClient]:
+        return [SenderClient(w) for w in self.workers]
 
     def compute_log_prob(
         self, batch: TrainBatch, *, slot: str | None = None, with_entropy: bool = True

@@ -15,10 +15,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from recipe.checkpoint_engine.clients import SenderClient
 from recipe.faults import TrainerWorkerError, describe_death, is_actor_death
 from recipe.utils.adapter_file import AdapterFile
 from recipe.utils.rendezvous import StoreServer
@@ -28,6 +29,9 @@ from recipe.workers.trainer.batch import TrainBatch
 from recipe.workers.trainer.fsdp_utils import JOIN_TIMEOUT
 from recipe.workers.trainer.spec import TrainerSpec
 from recipe.workers.trainer.worker import TrainerWorker
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +100,15 @@ class TrainerRanks:
         if wait:
             self.wait_ready()
 
+    def ready_refs(self) -> list[ObjectRef[None]]:
+        """One reference per rank, ready once that rank has loaded the model and joined the
+        group (or failed to: ``ray.get`` raises)."""
+        return [w.__ray_ready__.remote() for w in self.workers]
+
+    def senders(self) -> list[SenderClient]:
+        """Each rank's end of a weight push, rank 0 (the sender) first."""
+        return [SenderClient(w) for w in self.workers]
+
     def wait_ready(self) -> None:
         """Block until every rank has loaded the model and joined the process group (at once
         after the first time); a rank that failed is raised here, after the others were shut
@@ -103,7 +116,7 @@ class TrainerRanks:
         if self._ready:
             return
         try:
-            self._get_all([w.__ray_ready__.remote() for w in self.workers])
+            self._get_all(self.ready_refs())
         except BaseException:
             # Ranks still blocked in the rendezvous would never answer close().
             self.shutdown(graceful=False)
