@@ -68,9 +68,7 @@ def test_actor_methods_are_called_only_in_client_modules():
         if str(path.relative_to(REPO)) not in CLIENT_MODULES
         for line, call in actor_method_calls(path.read_text())
     ]
-    assert not outside, "an actor method called outside its client module:\n" + "\n".join(
-        outside
-    )
+    assert not outside, "an actor method called outside its client module:\n" + "\n".join(outside)
 
 
 def test_every_client_module_exists_and_calls_an_actor():
