@@ -179,11 +179,12 @@ class BatchTrainer(SeparateRayPPOTrainer):
         """Load the checkpoint (ranks, step, version, cursor) and make the engines serve its
         version (they start from ``model.path`` at version 0): the trainer exports the
         weights once, every replica loads them. Returns the checkpoint's loop state."""
-        state = self._load_checkpoint()
-        self.cursor.load_state_dict(state["cursor"])
-        assert self.version > 0, "checkpoints are taken after a push"
-        with exported_weights(self.ranks, self.run_dir, f"resume-v{self.version}") as weights:
-            self.rollout.update_weights_from_file(weights, self.version)
+        with self.run.startup.phase("resume_s"):
+            state = self._load_checkpoint()
+            self.cursor.load_state_dict(state["cursor"])
+            assert self.version > 0, "checkpoints are taken after a push"
+            with exported_weights(self.ranks, self.run_dir, f"resume-v{self.version}") as w:
+                self.rollout.update_weights_from_file(w, self.version)
         logger.info("engines serve the resumed version %d", self.version)
         return state
 

@@ -112,14 +112,15 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         self.feed: RolloutFeed | None = None
         """Groups and answers from the rollouter within deadlines (built in ``attach``)."""
         self._num_rollout_restarts = self._num_rollout_retired = 0
-        if run.resume_from is not None:
-            self.ranks.wait_ready()
-            self._resume_trainer()
 
     def attach(self, rollouter: RolloutClient, queue: QueueClient) -> None:
         """Wire the rollouter actor and the message queue. A resumed run then makes the
         engines serve the checkpoint's weights and restores the rollouter."""
         self.ranks.wait_ready()
+        resuming = self.run.resume_from is not None
+        if resuming:  # here, not in the constructor: the engines started beside the ranks
+            with self.run.startup.phase("resume_s"):
+                self._resume_trainer()
         self.rollouter, self.queue, self.waits = rollouter, queue, rollouter.waits
         answers = RolloutAnswers(self.cfg, rollouter, self.run_dir)
         self.served = ServedWeights(self.ranks, rollouter, self.run_dir, answers.within)
@@ -128,9 +129,10 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         )
         self.engines = RolloutEngines(rollouter, self.served, lambda: self.version, feed.within)
         self.served.workers()  # the push's receivers, known before the first push
-        if self.run.resume_from is not None:
-            self.served.serve_resumed(self.version)
-            feed.within(self.rollouter.restore(str(self.run.resume_from)), "restore")
+        if resuming:
+            with self.run.startup.phase("resume_s"):
+                self.served.serve_resumed(self.version)
+                feed.within(self.rollouter.restore(str(self.run.resume_from)), "restore")
 
     def _serving_engines(self) -> RolloutEngines:
         """The rollouter's engines, paused and resumed by its supervisor (it owns them and

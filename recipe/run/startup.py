@@ -17,6 +17,9 @@
         engine_compile_s        torch.compile       "torch.compile took|takes X s in total"
         engine_graph_capture_s  CUDA graphs         "Graph capturing finished in X secs"
         engine_init_s           profile, KV cache, warm-up (compile and capture included)
+      resume_s        a resumed run: the checkpoint loaded into the ranks and the engines made
+                      to serve its weights (after the engines started: fully_async loads it
+                      once they are up, so the two do not queue behind each other)
       initial_val_s   validation of the initial weights (trainer.val_before_train)
       to_first_step_s from the process's start (the OS's clock of it) to the first step
     first_push_s      the first weight push (it follows the first step: version 0 is the

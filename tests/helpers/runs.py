@@ -71,8 +71,8 @@ def ledger_trained_once(run_dir: Path, num_steps: int) -> tuple[list[dict], list
 
 def check_startup(summary: dict[str, Any]) -> dict[str, float]:
     """The run's start-up split (recipe/run/startup.py) in ``summary``: every phase, the
-    ranks' and the engines' side by side counted once, an initial validation after them,
-    the rest in ``other_s``. Returns the
+    ranks' and the engines' side by side counted once, a resume and an initial validation
+    after them, the rest in ``other_s``. Returns the
     phases by name (without the ``startup/`` prefix)."""
     import pytest
 
@@ -80,7 +80,8 @@ def check_startup(summary: dict[str, Any]) -> dict[str, float]:
     assert {"inputs_s", "ray_s", "trainer_init_s", "engines_s", "first_push_s"} <= set(startup)
     assert all(seconds >= 0 for seconds in startup.values()), startup
     side_by_side = max(startup["trainer_init_s"], startup["engines_s"])
-    serial = startup["inputs_s"] + startup["ray_s"] + startup.get("initial_val_s", 0.0)
+    later = ("initial_val_s", "resume_s")  # after both sides are up; each may be absent
+    serial = startup["inputs_s"] + startup["ray_s"] + sum(startup.get(k, 0.0) for k in later)
     assert startup["to_first_step_s"] >= serial + side_by_side
     assert startup["to_first_step_s"] == pytest.approx(serial + side_by_side + startup["other_s"])
     return startup

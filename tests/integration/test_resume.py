@@ -195,6 +195,7 @@ def test_sigkill_at_a_random_step_then_auto_resume_trains_every_prompt_exactly_o
     # The resumed process's start-up (recipe/run/startup.py): every phase, the ranks' and the
     # engines' side by side counted once, and its first push the first sync after the resume.
     startup = check_startup(summary)
+    assert startup["resume_s"] > 0  # the checkpoint loaded and served, timed apart
     first_sync = next(r for r in read_metrics(run_dir)[resume_step:] if "sync/total_s" in r)
     assert startup["first_push_s"] == first_sync["sync/total_s"]
 

@@ -259,7 +259,9 @@ def test_a_run_resumed_from_its_checkpoint_trains_every_prompt_exactly_once(tmp_
     second = Run(resumed, tmp_path, tick_s=0.004)
     assert second.ranks.updates == 4  # the step-4 checkpoint's policy
     assert second.trainer.global_step == 4 and second.trainer.version == 2
-    second.fit()
+    summary = second.fit()
+    assert summary["startup/resume_s"] > 0  # loaded once the engines were up, and timed
+    assert "startup/resume_s" not in first.trainer.run.startup.metrics()
     trained = [uid for row in read_ledger(tmp_path) for uid in row["trained"]]
     assert len(trained) == len(set(trained)) == 8 * second.trainer.plan.prompts_per_step
     _balanced(second.trainer.ledger)
