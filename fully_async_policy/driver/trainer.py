@@ -117,10 +117,6 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         """Wire the rollouter actor and the message queue. A resumed run then makes the
         engines serve the checkpoint's weights and restores the rollouter."""
         self.ranks.wait_ready()
-        resuming = self.run.resume_from is not None
-        if resuming:  # here, not in the constructor: the engines started beside the ranks
-            with self.run.startup.phase("resume_s"):
-                self._resume_trainer()
         self.rollouter, self.queue, self.waits = rollouter, queue, rollouter.waits
         answers = RolloutAnswers(self.cfg, rollouter, self.run_dir)
         self.served = ServedWeights(self.ranks, rollouter, self.run_dir, answers.within)
@@ -129,8 +125,9 @@ class FullyAsyncTrainer(SeparateRayPPOTrainer):
         )
         self.engines = RolloutEngines(rollouter, self.served, lambda: self.version, feed.within)
         self.served.workers()  # the push's receivers, known before the first push
-        if resuming:
-            with self.run.startup.phase("resume_s"):
+        if self.run.resume_from is not None:  # here, not in the constructor: the engines
+            with self.run.startup.phase("resume_s"):  # started beside the ranks meanwhile
+                self._resume_trainer()
                 self.served.serve_resumed(self.version)
                 feed.within(self.rollouter.restore(str(self.run.resume_from)), "restore")
 
