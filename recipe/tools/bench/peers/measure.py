@@ -2,10 +2,11 @@
 
     launch (t=0) --subprocess--> the system's own command, its output in RUN_DIR/run.log
       |  every POLL_S: the GPU's used memory (nvidia-smi; the peak over the run, less what
-      |  was in use before the launch) and the line count of the system's per-step metrics
-      |  file (each new line: the time its step ended, as seen from here)
+      |  was in use before the launch), its SM clock and temperature, and the line count of
+      |  the system's per-step metrics file (each new line: the time its step ended, as seen
+      |  from here)
       v
-    exit --> Measured(rc, wall_s, step_end_s, peak_gpu_mib)
+    exit --> Measured(rc, wall_s, step_end_s, peak_gpu_mib, clocks)
       |  at a deadline the whole tree is killed: its process group, and every process it
       |  started in a session of its own (Ray's workers, the engines' processes)
       v
@@ -52,15 +53,46 @@ class Measured:
     left_gpu_mib: float | None = None
     """GPU memory the run still held ``SETTLE_S`` after its exit, above the baseline and its
     slack (None: none, or no nvidia-smi)."""
+    gpu_samples: list[GpuSample] = field(default_factory=list)
+    """The GPU's state at each poll (empty: no nvidia-smi)."""
+
+    def gpu_state(self) -> dict[str, float]:
+        """The run's clocks and temperatures: ``sm_clock_mhz_{median,min}``,
+        ``temp_c_{start,max}``, ``power_w_median`` (empty without samples)."""
+        if not self.gpu_samples:
+            return {}
+        clocks = sorted(s.sm_clock_mhz for s in self.gpu_samples)
+        powers = sorted(s.power_w for s in self.gpu_samples)
+        return {
+            "sm_clock_mhz_median": clocks[len(clocks) // 2],
+            "sm_clock_mhz_min": clocks[0],
+            "temp_c_start": self.gpu_samples[0].temp_c,
+            "temp_c_max": max(s.temp_c for s in self.gpu_samples),
+            "power_w_median": powers[len(powers) // 2],
+        }
 
 
-def gpu_used_mib() -> float | None:
-    """Memory in use on every GPU, summed (MiB); None without nvidia-smi."""
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One nvidia-smi reading over every GPU: memory summed, clock the slowest GPU's,
+    temperature the hottest's, power summed."""
+
+    used_mib: float
+    sm_clock_mhz: float
+    temp_c: float
+    power_w: float
+
+
+GPU_QUERY = "--query-gpu=memory.used,clocks.sm,temperature.gpu,power.draw"
+
+
+def read_gpu() -> GpuSample | None:
+    """The GPUs' state now; None without nvidia-smi or when it gives no reading."""
     if shutil.which("nvidia-smi") is None:
         return None
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            ["nvidia-smi", GPU_QUERY, "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=10,
@@ -68,7 +100,36 @@ def gpu_used_mib() -> float | None:
         ).stdout
     except (subprocess.SubprocessError, OSError):
         return None
-    return sum(float(x) for x in out.split())
+    return parse_gpu_query(out)
+
+
+def parse_gpu_query(out: str) -> GpuSample | None:
+    """``read_gpu``'s reading of nvidia-smi's CSV, one line per GPU; a field it cannot read
+    ("[N/A]") counts as 0 (None when no line has a memory figure)."""
+    rows = [[_number(x) for x in line.split(",")] for line in out.splitlines() if line.strip()]
+    rows = [r + [0.0] * (4 - len(r)) for r in rows if r and r[0] is not None]
+    if not rows:
+        return None
+    values = [[0.0 if x is None else x for x in r] for r in rows]
+    return GpuSample(
+        used_mib=sum(r[0] for r in values),
+        sm_clock_mhz=min(r[1] for r in values),
+        temp_c=max(r[2] for r in values),
+        power_w=sum(r[3] for r in values),
+    )
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.strip())
+    except ValueError:
+        return None
+
+
+def gpu_used_mib() -> float | None:
+    """Memory in use on every GPU, summed (MiB); None without nvidia-smi."""
+    sample = read_gpu()
+    return None if sample is None else sample.used_mib
 
 
 def count_lines(path: Path) -> int:
@@ -116,7 +177,7 @@ def run_measured(
     wall_s = time.monotonic() - start
     peak = None if baseline is None or state.peak is None else max(0.0, state.peak - baseline)
     left = None if baseline is None else settle_gpu(baseline)
-    return Measured(returncode, wall_s, state.step_end_s, peak, left)
+    return Measured(returncode, wall_s, state.step_end_s, peak, left, state.samples)
 
 
 def settle_gpu(baseline_mib: float) -> float | None:
@@ -137,6 +198,7 @@ class _Watch:
         self.metrics_file = metrics_file
         self.peak = baseline
         self.step_end_s: list[float] = []
+        self.samples: list[GpuSample] = []
         self._gpu = baseline is not None
 
     def watch(self, start: float, proc: subprocess.Popen) -> None:
@@ -148,7 +210,7 @@ class _Watch:
         now = time.monotonic() - start
         lines = count_lines(self.metrics_file)
         self.step_end_s += [now] * (lines - len(self.step_end_s))
-        if self._gpu:
-            used = gpu_used_mib()
-            if used is not None and (self.peak is None or used > self.peak):
-                self.peak = used
+        if self._gpu and (sample := read_gpu()) is not None:
+            self.samples.append(sample)
+            if self.peak is None or sample.used_mib > self.peak:
+                self.peak = sample.used_mib

@@ -59,6 +59,8 @@ class SystemResult:
     peak_gpu_mib: float | None = None
     val_accuracy: float | None = None
     notes: list[str] = field(default_factory=list)
+    gpu_state: dict[str, float] = field(default_factory=dict)
+    """The GPU's clocks and temperatures over the run (``Measured.gpu_state``)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,6 +98,7 @@ def summarize(
     result = SystemResult(system, None, steps=len(rows), wall_s=round(measured.wall_s, 1))
     result.samples = sum(r.samples for r in rows)
     result.peak_gpu_mib = measured.peak_gpu_mib
+    result.gpu_state = measured.gpu_state()
     result.val_accuracy = val_accuracy
     ends = [measured.step_end_s[i] for i in line_of_step if i < len(measured.step_end_s)]
     if not rows or len(ends) < len(rows):
