@@ -21,7 +21,8 @@ Start-up, in order (each phase's seconds go to ``startup/*`` in summary.json):
                     loaded once: the rollouter actor is handed them, not loading them again
     ray_s           Ray started
     trainer_init_s  trainer built, placement reserved, ranks launched -- ranks load the model
-    engines_s       rollouter actor -> start(): the engines load, compile, capture graphs --'
+    engines_s       engines launched (here, in the rollout group), rollouter actor started
+                    -> start(engines): it waits for them to load, compile, capture graphs --'
                     (their own split read off their logs: recipe/run/startup.py)
                     (both side by side; the driver waits on both together, so a failing side
                     is raised without waiting for the other)
@@ -49,6 +50,8 @@ from recipe.workers.judge_server import judge_ready, stop_judge
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
+    from recipe.workers.rollout.replicas import RolloutReplicas
+
 logger = logging.getLogger(__name__)
 
 _CLOSE_TIMEOUT_S = 120.0
@@ -72,23 +75,27 @@ class FullyAsyncRecipe:
         self.trainer = FullyAsyncTrainer(cfg, run_dir, inputs=inputs)  # ranks load meanwhile
         self.trainer.run.startup = startup
         self.queue: ActorHandle | None = None
+        self._engines: RolloutReplicas | None = None
+        """The engines, until the rollouter's ``start`` took them (then it shuts them down)."""
         self.rollouter: ActorHandle | None = None
         self.judge: ActorHandle | None = None
         try:
             plan = self.trainer.plan
             self.queue = make_message_queue(plan.budget)
-            # Reserved with the trainer's, before any worker started; the rollouter owns it.
-            engines = self.trainer.placement.take("rollout")
+            engines_start = time.perf_counter()
+            # Launched here, in the group reserved with the trainer's, so that the engines
+            # start while the rollouter actor starts; handed to it, which owns them from then.
+            assert inputs.model is not None  # RunInputs.load loads it
+            self._engines = self.trainer.placement.launch_engines(inputs.model)
             actor: Any = ray.remote(num_cpus=0)(FullyAsyncRollouter)
             # The inputs checked above, not loaded again: records and prompt ids pickle as
             # they are, the reward function as its config (it imports reward.custom_fn
             # again in the actor: a function loaded from a file has no importable name).
             self.rollouter = actor.options(scheduling_strategy=on_driver_node()).remote(
-                cfg, run_dir, self.queue, plan, engines, inputs=inputs
+                cfg, run_dir, self.queue, plan, None, inputs=inputs
             )
             client = RolloutClient(self.rollouter)
-            engines_start = time.perf_counter()
-            started = client.start()
+            started = client.start(self._engines)
             placement = self.trainer.placement  # the judge's engines: after the policy's on a GPU
             self.judge = placement.start_judge([started] if placement.judge_starts_last else None)
             ranks = self.trainer.ranks
@@ -98,6 +105,7 @@ class FullyAsyncRecipe:
                 {"engines": [started, *judge_up], "trainer": ranks_ready},
                 on_failure={"trainer": ranks.wait_ready},  # shuts the ranks down, raises
             )
+            self._engines = None  # the rollouter's now
             startup.add_engines(ended_at["engines"] - engines_start, Path(run_dir) / ENGINE_LOG_DIR)
             startup.add("trainer_init_s", ended_at["trainer"] - trainer_start)
             self.trainer.attach(client, QueueClient(self.queue))
@@ -127,8 +135,13 @@ class FullyAsyncRecipe:
                 except Exception:  # the engines may be gone already; end the actor anyway
                     logger.exception("closing the rollouter failed")
                 ray.kill(self.rollouter)
+            if self._engines is not None:  # a start that failed: the rollouter may not have them
+                try:
+                    self._engines.shutdown()
+                except Exception:  # already shut down by the rollouter, or Ray is going
+                    logger.debug("shutting down the launched engines failed", exc_info=True)
             if self.queue is not None:
                 ray.kill(self.queue)
             stop_judge(self.judge)
-            self.rollouter = self.queue = self.judge = None
+            self.rollouter = self.queue = self.judge = self._engines = None
             self.trainer.placement.release()

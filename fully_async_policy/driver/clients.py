@@ -34,6 +34,8 @@ from recipe.workers.rollout.client import ReplicaClient
 if TYPE_CHECKING:
     from ray import ObjectRef
 
+    from recipe.workers.rollout.replicas import RolloutReplicas
+
 T = TypeVar("T")
 
 
@@ -73,8 +75,8 @@ class RolloutClient:
         self.waits: Waits = waits or RayWaits()
 
     # ---- the loop -----------------------------------------------------------------------
-    def start(self) -> ObjectRef[None]:
-        return self.handle.start.remote()
+    def start(self, engines: RolloutReplicas | None = None) -> ObjectRef[None]:
+        return self.handle.start.remote(engines)
 
     def run(self) -> ObjectRef[None]:
         return self.handle.run.remote()

@@ -77,7 +77,8 @@ class FullyAsyncRollouter:
         inputs: RunInputs,
     ) -> None:
         """``queue``: the MessageQueue actor released groups go into; ``engines``: the
-        engines' placement group, reserved by the driver with the trainer's; ``inputs``: the
+        engines' placement group, reserved by the driver with the trainer's, for a ``start``
+        that starts the engines itself (None: ``start`` is handed them); ``inputs``: the
         data, prompt ids and reward function the driver loaded and checked (never loaded
         again here)."""
         self.cfg, self.run_dir = cfg, Path(run_dir)
@@ -121,13 +122,17 @@ class FullyAsyncRollouter:
             self.tracer.name_thread(tid, track)
 
     async def start(self, engines: EngineReplicas | None = None) -> None:
-        """Start the engines (blocking Ray calls: in a thread, never on this actor's loop) and
-        the supervisor that owns them; the first call after the constructor. ``engines``:
-        replicas already started (tests); None starts ``rollout.replicas`` engines."""
+        """Wait for the engines to start (blocking Ray calls: in a thread, never on this
+        actor's loop), then build the supervisor that owns them; the first call after the
+        constructor. ``engines``: replicas launched by the caller and still starting (the
+        driver launches them beside this actor's own start; ``Placement.launch_engines``), from
+        here on this actor's to shut down; None starts ``rollout.replicas`` engines in the
+        placement group the constructor was given."""
         if engines is None:
             assert self.inputs.model is not None, "RunInputs without a model brings its engines"
-            engines = await asyncio.to_thread(self.placement.start_engines, self.inputs.model)
-        self._engines = engines
+            engines = await asyncio.to_thread(self.placement.launch_engines, self.inputs.model)
+        self._engines = engines  # shut down by close() even if they fail to start
+        await asyncio.to_thread(engines.wait_started)
         self.replicas = ReplicaSupervisor(
             engines,
             served_version=lambda: self.version,

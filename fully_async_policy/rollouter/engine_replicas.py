@@ -42,6 +42,11 @@ class EngineReplicas(Protocol):
         """A new worker for replica ``index``; its handle (the engine still starting)."""
         ...
 
+    def wait_started(self) -> None:
+        """Blocks until every replica's engine started; raises a failed start's error, or
+        ``RunFailure`` past ``rollout.start_timeout_s``."""
+        ...
+
     def wait_for_bundle(self, index: int) -> str:
         """Blocks until replica ``index``'s resources are placed; ``PlacementError`` if never."""
         ...

@@ -183,6 +183,14 @@ class Placement:
         (``take("rollout")``; starts Ray); each writes its output under the run directory's
         ``ENGINE_LOG_DIR``. Blocking: it returns once every engine started (or raises naming
         the replica)."""
+        replicas = self.launch_engines(model)
+        replicas.wait_started()
+        return replicas
+
+    def launch_engines(self, model: HFModelConfig) -> RolloutReplicas:
+        """``start_engines`` without the wait: the engines are still starting when it returns
+        (``RolloutReplicas.wait_started`` waits), so their start overlaps what the caller does
+        next (the fully async driver starts its rollouter actor meanwhile)."""
         from recipe.workers.rollout.replicas import RolloutReplicas
 
         init_ray(self.cfg.ray)
@@ -197,6 +205,7 @@ class Placement:
             owns_placement_group=not self.one_group,
             max_prompt_length=self.cfg.data.max_prompt_length,
             lora_rank=self.cfg.actor.lora.rank,
+            wait=False,
         )
 
     def start_judge(self, after: list[Any] | None = None) -> Any:

@@ -276,6 +276,9 @@ class ScriptedEngines:
         self.restarted.append(index)
         return self.workers[index]
 
+    def wait_started(self) -> None:
+        """In-process workers start in their constructor."""
+
     def wait_for_bundle(self, index: int) -> str:
         if index in self.lost:
             from recipe.workers.cluster import PlacementError

@@ -80,6 +80,7 @@ class RolloutReplicas:
         max_prompt_length: int | None = None,
         lora_rank: int = 0,
         num_cpus: float = 1.0,
+        wait: bool = True,
     ) -> None:
         """``gpu_fraction``: the share of a GPU each replica reserves in Ray (< 1 colocated;
         a tensor-parallel replica takes ``rollout.tensor_parallel_size`` whole GPUs);
@@ -92,7 +93,10 @@ class RolloutReplicas:
         ``data.max_prompt_length``, the longest prompt an agent's request may start a segment
         with (None: the engine's context only); ``lora_rank``: ``actor.lora.rank`` (> 0:
         engines serve pushed LoRA adapters, vLLM only); ``num_cpus``: Ray's CPUs for each
-        worker actor (0: a worker that must fit beside reserved groups, the judge's)."""
+        worker actor (0: a worker that must fit beside reserved groups, the judge's);
+        ``wait``: return once every engine started (False: at once, the engines still
+        starting; ``wait_started`` waits for them, and the object may go to another process
+        first: it pickles with the actors' handles)."""
 
         if cfg.backend == "vllm" and cfg.engine_kwargs:
             from recipe.workers.rollout.engine_args import check_engine_kwargs
@@ -124,19 +128,20 @@ class RolloutReplicas:
             self._start_worker(index) for index in range(cfg.replicas)
         ]
         self._retired: dict[str, int] = {}  # actor id -> replica, of workers restart() replaced
-        # Constructors are where engines start: wait so failures surface here.
-        self._wait_started(self.workers)
         self._placement = RoundRobin(cfg.replicas)
         self._replica_of: dict[Any, int] = {}
         """The replica of each request of a batch awaited with ``get`` (to name a hung one);
         entries leave when ``get`` returns or fails."""
+        if wait:  # constructors are where engines start: wait so failures surface here
+            self.wait_started()
 
-    def _wait_started(self, workers: list[ReplicaClient]) -> None:
-        """Wait for the engines of ``workers`` (replicas 0..) to start, within
-        ``rollout.start_timeout_s``; past it ``RunFailure`` names the replicas still starting."""
+    def wait_started(self) -> None:
+        """Wait for every replica's engine to start, within ``rollout.start_timeout_s``; past
+        it ``RunFailure`` names the replicas still starting, and an engine that failed to start
+        raises its error."""
         import ray
 
-        refs = [w.get_version() for w in workers]
+        refs = [w.get_version() for w in self.workers]
         ready, waiting = ray.wait(refs, num_returns=len(refs), timeout=self.cfg.start_timeout_s)
         ray.get(ready)  # an engine that failed to start raises here
         if waiting:
