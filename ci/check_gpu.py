@@ -1,18 +1,36 @@
 """Check the nightly GPU job's results against ``ci/thresholds_gpu.json``; exit 1 on a regression.
 
-    python ci/check_gpu.py OUT_DIR
+    python ci/check_gpu.py OUT_DIR                 check one nightly's results
+    python ci/check_gpu.py derive OUT_DIR...       (re)write the thresholds from >= 3 nightlies
 
 Reads what ``ci/nightly_gpu.sh`` wrote (rollout.json, trainer.json, weight_sync.json,
 engine_push.json, e2e.json, run/, peers.json) and
 prints one row per figure: value, threshold, verdict. A missing result is a failure.
+
+``derive`` sets each figure's threshold from its values in the nightlies given (the machine
+the thresholds guard; at least 3 with the figure) and records them beside it:
+
+    kind min    0.8 x the measured mean: a 20% regression fails
+    kind max    1.2 x the measured mean
+    noisy       true when the measured spread puts the threshold within 1.645 standard
+                deviations of the mean: a healthy nightly would fail more than 1 time in 20,
+                so the figure needs more runs (or a steadier measurement) before it guards
+A figure with fewer than 3 values keeps its threshold, marked ``"measured": null``.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
+from datetime import date
 from pathlib import Path
 from typing import Any
+
+THRESHOLDS = Path(__file__).parent / "thresholds_gpu.json"
+REGRESSION = 0.2
+Z_ONE_SIDED_95 = 1.645
+MIN_RUNS = 3
 
 
 def _load(path: Path) -> Any:
@@ -68,8 +86,42 @@ def figures(out: Path) -> dict[str, float | None]:
     return found
 
 
-def main(out_dir: str) -> int:
-    limits = json.loads((Path(__file__).parent / "thresholds_gpu.json").read_text())
+def derive_entry(limit: dict[str, Any], values: list[float], sources: list[str]) -> dict[str, Any]:
+    """One figure's thresholds entry from its measured ``values`` (module docstring)."""
+    kind = limit["kind"]
+    if len(values) < MIN_RUNS:
+        return {"kind": kind, "value": limit["value"], "measured": None}
+    mean, sd = statistics.mean(values), statistics.stdev(values)
+    bound = (1 - REGRESSION) * mean if kind == "min" else (1 + REGRESSION) * mean
+    return {
+        "kind": kind,
+        "value": round(bound, 4),
+        "noisy": abs(mean - bound) < Z_ONE_SIDED_95 * sd,
+        "measured": {
+            "date": date.today().isoformat(),
+            "values": [round(v, 4) for v in values],
+            "mean": round(mean, 4),
+            "sd": round(sd, 4),
+            "runs": sources,
+        },
+    }
+
+
+def derive(out_dirs: list[str]) -> dict[str, Any]:
+    """Every figure's entry from the nightlies in ``out_dirs`` (the kinds stay as they are)."""
+    limits = json.loads(THRESHOLDS.read_text())
+    found = [(Path(d).name, figures(Path(d))) for d in out_dirs]
+    table = {}
+    for name, limit in limits.items():
+        pairs = [(source, f[name]) for source, f in found if f.get(name) is not None]
+        table[name] = derive_entry(
+            limit, [v for _, v in pairs if v is not None], [s for s, _ in pairs]
+        )
+    return table
+
+
+def check(out_dir: str) -> int:
+    limits = json.loads(THRESHOLDS.read_text())
     values = figures(Path(out_dir))
     print(f"{'figure':<34}{'value':>10}{'threshold':>12}  verdict  ({out_dir})")
     failed = False
@@ -82,12 +134,36 @@ def main(out_dir: str) -> int:
             ok = value >= bound if kind == "min" else value <= bound
             shown = f"{value:.3f}"
         failed |= not ok
-        print(
-            f"{name:<34}{shown:>10}{kind + ' ' + format(bound, '.3f'):>12}  "
-            f"{'ok' if ok else 'REGRESSED'}"
-        )
+        threshold = f"{kind} {bound:.3f}"
+        print(f"{name:<34}{shown:>10}{threshold:>12}  {'ok' if ok else 'REGRESSED'}")
     return 1 if failed else 0
 
 
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["derive"] and len(argv) > 1:
+        table = derive(argv[1:])
+        THRESHOLDS.write_text(
+            "{\n"
+            + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in table.items())
+            + "\n}\n"
+        )
+        for name, entry in table.items():
+            measured = entry["measured"]
+            shown = (
+                "kept: fewer than 3 runs"
+                if measured is None
+                else (
+                    f"{entry['kind']} {entry['value']:.3f} from {measured['values']}"
+                    + (" NOISY" if entry["noisy"] else "")
+                )
+            )
+            print(f"{name:<34}{shown}")
+        return 0
+    if len(argv) != 1 or argv[0] == "derive":
+        print("usage: check_gpu.py OUT_DIR | derive OUT_DIR...", file=sys.stderr)
+        return 2
+    return check(argv[0])
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1:]))

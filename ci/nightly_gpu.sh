@@ -52,8 +52,11 @@ for stage in "${stages[@]}"; do
         trainer.total_training_steps=${RUN_STEPS:-80} trainer.test_freq=10 logger.quiet=true \
         hydra.run.dir="$out/run" 2>&1 | tee "$out/run.log" ;;
     peers)
-      # verl's GRPO beside ours (ci/peers_gpu.sh setup installs verl's wheels first).
-      PYTHON=$PYTHON PEERS_OUT="$out/peers" ci/peers_gpu.sh run steps=${PEERS_STEPS:-6} \
+      # verl's GRPO beside ours on the results page's terms (ci/peers_gpu.sh setup installs
+      # verl's wheels first; the model from ci/real_models_gpu.sh setup or study_gpu.sh setup).
+      MODEL=${PEERS_MODEL:-qwen2.5-coder-0.5b-instruct} PYTHON=$PYTHON PEERS_OUT="$out/peers" \
+        ci/peers_gpu.sh run systems=verl,sync,fully_async data="${GSM8K_DATA:-../shared/data/gsm8k}" \
+        steps=${PEERS_STEPS:-16} warmup_steps=2 response_length=512 lr=3e-6 val_rows=256 \
         json="$out/peers.json" 2>&1 | tee "$out/peers.log" ;;
     check)
       "$PYTHON" ci/check_gpu.py "$out" ;;
