@@ -19,13 +19,14 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from recipe.tools.bench.peers import ours, verl
 from recipe.tools.bench.peers.report import PAIRS
 from recipe.tools.bench.peers.result import SystemResult
 from recipe.tools.cli import exit_on_help, fail, split_key_values
 
 FIGURES = ("samples_per_s", "gen_tokens_per_s", "step_s", "startup_s")
 GPU_FIGURES = ("sm_clock_mhz_median", "temp_c_max")
-SYSTEM_NAMES = ("verl", "verl_async", "sync", "fully_async")
+SYSTEM_NAMES = (*verl.SYSTEMS, *ours.SYSTEMS)
 
 
 @dataclass(frozen=True, slots=True)
