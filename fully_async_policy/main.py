@@ -19,7 +19,7 @@ Start-up, in order (each phase's seconds go to ``startup/*`` in summary.json):
 
     inputs_s        model, data, reward functions checked, before Ray (bad input: exit 2);
                     loaded once: the rollouter actor is handed them, not loading them again
-    ray_s           Ray started
+    ray_s           Ray started, inside inputs_s: while the prompts are encoded
     trainer_init_s  trainer built, placement reserved, ranks launched -- ranks load the model
     engines_s       engines launched (here, in the rollout group), rollouter actor started
                     -> start(engines): it waits for them to load, compile, capture graphs --'
@@ -64,13 +64,25 @@ class FullyAsyncRecipe:
         import ray
 
         startup = StartupTimes()
-        # Input checks (model, data, reward functions, the device) run first, before Ray
-        # starts; a resumed run's checkpoint is checked by the trainer, after it.
-        with startup.phase("inputs_s"):
-            inputs = RunInputs.load(cfg)
-            resolve_device(cfg.trainer.device)
-        with startup.phase("ray_s"):
+
+        # Input checks (the device, data, reward functions, model) run first, before Ray
+        # starts; Ray starts while the prompts are encoded, whose length check fails the
+        # run as before (Ray shut down first). A resumed run's checkpoint is checked by the
+        # trainer, after it.
+        def start_ray() -> None:
+            start = time.perf_counter()
             init_ray(cfg.ray)
+            startup.add_within("ray_s", time.perf_counter() - start)
+
+        ray_was_up = ray.is_initialized()
+        with startup.phase("inputs_s"):
+            resolve_device(cfg.trainer.device)
+            try:
+                inputs = RunInputs.load(cfg, beside=start_ray)
+            except BaseException:
+                if not ray_was_up:
+                    ray.shutdown()
+                raise
         trainer_start = time.perf_counter()
         self.trainer = FullyAsyncTrainer(cfg, run_dir, inputs=inputs)  # ranks load meanwhile
         self.trainer.run.startup = startup

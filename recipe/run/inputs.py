@@ -4,11 +4,13 @@
       data       train/val records (``build_datasets``: a bad file or row is named)
       reward     ``RewardFunction`` with a scorer for every ``data_source`` in the data
       model      the model directory (config, weights, tokenizer files checked)
-      prompts    every prompt through the chat template, within ``data.max_prompt_length``
       agents     multi-turn import paths, arguments and chat-template deltas
+      prompts    every prompt through the chat template, within ``data.max_prompt_length``
 
 Each check raises a ValueError (or ``ModelPathError``) naming the key, file or row, so bad
-input fails at startup with one line, before Ray starts. Each process loads them once: the
+input fails at startup with one line, before Ray starts; only the prompts' lengths may be
+checked while Ray starts (the fully async driver encodes them beside its start: ``beside``),
+and that error still wins. Each process loads them once: the
 batch recipes in their one process (``BatchTrainer`` keeps them all); fully_async in the
 driver, which keeps the model and the prompt sets' fingerprints (``FullyAsyncTrainer``) and
 hands the whole to the rollouter actor through Ray (the reward function travels as its
@@ -18,7 +20,10 @@ config, ``RewardFunction.__reduce__``). A test that brings its own engines build
 
 from __future__ import annotations
 
+import concurrent.futures
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from recipe.agent.runner import EpisodeRunner
 from recipe.config import RecipeConfig
@@ -44,23 +49,49 @@ class RunInputs:
     engines of its own (tests)."""
 
     @classmethod
-    def load(cls, cfg: RecipeConfig) -> RunInputs:
+    def load(cls, cfg: RecipeConfig, *, beside: Callable[[], object] | None = None) -> RunInputs:
         """Read and check everything ``cfg`` names (the module docstring's order: the cheap
-        checks first, the model's tokenizer last)."""
+        checks first, the model's tokenizer, then the prompts). ``beside``: called in this
+        thread while the prompts are encoded in another, once every other check passed (the
+        fully async driver starts Ray there); an error of either is raised once both ended,
+        the encoding's first."""
         train_records, val_records = build_datasets(cfg.data)
         reward_fn = RewardFunction(cfg.reward, cfg.rollout.response_length)
         reward_fn.check_data_sources({r.data_source for r in train_records + val_records})
         # Last: reading the model's config imports much of transformers (seconds).
         model = HFModelConfig.from_config(cfg.model)
         check_judge_model(cfg)
-        records = train_records + val_records
-        ids = encode_prompts(model.tokenizer, records, max_prompt_length=cfg.data.max_prompt_length)
         if cfg.rollout.multi_turn.enable:
             # Import paths, constructor arguments and the chat template's deltas: checked
             # here, once, instead of inside every rollout worker.
             EpisodeRunner(cfg.rollout.multi_turn, model.tokenizer, model.eos_token_ids)
+        records = train_records + val_records
+        tokenizer, limit = model.tokenizer, cfg.data.max_prompt_length
+        ids = run_beside(
+            lambda: encode_prompts(tokenizer, records, max_prompt_length=limit), beside
+        )
         prompt_ids = {r.uid: p for r, p in zip(records, ids, strict=True)}
         return cls(train_records, val_records, reward_fn, prompt_ids, model)
+
+
+T = TypeVar("T")
+
+
+def run_beside(work: Callable[[], T], beside: Callable[[], object] | None) -> T:
+    """``work()``'s result, with ``beside()`` run in this thread meanwhile (``work`` in a
+    thread of its own; None: ``work`` alone, here). Both end before anything is raised:
+    ``work``'s error first, else ``beside``'s."""
+    if beside is None:
+        return work()
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="inputs") as pool:
+        future = pool.submit(work)
+        try:
+            beside()
+        finally:
+            error = future.exception()  # waits for the work to end
+            if error is not None:
+                raise error
+    return future.result()
 
 
 def check_judge_model(cfg: RecipeConfig) -> None:

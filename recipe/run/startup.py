@@ -2,7 +2,8 @@
 
     process start ----------------------------------------------------> first step begins
       inputs_s        model, data, reward functions checked (the driver)
-      ray_s           Ray started or joined
+      ray_s           Ray started or joined (fully_async: inside inputs_s, while the prompts
+                      are encoded: ``add_within``)
       trainer_init_s  trainer side built: placement reserved, ranks load the model and join
       engines_s       engines started, beside the ranks; of it, from the rollout worker's
                       own line in its engine log (``WORKER_START_LINE``, the slowest engine):
@@ -98,6 +99,9 @@ class StartupTimes:
         self.process_start = process_start_time() if process_start is None else process_start
         self.phases_s: dict[str, float] = {}
         """Phase name (``ray_s``, ...) -> seconds; a phase recorded twice adds up."""
+        self.within_s: dict[str, float] = {}
+        """Phases that ran inside another one (``add_within``): reported, never added to
+        what the phases account for."""
         self.first_step_at: float | None = None
         """When the first training step began (seconds since the epoch); None before."""
 
@@ -106,6 +110,13 @@ class StartupTimes:
         if not name.endswith("_s"):
             raise ValueError(f"start-up phase {name!r}: names end in '_s' (seconds)")
         self.phases_s[name] = self.phases_s.get(name, 0.0) + float(seconds)
+
+    def add_within(self, name: str, seconds: float) -> None:
+        """Count ``seconds`` to phase ``name``, which ran inside another recorded phase
+        (fully_async's Ray start, inside its input checks)."""
+        if not name.endswith("_s"):
+            raise ValueError(f"start-up phase {name!r}: names end in '_s' (seconds)")
+        self.within_s[name] = self.within_s.get(name, 0.0) + float(seconds)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -133,6 +144,7 @@ class StartupTimes:
         """``startup/<phase>`` for every phase recorded, and, once the first step began,
         ``startup/to_first_step_s`` and ``startup/other_s`` (what no phase accounts for)."""
         out = {PREFIX + name: seconds for name, seconds in self.phases_s.items()}
+        out |= {PREFIX + name: seconds for name, seconds in self.within_s.items()}
         if self.first_step_at is None:
             return out
         total = max(self.first_step_at - self.process_start, 0.0)

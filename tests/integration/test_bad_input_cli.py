@@ -42,9 +42,10 @@ ROW = {
 
 
 def _run(
-    run_dir: Path, *overrides: str, debug: bool = False
+    run_dir: Path, *overrides: str, debug: bool = False, env_extra: dict[str, str] | None = None
 ) -> tuple[subprocess.CompletedProcess, tuple[float, float]]:
     env = {**os.environ, "RECIPE_DEBUG": "1" if debug else "0", "HYDRA_FULL_ERROR": "0"}
+    env |= env_extra or {}
     args = [sys.executable, "-m", "recipe", "logger.quiet=true", *overrides]
     if not any(o.startswith("hydra.run.dir=") for o in overrides):
         args.append(f"hydra.run.dir={run_dir}")
@@ -259,3 +260,23 @@ def test_debug_flag_shows_the_traceback(tmp_path):
     proc, _ = _run(tmp_path / "run", "async_training.require_batches=0", debug=True)
     assert proc.returncode != 0
     assert "Traceback" in proc.stderr and "async_training.require_batches" in proc.stderr
+
+
+def test_prompts_too_long_fail_while_ray_starts_and_leave_no_ray_behind(tmp_path):
+    """fully_async checks the prompts' lengths while Ray starts (the one check that does):
+    the same one line and exit 2, Ray shut down before the exit (its processes name its
+    temporary folder)."""
+    ray_tmp = tmp_path / "ray"
+    proc, elapsed = _run(
+        tmp_path / "run",
+        "mode=fully_async",
+        "data.max_prompt_length=2",
+        env_extra={"RAY_TMPDIR": str(ray_tmp)},
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "data.max_prompt_length=2" in errors[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert elapsed[1] < WALL_BOUND_S, elapsed
+    left = subprocess.run(["pgrep", "-f", str(ray_tmp)], capture_output=True, text=True)
+    assert left.stdout.strip() == "", f"Ray processes left: {left.stdout}"

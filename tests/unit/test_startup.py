@@ -1,17 +1,21 @@
 """Start-up accounting: ``StartupTimes`` (recipe/run/startup.py), what ``TrainingRun`` records
 of it (initial validation, first step, first push, ``startup/*`` in summary.json), and
-``wait_started`` (recipe/workers/cluster.py) raising a failed role at once."""
+``wait_started`` (recipe/workers/cluster.py) raising a failed role at once, and the input
+checks' encoding run beside Ray's start (``run_beside``)."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
 from omegaconf import OmegaConf
 
 from recipe.config import load_config
+from recipe.data.loaders import DataError
 from recipe.protocol import PromptRecord
+from recipe.run.inputs import run_beside
 from recipe.run.startup import StartupTimes, engine_log_phases, engine_phases
 from recipe.run.training_run import TrainingRun
 from recipe.workers.rollout.engine_log import write_start_line
@@ -130,3 +134,58 @@ def test_the_engines_own_split_is_part_of_engines_s_not_added_to_it():
     times.add("engine_build_s", 18.0)
     times.first_step(now=25.0)
     assert times.accounted_s() == 20.0 and times.metrics()["startup/other_s"] == 5.0
+
+
+def test_a_phase_run_inside_another_is_reported_but_not_counted_twice():
+    times = StartupTimes(process_start=0.0)
+    times.add("inputs_s", 9.0)
+    times.add_within("ray_s", 6.0)  # fully_async: Ray starts inside the input checks
+    times.add("engines_s", 50.0)
+    times.first_step(now=65.0)
+    metrics = times.metrics()
+    assert metrics["startup/ray_s"] == 6.0
+    assert times.accounted_s() == 59.0 and metrics["startup/other_s"] == pytest.approx(6.0)
+
+
+def test_work_beside_runs_in_another_thread_at_the_same_time():
+    started = threading.Event()
+    threads = {}
+
+    def work() -> str:
+        threads["work"] = threading.get_ident()
+        started.set()
+        return "ids"
+
+    def beside() -> None:
+        threads["beside"] = threading.get_ident()
+        assert started.wait(timeout=10), "the work did not run while beside() ran"
+
+    assert run_beside(work, beside) == "ids"
+    assert threads["beside"] == threading.get_ident() != threads["work"]
+    assert run_beside(work, None) == "ids"
+
+
+def test_both_sides_end_before_an_error_and_the_works_error_wins():
+    ended = []
+
+    def failing_work() -> None:
+        time.sleep(0.2)
+        ended.append("work")
+        raise DataError("prompt u has 9 tokens > data.max_prompt_length=2")
+
+    def beside() -> None:
+        ended.append("beside")
+
+    with pytest.raises(DataError, match="max_prompt_length=2"):
+        run_beside(failing_work, beside)
+    assert sorted(ended) == ["beside", "work"]
+
+    def failing_beside() -> None:
+        raise RuntimeError("ray did not start")
+
+    ended.clear()
+    with pytest.raises(DataError):  # both failed: the input's error is the one to show
+        run_beside(failing_work, failing_beside)
+    assert ended == ["work"]
+    with pytest.raises(RuntimeError, match="ray did not start"):
+        run_beside(lambda: "ids", failing_beside)
