@@ -107,16 +107,12 @@ class StartupTimes:
 
     def add(self, name: str, seconds: float) -> None:
         """Count ``seconds`` to phase ``name`` (a name ending in ``_s``)."""
-        if not name.endswith("_s"):
-            raise ValueError(f"start-up phase {name!r}: names end in '_s' (seconds)")
-        self.phases_s[name] = self.phases_s.get(name, 0.0) + float(seconds)
+        _add(self.phases_s, name, seconds)
 
     def add_within(self, name: str, seconds: float) -> None:
         """Count ``seconds`` to phase ``name``, which ran inside another recorded phase
         (fully_async's Ray start, inside its input checks)."""
-        if not name.endswith("_s"):
-            raise ValueError(f"start-up phase {name!r}: names end in '_s' (seconds)")
-        self.within_s[name] = self.within_s.get(name, 0.0) + float(seconds)
+        _add(self.within_s, name, seconds)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -162,3 +158,10 @@ class StartupTimes:
             if name not in OVERLAPPING and name != "first_push_s" and name not in ENGINE_LINES
         )
         return serial + max(side_by_side, default=0.0)
+
+
+def _add(phases: dict[str, float], name: str, seconds: float) -> None:
+    """``seconds`` added to ``phases[name]`` (a name ending in ``_s``)."""
+    if not name.endswith("_s"):
+        raise ValueError(f"start-up phase {name!r}: names end in '_s' (seconds)")
+    phases[name] = phases.get(name, 0.0) + float(seconds)
