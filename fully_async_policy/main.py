@@ -17,9 +17,11 @@ pauses and resumes generation around a push.
 
 Start-up, in order (each phase's seconds go to ``startup/*`` in summary.json):
 
-    inputs_s        model, data, reward functions checked, before Ray (bad input: exit 2);
-                    loaded once: the rollouter actor is handed them, not loading them again
-    ray_s           Ray started, inside inputs_s: while the prompts are encoded
+    inputs_s        data and reward functions checked, then the model, agents and prompts
+                    (bad input: exit 2, Ray shut down first); loaded once: the rollouter
+                    actor is handed them, not loading them again
+    ray_s           Ray started, inside inputs_s: while the model, agents and prompts are
+                    checked
     trainer_init_s  trainer built, placement reserved, ranks launched -- ranks load the model
     engines_s       engines launched (here, in the rollout group), rollouter actor started
                     -> start(engines): it waits for them to load, compile, capture graphs --'
@@ -65,8 +67,8 @@ class FullyAsyncRecipe:
 
         startup = StartupTimes()
 
-        # Input checks (the device, data, reward functions, model) run first, before Ray
-        # starts; Ray starts while the prompts are encoded, whose length check fails the
+        # Input checks (the device, data, reward functions) run first, before Ray starts;
+        # Ray starts while the model, agents and prompts are checked, whose errors fail the
         # run as before (Ray shut down first). A resumed run's checkpoint is checked by the
         # trainer, after it.
         def start_ray() -> None:

@@ -8,9 +8,10 @@
       prompts    every prompt through the chat template, within ``data.max_prompt_length``
 
 Each check raises a ValueError (or ``ModelPathError``) naming the key, file or row, so bad
-input fails at startup with one line, before Ray starts; only the prompts' lengths may be
-checked while Ray starts (the fully async driver encodes them beside its start: ``beside``),
-and that error still wins. Each process loads them once: the
+input fails at startup with one line. The data and reward checks run first, alone; the model,
+the agents and the prompts may be checked while Ray starts (the fully async driver starts it
+``beside`` them: reading the model's config and tokenizer takes seconds), and their error
+still wins. Each process loads them once: the
 batch recipes in their one process (``BatchTrainer`` keeps them all); fully_async in the
 driver, which keeps the model and the prompt sets' fingerprints (``FullyAsyncTrainer``) and
 hands the whole to the rollouter actor through Ray (the reward function travels as its
@@ -51,27 +52,32 @@ class RunInputs:
     @classmethod
     def load(cls, cfg: RecipeConfig, *, beside: Callable[[], object] | None = None) -> RunInputs:
         """Read and check everything ``cfg`` names (the module docstring's order: the cheap
-        checks first, the model's tokenizer, then the prompts). ``beside``: called in this
-        thread while the prompts are encoded in another, once every other check passed (the
-        fully async driver starts Ray there); an error of either is raised once both ended,
-        the encoding's first."""
+        checks first, then the model's tokenizer and the prompts). ``beside``: called in this
+        thread while the model, agents and prompts are checked in another, once the data and
+        reward checks passed (the fully async driver starts Ray there); an error of either
+        is raised once both ended, the checks' first."""
         train_records, val_records = build_datasets(cfg.data)
         reward_fn = RewardFunction(cfg.reward, cfg.rollout.response_length)
         reward_fn.check_data_sources({r.data_source for r in train_records + val_records})
-        # Last: reading the model's config imports much of transformers (seconds).
-        model = HFModelConfig.from_config(cfg.model)
-        check_judge_model(cfg)
-        if cfg.rollout.multi_turn.enable:
-            # Import paths, constructor arguments and the chat template's deltas: checked
-            # here, once, instead of inside every rollout worker.
-            EpisodeRunner(cfg.rollout.multi_turn, model.tokenizer, model.eos_token_ids)
         records = train_records + val_records
-        tokenizer, limit = model.tokenizer, cfg.data.max_prompt_length
-        ids = run_beside(
-            lambda: encode_prompts(tokenizer, records, max_prompt_length=limit), beside
-        )
+        model, ids = run_beside(lambda: _model_and_prompts(cfg, records), beside)
         prompt_ids = {r.uid: p for r, p in zip(records, ids, strict=True)}
         return cls(train_records, val_records, reward_fn, prompt_ids, model)
+
+
+def _model_and_prompts(
+    cfg: RecipeConfig, records: list[PromptRecord]
+) -> tuple[HFModelConfig, list[list[int]]]:
+    """The model (its config and tokenizer: reading them imports much of transformers, the
+    slowest check), the judge's and the agents' checks, and every prompt's token ids."""
+    model = HFModelConfig.from_config(cfg.model)
+    check_judge_model(cfg)
+    if cfg.rollout.multi_turn.enable:
+        # Import paths, constructor arguments and the chat template's deltas: checked here,
+        # once, instead of inside every rollout worker.
+        EpisodeRunner(cfg.rollout.multi_turn, model.tokenizer, model.eos_token_ids)
+    limit = cfg.data.max_prompt_length
+    return model, encode_prompts(model.tokenizer, records, max_prompt_length=limit)
 
 
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """Start-up accounting: ``StartupTimes`` (recipe/run/startup.py), what ``TrainingRun`` records
 of it (initial validation, first step, first push, ``startup/*`` in summary.json), and
 ``wait_started`` (recipe/workers/cluster.py) raising a failed role at once, and the input
-checks' encoding run beside Ray's start (``run_beside``)."""
+checks (model, agents, prompts) run beside Ray's start (``run_beside``)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from omegaconf import OmegaConf
 
 from recipe.config import load_config
 from recipe.data.loaders import DataError
+from recipe.model import ModelPathError
 from recipe.protocol import PromptRecord
-from recipe.run.inputs import run_beside
+from recipe.run import inputs as inputs_module
+from recipe.run.inputs import RunInputs, run_beside
 from recipe.run.startup import StartupTimes, engine_log_phases, engine_phases
 from recipe.run.training_run import TrainingRun
 from recipe.workers.rollout.engine_log import write_start_line
@@ -189,3 +191,31 @@ def test_both_sides_end_before_an_error_and_the_works_error_wins():
     assert ended == ["work"]
     with pytest.raises(RuntimeError, match="ray did not start"):
         run_beside(lambda: "ids", failing_beside)
+
+
+def test_the_model_and_prompts_are_checked_while_ray_starts(monkeypatch):
+    """RunInputs.load runs ``beside`` (the fully async driver's Ray start) while the model's
+    config and tokenizer are read, the slowest check, not after them."""
+    starting = threading.Event()
+    original = inputs_module.HFModelConfig.from_config
+    seen = []
+
+    def reading(cfg):
+        seen.append(starting.wait(timeout=5))
+        return original(cfg)
+
+    monkeypatch.setattr(inputs_module.HFModelConfig, "from_config", reading)
+    loaded = RunInputs.load(load_config({}), beside=starting.set)
+    assert seen == [True], "the model was read before beside() ran, not beside it"
+    assert loaded.model is not None and len(loaded.prompt_ids) > 0
+
+
+def test_a_bad_model_fails_the_load_after_beside_ended(monkeypatch):
+    def bad_model(cfg):
+        raise ModelPathError("model.path='nowhere': no such directory")
+
+    monkeypatch.setattr(inputs_module.HFModelConfig, "from_config", bad_model)
+    ended = []
+    with pytest.raises(ModelPathError, match="nowhere"):
+        RunInputs.load(load_config({}), beside=lambda: ended.append("beside"))
+    assert ended == ["beside"]
