@@ -2,7 +2,9 @@
 
     worker death / failed weight push --> RolloutWorkerError | TrainerWorkerError |
     / reward function that failed /       WeightSyncError (recipe.checkpoint_engine) |
-    weights that cannot be sampled        RewardError (recipe.reward) | DivergedPolicyError
+    weights that cannot be sampled /      RewardError (recipe.reward) | DivergedPolicyError |
+    trainer rank out of GPU memory        TrainerOutOfMemoryError (recipe.workers.trainer.
+                                          out_of_memory: the figures and the knobs to lower)
         @fails_cleanly fit()          --> RunFailure: what failed + where to resume from;
                                           summary.json gets "status": "failed" and "error"
         python -m recipe              --> one line "error: ..." on stderr, exit code 1
@@ -62,6 +64,23 @@ class TrainerWorkerError(WorkerDiedError):
         return type(self), (self.rank, self.detail)
 
 
+class TrainerOutOfMemoryError(RuntimeError):
+    """A trainer rank ran out of GPU memory in a forward or backward; one line names the
+    rank, the phase, the GPU's figures and what to change."""
+
+    def __init__(self, rank: int, phase: str, detail: str, remedy: str) -> None:
+        """``phase``: the ``TrainerWorker`` call (``update_actor``, ``compute_log_prob``,
+        ``compute_ref_log_prob``); ``detail``: the GPU's figures at the error; ``remedy``:
+        the knobs that lower the peak, as a clause."""
+        super().__init__(
+            f"trainer rank {rank} ran out of GPU memory in {phase} ({detail}): {remedy}"
+        )
+        self.rank, self.phase, self.detail, self.remedy = rank, phase, detail, remedy
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.rank, self.phase, self.detail, self.remedy)
+
+
 class DivergedPolicyError(RuntimeError):
     """The served weights give non-finite next-token probabilities, so no token can be sampled
     from them: training diverged (an engine that samples anyway, as vLLM's does, trains on the
@@ -116,8 +135,9 @@ def resume_hint(run_dir: Path) -> str:
 
 
 def fails_cleanly(fit: F) -> F:
-    """Decorate a recipe's ``fit``: a worker death or failed weight push that ends the run
-    becomes a ``RunFailure`` naming it and the resume point, recorded in summary.json.
+    """Decorate a recipe's ``fit``: a worker death, failed weight push, or other fault of the
+    module docstring that ends the run becomes a ``RunFailure`` naming it and the resume
+    point, recorded in summary.json.
 
     ``self`` needs ``run_dir``, ``run`` (its TrainingRun), ``global_step``, ``version`` and
     ``cfg.mode``.
@@ -132,7 +152,15 @@ def fails_cleanly(fit: F) -> F:
         except RunFailure as exc:
             _record_failure(self, exc)
             raise
-        except (WorkerDiedError, WeightSyncError, RewardError, DivergedPolicyError) as exc:
+        # A fault raised in an actor arrives as Ray's RayTaskError, made an instance of the
+        # fault's class too (as_instanceof_cause): caught here, unwrapped by remote_cause.
+        except (
+            WorkerDiedError,
+            WeightSyncError,
+            RewardError,
+            DivergedPolicyError,
+            TrainerOutOfMemoryError,
+        ) as exc:
             failure = RunFailure(f"{remote_cause(exc)}; {resume_hint(self.run_dir)}")
             _record_failure(self, failure)
             raise failure from exc

@@ -14,7 +14,8 @@ sequence count of its mini-batch and FSDP sums (not averages) gradients, so worl
 computes the same update as world size 1 up to float summation order.
 
 Weights in and out of the rank (CPU slots, pushes, exports, checkpoints) are ``PolicyIO``
-(policy_io.py), mixed in.
+(policy_io.py), mixed in. Out of GPU memory in a forward or backward, the entry points raise
+``TrainerOutOfMemoryError`` naming the knobs to lower (out_of_memory.py).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from recipe.workers.trainer.micro_batches import (
     token_budget_plan,
 )
 from recipe.workers.trainer.optim_step import optimizer_step
+from recipe.workers.trainer.out_of_memory import UPDATE_PHASE, reports_out_of_memory
 from recipe.workers.trainer.policy_io import PolicyIO
 from recipe.workers.trainer.spec import TrainerSpec
 from recipe.workers.trainer.weight_slots import WeightSlots
@@ -135,6 +137,7 @@ class TrainerWorker(PolicyIO):
 
     # ---- log-probs ------------------------------------------------------------------------
 
+    @reports_out_of_memory("compute_log_prob")
     def compute_log_prob(
         self, batch: TrainBatch, *, slot: str | None = None, with_entropy: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -146,6 +149,7 @@ class TrainerWorker(PolicyIO):
         with self._swapped_in(slot):
             return self._forward_no_grad(self._policy, batch, with_entropy)
 
+    @reports_out_of_memory("compute_ref_log_prob")
     def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:
         """Reference-model log-probs (B, T) on CPU (needs ``actor.use_kl_loss``)."""
         if self._ref is None:
@@ -205,6 +209,7 @@ class TrainerWorker(PolicyIO):
 
     # ---- training -------------------------------------------------------------------------
 
+    @reports_out_of_memory(UPDATE_PHASE)
     def update_actor(self, batch: TrainBatch) -> dict[str, float]:
         """PPO update on this rank's shard: ``ppo_epochs`` passes over mini-batches of
         ``ppo_mini_batch_size / world_size`` prompt groups, one optimizer step each."""
