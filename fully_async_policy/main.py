@@ -20,8 +20,7 @@ Start-up, in order (each phase's seconds go to ``startup/*`` in summary.json):
     inputs_s        data and reward functions checked, then the model, agents and prompts
                     (bad input: exit 2, Ray shut down first); loaded once: the rollouter
                     actor is handed them, not loading them again
-    ray_s           Ray started, inside inputs_s: while the model, agents and prompts are
-                    checked
+    ray_s           Ray started, inside inputs_s: while the model and prompts are checked
     trainer_init_s  trainer built, placement reserved, ranks launched -- ranks load the model
     engines_s       engines launched (here, in the rollout group), rollouter actor started
                     -> start(engines): it waits for them to load, compile, capture graphs --'
@@ -68,9 +67,9 @@ class FullyAsyncRecipe:
         startup = StartupTimes()
 
         # Input checks (the device, data, reward functions) run first, before Ray starts;
-        # Ray starts while the model, agents and prompts are checked, whose errors fail the
-        # run as before (Ray shut down first). A resumed run's checkpoint is checked by the
-        # trainer, after it.
+        # Ray starts while the model and prompts are checked, the agents after them; their
+        # errors fail the run as before (Ray shut down first). A resumed run's checkpoint is
+        # checked by the trainer, after it.
         def start_ray() -> None:
             start = time.perf_counter()
             init_ray(cfg.ray)

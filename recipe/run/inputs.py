@@ -8,10 +8,10 @@
       prompts    every prompt through the chat template, within ``data.max_prompt_length``
 
 Each check raises a ValueError (or ``ModelPathError``) naming the key, file or row, so bad
-input fails at startup with one line. The data and reward checks run first, alone; the model,
-the agents and the prompts may be checked while Ray starts (the fully async driver starts it
-``beside`` them: reading the model's config and tokenizer takes seconds), and their error
-still wins. Each process loads them once: the
+input fails at startup with one line. The data and reward checks run first, alone; the model
+and the prompts may be checked while Ray starts (the fully async driver starts it ``beside``
+them: reading the model's config and tokenizer takes seconds), and their error still wins;
+the agents last, in the caller's thread. Each process loads them once: the
 batch recipes in their one process (``BatchTrainer`` keeps them all); fully_async in the
 driver, which keeps the model and the prompt sets' fingerprints (``FullyAsyncTrainer``) and
 hands the whole to the rollouter actor through Ray (the reward function travels as its
@@ -52,15 +52,20 @@ class RunInputs:
     @classmethod
     def load(cls, cfg: RecipeConfig, *, beside: Callable[[], object] | None = None) -> RunInputs:
         """Read and check everything ``cfg`` names (the module docstring's order: the cheap
-        checks first, then the model's tokenizer and the prompts). ``beside``: called in this
-        thread while the model, agents and prompts are checked in another, once the data and
-        reward checks passed (the fully async driver starts Ray there); an error of either
-        is raised once both ended, the checks' first."""
+        checks first, then the model's tokenizer and the prompts, the agents last).
+        ``beside``: called in this thread while the model and prompts are checked in another,
+        once the data and reward checks passed (the fully async driver starts Ray there); an
+        error of either is raised once both ended, the checks' first."""
         train_records, val_records = build_datasets(cfg.data)
         reward_fn = RewardFunction(cfg.reward, cfg.rollout.response_length)
         reward_fn.check_data_sources({r.data_source for r in train_records + val_records})
         records = train_records + val_records
         model, ids = run_beside(lambda: _model_and_prompts(cfg, records), beside)
+        if cfg.rollout.multi_turn.enable:
+            # Import paths, constructor arguments and the chat template's deltas: checked
+            # here, once, instead of inside every rollout worker; in this thread, as the
+            # workers import them (a user's module may need the main thread, e.g. signals).
+            EpisodeRunner(cfg.rollout.multi_turn, model.tokenizer, model.eos_token_ids)
         prompt_ids = {r.uid: p for r, p in zip(records, ids, strict=True)}
         return cls(train_records, val_records, reward_fn, prompt_ids, model)
 
@@ -69,13 +74,9 @@ def _model_and_prompts(
     cfg: RecipeConfig, records: list[PromptRecord]
 ) -> tuple[HFModelConfig, list[list[int]]]:
     """The model (its config and tokenizer: reading them imports much of transformers, the
-    slowest check), the judge's and the agents' checks, and every prompt's token ids."""
+    slowest check), the judge's check, and every prompt's token ids."""
     model = HFModelConfig.from_config(cfg.model)
     check_judge_model(cfg)
-    if cfg.rollout.multi_turn.enable:
-        # Import paths, constructor arguments and the chat template's deltas: checked here,
-        # once, instead of inside every rollout worker.
-        EpisodeRunner(cfg.rollout.multi_turn, model.tokenizer, model.eos_token_ids)
     limit = cfg.data.max_prompt_length
     return model, encode_prompts(model.tokenizer, records, max_prompt_length=limit)
 
