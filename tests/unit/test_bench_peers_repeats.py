@@ -1,10 +1,13 @@
-"""The peer benchmark's GPU readings (clock, temperature) and its repeats table: ratios paired
-within a repeat, failed runs left out, the run order read back."""
+"""The peer benchmark's GPU readings (clock, temperature), its CPU readings (busy share before
+the launch and during the run) and its repeats table: ratios paired within a repeat, failed
+runs left out, the run order read back."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,9 +46,51 @@ def test_the_harness_samples_the_gpu_at_every_poll(tmp_path, monkeypatch):
     assert measured.gpu_state()["temp_c_max"] == 40.0
 
 
+def test_the_cpus_busy_share_comes_from_proc_stat_idle_and_iowait_not_busy(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 50 0 25 400 25 0 0 0 0 0\n")
+    first = measure.read_cpu_times(stat)
+    assert first == (150.0, 1000.0)
+    stat.write_text("cpu  200 0 100 1100 100 0 0 0 0 0\n")
+    assert measure.busy_share(first, measure.read_cpu_times(stat)) == pytest.approx(0.3)
+    assert measure.busy_share(first, first) is None  # no time between them
+    stat.write_text("intr 1 2 3\n")
+    assert measure.read_cpu_times(stat) is None
+    assert measure.read_cpu_times(tmp_path / "none") is None
+
+
+def test_a_process_left_spinning_before_the_launch_shows_as_busy_cpus(tmp_path, monkeypatch):
+    """What an earlier system leaves running (a suspect for two identical runs 1.42x apart)
+    is in the run's record: the CPUs' busy share before its launch."""
+    monkeypatch.setattr(measure, "read_gpu", lambda: None)
+    cpus = os.cpu_count() or 1
+    spinners = min(cpus, 8)
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(spinners)]
+    try:
+        command = [sys.executable, "-c", "import time; time.sleep(1.2)"]
+        measured = measure.run_measured(
+            command, tmp_path / "run", metrics_file=tmp_path / "m.jsonl", timeout_s=30
+        )
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    state = measured.cpu_state()
+    assert state["cpu_busy_before"] >= 0.5 * spinners / cpus, state
+    assert 0.0 <= state["cpu_busy_median"] <= 1.0 and len(measured.cpu_busy) >= 2
+    assert Measured(0, 1.0).cpu_state() == {}
+
+
+def test_results_written_before_the_cpu_readings_still_read(tmp_path):
+    old = SystemResult("sync", None, samples_per_s=10.0).to_json()
+    del old["cpu_state"]
+    assert SystemResult.from_json(old).cpu_state == {}
+
+
 def _result(folder: Path, system: str, rate: float | None, *, when: float, failed=None) -> None:
     result = SystemResult(system, failed, samples_per_s=rate, startup_s=100.0)
     result.gpu_state = {"sm_clock_mhz_median": 1980.0, "temp_c_max": 50.0 + when}
+    result.cpu_state = {"cpu_busy_before": 0.01 * when, "cpu_busy_median": 0.5}
     path = folder / system / "result.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(result.to_json()))
@@ -67,6 +112,7 @@ def test_ratios_pair_the_systems_of_each_repeat(tmp_path):
     assert (verl.n, verl.low, verl.high) == (3, 5.0, 10.0)
     assert summary.systems["sync"]["samples_per_s"].n == 2  # the failed run adds nothing
     assert summary.systems["verl"]["temp_c_max"].high == 55.0
+    assert summary.systems["verl"]["cpu_busy_before"].high == 0.05
     assert summary.orders == [["verl", "sync"], ["sync", "verl"], ["verl", "sync"]]
 
 

@@ -1,10 +1,12 @@
 """One system's run, measured from outside the same way for every system.
 
+    before the launch: the machines' CPUs' busy share over CPU_BEFORE_S (what an earlier
+      |  system left running would show here)
     launch (t=0) --subprocess--> the system's own command, its output in RUN_DIR/run.log
       |  every POLL_S: the GPU's used memory (nvidia-smi; the peak over the run, less what
-      |  was in use before the launch), its SM clock and temperature, and the line count of
-      |  the system's per-step metrics file (each new line: the time its step ended, as seen
-      |  from here)
+      |  was in use before the launch), its SM clock and temperature, the CPUs' busy share
+      |  since the last poll (/proc/stat), and the line count of the system's per-step
+      |  metrics file (each new line: the time its step ended, as seen from here)
       v
     exit --> Measured(rc, wall_s, step_end_s, peak_gpu_mib, clocks)
       |  at a deadline the whole tree is killed: its process group, and every process it
@@ -35,6 +37,8 @@ LOG_FILE = "run.log"
 SETTLE_S = 60.0
 SETTLE_SLACK_MIB = 1024.0
 """Memory above the launch's baseline still counted as settled (a driver's context)."""
+CPU_BEFORE_S = 1.0
+PROC_STAT = Path("/proc/stat")
 
 
 @dataclass(slots=True)
@@ -55,6 +59,11 @@ class Measured:
     slack (None: none, or no nvidia-smi)."""
     gpu_samples: list[GpuSample] = field(default_factory=list)
     """The GPU's state at each poll (empty: no nvidia-smi)."""
+    cpu_busy_before: float | None = None
+    """The CPUs' busy share (0-1, all CPUs) in the ``CPU_BEFORE_S`` before the launch (None:
+    no /proc/stat)."""
+    cpu_busy: list[float] = field(default_factory=list)
+    """The CPUs' busy share between consecutive polls of the run."""
 
     def gpu_state(self) -> dict[str, float]:
         """The run's clocks and temperatures: ``sm_clock_mhz_{median,min}``,
@@ -70,6 +79,14 @@ class Measured:
             "temp_c_max": max(s.temp_c for s in self.gpu_samples),
             "power_w_median": powers[len(powers) // 2],
         }
+
+    def cpu_state(self) -> dict[str, float]:
+        """The CPUs' busy share before the launch and its median over the run:
+        ``cpu_busy_{before,median}`` (those measured)."""
+        state = {} if self.cpu_busy_before is None else {"cpu_busy_before": self.cpu_busy_before}
+        if self.cpu_busy:
+            state["cpu_busy_median"] = sorted(self.cpu_busy)[len(self.cpu_busy) // 2]
+        return {k: round(v, 3) for k, v in state.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +149,31 @@ def gpu_used_mib() -> float | None:
     return None if sample is None else sample.used_mib
 
 
+def read_cpu_times(path: Path = PROC_STAT) -> tuple[float, float] | None:
+    """``(busy, total)`` jiffies of every CPU so far (``/proc/stat``'s first line; idle and
+    iowait are not busy); None where it cannot be read."""
+    try:
+        fields = path.read_text().splitlines()[0].split()
+        values = [float(x) for x in fields[1:]]
+    except (OSError, IndexError, ValueError):
+        return None
+    if fields[0] != "cpu" or len(values) < 4:
+        return None
+    idle = values[3] + (values[4] if len(values) > 4 else 0.0)
+    total = sum(values[:8])  # guest time is counted inside user time already
+    return total - idle, total
+
+
+def busy_share(
+    before: tuple[float, float] | None, after: tuple[float, float] | None
+) -> float | None:
+    """The CPUs' busy share between two ``read_cpu_times`` readings (None: either missing or
+    no time between them)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 def count_lines(path: Path) -> int:
     try:
         with path.open("rb") as f:
@@ -153,7 +195,10 @@ def run_measured(
     and ``metrics_file`` (one line per step)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     baseline = gpu_used_mib()
+    cpu_start = read_cpu_times()
+    time.sleep(CPU_BEFORE_S)
     state = _Watch(metrics_file, baseline)
+    cpu_before = busy_share(cpu_start, state.cpu_last)
     start = time.monotonic()
     with (run_dir / LOG_FILE).open("w", encoding="utf-8") as log:
         proc = subprocess.Popen(
@@ -177,7 +222,9 @@ def run_measured(
     wall_s = time.monotonic() - start
     peak = None if baseline is None or state.peak is None else max(0.0, state.peak - baseline)
     left = None if baseline is None else settle_gpu(baseline)
-    return Measured(returncode, wall_s, state.step_end_s, peak, left, state.samples)
+    measured = Measured(returncode, wall_s, state.step_end_s, peak, left, state.samples)
+    measured.cpu_busy_before, measured.cpu_busy = cpu_before, state.cpu_busy
+    return measured
 
 
 def settle_gpu(baseline_mib: float) -> float | None:
@@ -200,6 +247,8 @@ class _Watch:
         self.step_end_s: list[float] = []
         self.samples: list[GpuSample] = []
         self._gpu = baseline is not None
+        self.cpu_last = read_cpu_times()
+        self.cpu_busy: list[float] = []
 
     def watch(self, start: float, proc: subprocess.Popen) -> None:
         while proc.poll() is None:
@@ -210,6 +259,10 @@ class _Watch:
         now = time.monotonic() - start
         lines = count_lines(self.metrics_file)
         self.step_end_s += [now] * (lines - len(self.step_end_s))
+        cpu_now = read_cpu_times()
+        if (share := busy_share(self.cpu_last, cpu_now)) is not None:
+            self.cpu_busy.append(share)
+            self.cpu_last = cpu_now
         if self._gpu and (sample := read_gpu()) is not None:
             self.samples.append(sample)
             if self.peak is None or sample.used_mib > self.peak:

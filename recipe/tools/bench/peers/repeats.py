@@ -26,6 +26,7 @@ from recipe.tools.cli import exit_on_help, fail, split_key_values
 
 FIGURES = ("samples_per_s", "gen_tokens_per_s", "step_s", "startup_s")
 GPU_FIGURES = ("sm_clock_mhz_median", "temp_c_max")
+CPU_FIGURES = ("cpu_busy_before", "cpu_busy_median")
 SYSTEM_NAMES = (*verl.SYSTEMS, *ours.SYSTEMS)
 
 
@@ -61,7 +62,8 @@ def read_repeat(folder: Path) -> list[SystemResult]:
 @dataclass(slots=True)
 class RepeatSummary:
     systems: dict[str, dict[str, Spread]]
-    """Per system, each of ``FIGURES`` and ``GPU_FIGURES`` over its finished runs."""
+    """Per system, each of ``FIGURES``, ``GPU_FIGURES`` and ``CPU_FIGURES`` over its
+    finished runs."""
     ratios: dict[str, Spread]
     """``<system>_over_<base> <figure>``: the ratios within each repeat."""
     orders: list[list[str]]
@@ -76,13 +78,20 @@ def summarize_repeats(repeats: list[list[SystemResult]]) -> RepeatSummary:
     systems: dict[str, dict[str, Spread]] = {}
     for name in SYSTEM_NAMES:
         runs = [r for repeat in repeats for r in repeat if r.system == name and not r.failed]
-        figures = {
-            key: Spread.of([v for r in runs if (v := getattr(r, key)) is not None])
-            for key in FIGURES
-        } | {
-            key: Spread.of([r.gpu_state[key] for r in runs if key in r.gpu_state])
-            for key in GPU_FIGURES
-        }
+        figures = (
+            {
+                key: Spread.of([v for r in runs if (v := getattr(r, key)) is not None])
+                for key in FIGURES
+            }
+            | {
+                key: Spread.of([r.gpu_state[key] for r in runs if key in r.gpu_state])
+                for key in GPU_FIGURES
+            }
+            | {
+                key: Spread.of([r.cpu_state[key] for r in runs if key in r.cpu_state])
+                for key in CPU_FIGURES
+            }
+        )
         if runs:
             systems[name] = {k: v for k, v in figures.items() if v is not None}
     ratios: dict[str, Spread] = {}
@@ -114,6 +123,8 @@ COLUMNS = (
     ("start-up s", "startup_s", 1),
     ("SM MHz", "sm_clock_mhz_median", 0),
     ("max C", "temp_c_max", 0),
+    ("CPU pre", "cpu_busy_before", 2),
+    ("CPU", "cpu_busy_median", 2),
 )
 
 

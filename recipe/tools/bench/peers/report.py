@@ -77,7 +77,7 @@ def print_table(report: dict[str, Any]) -> None:
     for side, found in report["versions"].items():
         print(f"{side}: " + ", ".join(f"{k} {v}" for k, v in found.items()))
     head = ["system", "samples/s", "gen tok/s", "step s", *[f"{p} s" for p in PHASES]]
-    head += ["peak GiB", "start-up s", "val acc", "SM MHz", "max C"]
+    head += ["peak GiB", "start-up s", "val acc", "SM MHz", "max C", "CPU pre", "CPU"]
     rows = []
     for data in report["results"]:
         r = SystemResult.from_json(dict(data))
@@ -89,6 +89,7 @@ def print_table(report: dict[str, Any]) -> None:
             + [_cell(peak), _cell(r.startup_s), _cell(r.val_accuracy, 3)]
             + [_cell(r.gpu_state.get("sm_clock_mhz_median"), 0)]
             + [_cell(r.gpu_state.get("temp_c_max"), 0)]
+            + [_cell(r.cpu_state.get(k), 2) for k in ("cpu_busy_before", "cpu_busy_median")]
         )
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
     for line in (head, *rows):

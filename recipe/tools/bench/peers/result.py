@@ -61,6 +61,8 @@ class SystemResult:
     notes: list[str] = field(default_factory=list)
     gpu_state: dict[str, float] = field(default_factory=dict)
     """The GPU's clocks and temperatures over the run (``Measured.gpu_state``)."""
+    cpu_state: dict[str, float] = field(default_factory=dict)
+    """The CPUs' busy share before the launch and over the run (``Measured.cpu_state``)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,6 +101,7 @@ def summarize(
     result.samples = sum(r.samples for r in rows)
     result.peak_gpu_mib = measured.peak_gpu_mib
     result.gpu_state = measured.gpu_state()
+    result.cpu_state = measured.cpu_state()
     result.val_accuracy = val_accuracy
     ends = [measured.step_end_s[i] for i in line_of_step if i < len(measured.step_end_s)]
     if not rows or len(ends) < len(rows):
