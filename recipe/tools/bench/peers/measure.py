@@ -1,6 +1,6 @@
 """One system's run, measured from outside the same way for every system.
 
-    before the launch: the machines' CPUs' busy share over CPU_BEFORE_S (what an earlier
+    before the launch: the machine's CPUs' busy share over CPU_BEFORE_S (what an earlier
       |  system left running would show here)
     launch (t=0) --subprocess--> the system's own command, its output in RUN_DIR/run.log
       |  every POLL_S: the GPU's used memory (nvidia-smi; the peak over the run, less what
@@ -222,9 +222,16 @@ def run_measured(
     wall_s = time.monotonic() - start
     peak = None if baseline is None or state.peak is None else max(0.0, state.peak - baseline)
     left = None if baseline is None else settle_gpu(baseline)
-    measured = Measured(returncode, wall_s, state.step_end_s, peak, left, state.samples)
-    measured.cpu_busy_before, measured.cpu_busy = cpu_before, state.cpu_busy
-    return measured
+    return Measured(
+        returncode,
+        wall_s,
+        state.step_end_s,
+        peak,
+        left,
+        state.samples,
+        cpu_busy_before=cpu_before,
+        cpu_busy=state.cpu_busy,
+    )
 
 
 def settle_gpu(baseline_mib: float) -> float | None:
