@@ -2,7 +2,9 @@
 shared by every mode. Each recipe adds what is its own (timing, queues, idle ratios)::
 
     sample_metrics      reward/mean, reward/accuracy, reward/<key> (the extra numbers of a
-                        dict result), response_length/mean, response_length/clip_ratio,
+                        dict result), response_length/mean|max|min (max over mean: how far
+                        the step's longest response outran its average, the tail a sync
+                        step waits for), response_length/clip_ratio,
                         throughput/samples, throughput/tokens, agent/* (multi-turn
                         episodes: recipe/agent/metrics.py)
     staleness_metrics   staleness/mean|max (per response), staleness/token_mean|token_max,
@@ -54,6 +56,8 @@ def sample_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "reward/accuracy": sum(t.reward >= 1.0 for t in trajs) / num,
         **reward_extra_means(trajs),
         "response_length/mean": sum(lengths) / num,
+        "response_length/max": float(max(lengths)),
+        "response_length/min": float(min(lengths)),
         "response_length/clip_ratio": response_clip_ratio(trajs),
         "throughput/samples": float(num),
         "throughput/tokens": float(sum(t.num_episode_tokens for t in trajs)),

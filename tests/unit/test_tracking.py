@@ -15,7 +15,7 @@ from recipe.observability.backends import Backend, make_backend
 from recipe.observability.config import LoggerConfig, WandbConfig
 from recipe.observability.tracking import MetricsAccumulator, Tracker, validate_metric_key
 from recipe.protocol import Trajectory
-from recipe.run.metrics import CLIP_WARN_RATIO, clip_warning, response_clip_ratio
+from recipe.run.metrics import CLIP_WARN_RATIO, clip_warning, response_clip_ratio, sample_metrics
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -405,6 +405,17 @@ def test_clip_ratio_is_the_fraction_of_responses_that_hit_the_length_limit():
     trajs = [_traj("length")] * 3 + [_traj("stop")] * 6 + [_traj("aborted")]
     assert response_clip_ratio(trajs) == pytest.approx(0.3)
     assert response_clip_ratio([]) == 0.0
+
+
+def test_a_steps_longest_and_shortest_response_are_logged_beside_the_mean():
+    """max over mean: the tail a sync step's generation waits for (verl's names)."""
+    trajs = [
+        Trajectory("p0", i, [1, 2], [3] * n, [-0.5] * n, [0] * n, "stop")
+        for i, n in enumerate((2, 4, 12))
+    ]
+    metrics = sample_metrics(trajs)
+    assert (metrics["response_length/min"], metrics["response_length/max"]) == (2.0, 12.0)
+    assert metrics["response_length/max"] / metrics["response_length/mean"] == pytest.approx(2.0)
 
 
 def test_clip_warning_only_above_ten_percent():
