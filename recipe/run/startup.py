@@ -2,8 +2,8 @@
 
     process start ----------------------------------------------------> first step begins
       inputs_s        model, data, reward functions checked (the driver)
-      ray_s           Ray started or joined (fully_async: inside inputs_s, while the prompts
-                      are encoded: ``add_within``)
+      ray_s           Ray started or joined (fully_async: inside inputs_s, while the model
+                      and prompts are checked: ``add_within``)
       trainer_init_s  trainer side built: placement reserved, ranks load the model and join
       engines_s       engines started, beside the ranks; of it, from the rollout worker's
                       own line in its engine log (``WORKER_START_LINE``, the slowest engine):

@@ -78,20 +78,15 @@ def summarize_repeats(repeats: list[list[SystemResult]]) -> RepeatSummary:
     systems: dict[str, dict[str, Spread]] = {}
     for name in SYSTEM_NAMES:
         runs = [r for repeat in repeats for r in repeat if r.system == name and not r.failed]
-        figures = (
-            {
-                key: Spread.of([v for r in runs if (v := getattr(r, key)) is not None])
-                for key in FIGURES
+        figures = {
+            key: Spread.of([v for r in runs if (v := getattr(r, key)) is not None])
+            for key in FIGURES
+        }
+        for attr, keys in (("gpu_state", GPU_FIGURES), ("cpu_state", CPU_FIGURES)):
+            figures |= {
+                key: Spread.of([state[key] for r in runs if key in (state := getattr(r, attr))])
+                for key in keys
             }
-            | {
-                key: Spread.of([r.gpu_state[key] for r in runs if key in r.gpu_state])
-                for key in GPU_FIGURES
-            }
-            | {
-                key: Spread.of([r.cpu_state[key] for r in runs if key in r.cpu_state])
-                for key in CPU_FIGURES
-            }
-        )
         if runs:
             systems[name] = {k: v for k, v in figures.items() if v is not None}
     ratios: dict[str, Spread] = {}
