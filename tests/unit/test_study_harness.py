@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from recipe.tools.study import harness as harness_module
 from recipe.tools.study.__main__ import main
 from recipe.tools.study.analysis import analyse, print_results
 from recipe.tools.study.design import DesignError, RunSpec, StudyDesign, register, registered
+from recipe.tools.study.estimates import segment_estimate_s
 from recipe.tools.study.harness import EXIT_MORE, RECORD_FILE, DeviceMismatch, Harness
 from recipe.tools.study.telemetry import device_name
 
@@ -78,6 +80,27 @@ with open(run / "calls.txt", "a") as calls:
     calls.write(f"{start}->{steps} within {budget:g} s\\n")
 summary = {"steps": steps, "samples/trained": 100 * steps, "throughput/samples_per_s": 1.0}
 (run / "summary.json").write_text(json.dumps(summary))
+"""
+
+# An evaluation that scores its points one by one, a second each while SLOW exists, and
+# resumes: the points already in eval.jsonl are not scored again.
+FAKE_RESUMING_EVAL = """
+import json, sys, time
+from pathlib import Path
+run, slow = Path(sys.argv[1]), Path(sys.argv[2])
+index = [json.loads(l) for l in (run / "snapshots" / "index.jsonl").read_text().splitlines()]
+todo = [{"samples": 0, "step": 0, "clock_s": 0.0}]
+todo += [{k: s[k] for k in ("samples", "step", "clock_s")} for s in index]
+path = run / "snapshots" / "eval.jsonl"
+done = {json.loads(l)["samples"] for l in path.read_text().splitlines()} if path.exists() else set()
+for p in todo:
+    if p["samples"] in done:
+        continue
+    time.sleep(1.0 if slow.exists() else 0.0)
+    p.update(accuracy=0.1 + 0.05 * p["step"], num_prompts=10, response_length_mean=5.0,
+             clip_ratio=0.0, eval_s=0.1)
+    with open(path, "a") as out:
+        out.write(json.dumps(p) + "\\n")
 """
 
 
@@ -286,7 +309,7 @@ def _segmented(tmp_path: Path) -> Harness:
 def test_a_run_longer_than_a_segment_trains_in_segments_each_resuming_the_last(tmp_path):
     harness = _segmented(tmp_path)
     one_train = iter([True, False])  # this call has room for one training process
-    harness.fits = lambda phase, spec, end: next(one_train) if phase == "train" else True  # type: ignore[method-assign]
+    harness.fits = lambda phase, spec, end, **_: next(one_train) if phase == "train" else True  # type: ignore[method-assign]
     assert harness.run_all(deadline_s=600) == EXIT_MORE
     sync_dir = harness.out / "warmup-sync-seed100"
     trained = json.loads((sync_dir / "trained.json").read_text())
@@ -329,3 +352,65 @@ def test_designs_registered_before_segments_keep_their_file():
     assert "segment_s" not in _design().to_json()
     assert _design(segment_s=1.0, run_timeout_s=2.0, overrides=[
         "trainer.total_training_steps=3"]).to_json()["segment_s"] == 1.0  # fmt: skip
+
+
+def test_the_next_segment_is_estimated_from_the_last_ones_speed(tmp_path):
+    # as on one H100: 28 of 32 steps in a first segment of 526 s, 100 s of it start-up
+    (tmp_path / "summary-1.json").write_text(
+        json.dumps({"steps": 28, "startup/to_first_step_s": 100.0})
+    )
+    first = {"segments_s": [526.0]}
+    assert segment_estimate_s(tmp_path, first, 32) == pytest.approx(1.1 * (100 + 4 * 426 / 28))
+    # far from its end, the next segment runs as long as the last one
+    assert segment_estimate_s(tmp_path, first, 100) == pytest.approx(1.1 * 526)
+    # a third segment: from the second's own steps and seconds
+    (tmp_path / "summary-2.json").write_text(
+        json.dumps({"steps": 40, "startup/to_first_step_s": 90.0})
+    )
+    second = {"segments_s": [526.0, 300.0]}
+    assert segment_estimate_s(tmp_path, second, 44) == pytest.approx(1.1 * (90 + 4 * 210 / 12))
+    # nothing measured yet, or records that do not say how far it got: the mode's estimate
+    assert segment_estimate_s(tmp_path, {"segments_s": []}, 32) is None
+    assert segment_estimate_s(tmp_path / "gone", first, 32) is None
+
+
+def test_a_last_short_segment_starts_where_the_designs_limit_would_not_fit(tmp_path):
+    harness = _segmented(tmp_path)  # run_timeout_s=30: a fresh run needs 30 s
+    one_train = iter([True, False])
+    harness.fits = lambda phase, spec, end, **_: next(one_train) if phase == "train" else True  # type: ignore[method-assign]
+    assert harness.run_all(deadline_s=600) == EXIT_MORE  # the first segment only
+    del harness.fits
+    sync_dir = harness.out / "warmup-sync-seed100"
+    assert harness.run_all(deadline_s=5.0) == EXIT_MORE  # its second segment, not a new run
+    trained = json.loads((sync_dir / "trained.json").read_text())
+    assert trained["complete"] is True and len(trained["segments_s"]) == 2
+    assert not (harness.out / "warmup-fully_async-seed100").exists()
+
+
+def test_an_evaluation_cut_at_the_deadline_keeps_its_points_and_the_next_call_goes_on(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(harness_module, "EVAL_MIN_S", 0.5)
+    harness = _harness(tmp_path, _design(run_timeout_s=1.0, eval_timeout_s=30.0))
+    slow = tmp_path / "slow"
+    slow.write_text("")
+    harness.eval_command = lambda run: [
+        sys.executable,
+        "-c",
+        FAKE_RESUMING_EVAL,
+        str(run),
+        str(slow),
+    ]  # type: ignore[method-assign]
+    assert harness.run_all(deadline_s=4.0) == EXIT_MORE
+    first = harness.design.runs()[0]
+    run_dir = harness.out / first.tag
+    scored = (run_dir / "snapshots" / "eval.jsonl").read_text().splitlines()
+    assert 1 <= len(scored) < 5 and not harness.done(first)
+    assert "evaluating for those" in capsys.readouterr().out
+    slow.unlink()
+    assert harness.run_all(deadline_s=600) == 0
+    kept = (harness.record_dir(first) / "eval.jsonl").read_text().splitlines()
+    assert kept[: len(scored)] == scored and len(kept) == 5  # scored once each, in order
+    record = json.loads((harness.record_dir(first) / RECORD_FILE).read_text())
+    calls_s = json.loads((run_dir / "evaluated.json").read_text())
+    assert len(calls_s) == 2 and record["seconds"]["eval"] == pytest.approx(sum(calls_s))

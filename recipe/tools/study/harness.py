@@ -5,17 +5,18 @@ clock, its records kept; resumable across machines that lose their files.
         a record in <records>/runs/<tag>/record.json   --> done, skipped
         once the warm-up sync run is kept               --> targets.json fixed (design.py), or
                                                             DesignError: no run after it
-        less time left before ``deadline_s`` than the mode's longest run so far (or the
-        design's timeouts before any)                   --> stop, exit code 3: call again
+        less time left before ``deadline_s`` than the phase's estimate (estimates.py: the
+        mode's longest so far, a segmented run's own speed, the design's timeouts before
+        any)                                            --> stop, exit code 3: call again
         train   python -m recipe ... in <out>/<tag>/ with GPU telemetry (its study.log), or
                 with the design's ``segment_s``, segment by segment (study-<k>.log), each
                 one process that stops with a checkpoint the next resumes
-        eval    python -m recipe.tools.study.evaluate <out>/<tag> (its eval.log)
-        keep    metrics.jsonl, summary.json, config.yaml, snapshots.jsonl, eval.jsonl, the
-                planner's projection from the run's phases to 2, 4 and 8 GPUs
-                (plan-gpusN.txt) and record.json (mode, seed, order, design, data and
-                code checksums, code commit, GPU telemetry, peak GPU memory of the trainer
-                and the engine, seconds) into <records>/runs/<tag>/
+        eval    python -m recipe.tools.study.evaluate <out>/<tag> (its eval.log); with
+                ``EVAL_MIN_S`` left but not its estimate, what fits, and the next call
+                scores the rest (eval-<k>.log; evaluated.json: each call's seconds)
+        keep    the run's small records (keeping.py) and record.json (mode, seed, order,
+                design, data and code checksums, code commit, GPU telemetry, peak GPU
+                memory of the trainer and the engine, seconds) into <records>/runs/<tag>/
 
 Every run of a study runs on the cards its first run ran on (``device`` in each record,
 ``telemetry.device_name``): on a machine with other cards the study stops before any run,
@@ -35,34 +36,33 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
-import tarfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from recipe.tools.study.design import RunSpec, StudyDesign, Targets, fix_targets
+from recipe.tools.study.estimates import (
+    EVAL_MIN_S,
+    RECORD_FILE,
+    RUNS_DIR,
+    mode_estimate_s,
+    segment_estimate_s,
+)
 from recipe.tools.study.evaluate import EVAL_FILE, read_points
 from recipe.tools.study.gpu_memory import GpuProcessMemory, peaks
+from recipe.tools.study.keeping import keep_run, write_archive
 from recipe.tools.study.provenance import code_changed, code_checksum, data_checksum, git_commit
 from recipe.tools.study.runs import LOG_FILE, run_logged
 from recipe.tools.study.telemetry import GpuTelemetry, device_name, summarize
 
-RUNS_DIR = "runs"
-RECORD_FILE = "record.json"
-KEPT = {
-    "metrics.jsonl": "metrics.jsonl",
-    "summary.json": "summary.json",
-    "config.yaml": "config.yaml",
-    "snapshots/index.jsonl": "snapshots.jsonl",
-    f"snapshots/{EVAL_FILE}": EVAL_FILE,
-}
 EXIT_MORE = 3
 """Runs remain that did not fit before the deadline: call again."""
 OUT_OF_TIME = "out of time"
-PROJECT_GPUS = (2, 4, 8)
+EVALUATED_FILE = "evaluated.json"
+"""In a run directory once an evaluation ran: the seconds of each call that scored its
+snapshots (an evaluation cut at a call's deadline goes on in the next)."""
 TRAINED_FILE = "trained.json"
 """In a run directory once a training process ended: when the run began, each process's
 seconds and their sum, resumed or not, complete or not (segments remain)."""
@@ -148,20 +148,45 @@ class Harness:
         failed = self.train(spec, run_dir, end)
         if failed is not None:
             return failed
+        failed = self.evaluate(spec, run_dir, end)
+        if failed is not None:
+            return failed
+        calls_s = json.loads((run_dir / EVALUATED_FILE).read_text(encoding="utf-8"))
+        print(f"{spec.tag}: evaluated in {sum(calls_s):.0f} s", flush=True)
+        self.keep(spec, run_dir, eval_s=sum(calls_s))
+        return None
+
+    def evaluate(self, spec: RunSpec, run_dir: Path, end: float) -> str | None:
+        """Score the run's snapshots: all of them when the estimate fits before ``end``, else
+        as many as the time left allows when that is ``EVAL_MIN_S`` or more (an evaluation
+        resumes where it stopped). Each call's seconds go to ``evaluated.json``. Why it
+        failed (nothing of it counts then), ``OUT_OF_TIME``, or None once all are scored."""
+        timeout_s = self.design.eval_timeout_s
         if not self.fits("eval", spec, end):
-            return OUT_OF_TIME
-        failed, eval_s = run_logged(
+            left = end - time.monotonic()
+            if left < EVAL_MIN_S:
+                return OUT_OF_TIME
+            timeout_s = min(timeout_s, left)
+            print(
+                f"{spec.tag}: evaluating for those {left:.0f} s; the next call goes on", flush=True
+            )
+        path = run_dir / EVALUATED_FILE
+        calls_s = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+        log = "eval.log" if not calls_s else f"eval-{len(calls_s) + 1}.log"
+        failed, seconds = run_logged(
             self.eval_command(run_dir),
             run_dir,
-            timeout_s=self.design.eval_timeout_s,
-            log_file="eval.log",
+            timeout_s=timeout_s,
+            log_file=log,
             result=f"snapshots/{EVAL_FILE}",
         )
-        if failed is not None:
-            return f"evaluation: {failed}; see {run_dir}/eval.log"
-        print(f"{spec.tag}: evaluated in {eval_s:.0f} s", flush=True)
-        self.keep(spec, run_dir, eval_s=eval_s)
-        return None
+        if failed is not None and timeout_s < self.design.eval_timeout_s and "timeout" in failed:
+            failed = OUT_OF_TIME  # cut at the deadline: its points are kept, the rest follow
+        if failed is not None and failed != OUT_OF_TIME:
+            path.unlink(missing_ok=True)
+            return f"evaluation: {failed}; see {run_dir}/{log}"
+        path.write_text(json.dumps([*calls_s, seconds]), encoding="utf-8")
+        return failed
 
     def train(self, spec: RunSpec, run_dir: Path, end: float) -> str | None:
         """Train ``spec`` to its last step: in one process, or segment by segment (the
@@ -180,7 +205,8 @@ class Harness:
         trained.setdefault("segments_s", [])
         trained["resumed"] = trained.get("resumed", False) or cut_off
         while not trained.get("complete"):
-            if not self.fits("train", spec, end):
+            own = segment_estimate_s(run_dir, trained, self.design.total_steps)
+            if not self.fits("train", spec, end, need_s=own):
                 return OUT_OF_TIME
             segment = len(trained["segments_s"]) + 1 if segmented else 0
             log = f"study-{segment}.log" if segmented else LOG_FILE
@@ -214,14 +240,16 @@ class Harness:
         summary.replace(run_dir / f"summary-{segment}.json")
         return False
 
-    def fits(self, phase: str, spec: RunSpec, end: float) -> bool:
-        """The phase's estimate fits before ``end``; else says so."""
-        need, left = self.estimate_s(phase, spec.mode), end - time.monotonic()
+    def fits(self, phase: str, spec: RunSpec, end: float, *, need_s: float | None = None) -> bool:
+        """The phase's estimate (``need_s``, else the mode's) fits before ``end``; else says
+        so."""
+        need = self.estimate_s(phase, spec.mode) if need_s is None else need_s
+        left = end - time.monotonic()
         if need <= left:
             return True
         print(
-            f"stopping before {spec.tag}'s {phase}: it may take {need:.0f} s, "
-            f"{max(left, 0.0):.0f} s left"
+            f"{spec.tag}'s {phase} may take {need:.0f} s, {max(left, 0.0):.0f} s left",
+            flush=True,
         )
         return False
 
@@ -243,13 +271,7 @@ class Harness:
         return [sys.executable, "-m", "recipe.tools.study.evaluate", str(run_dir), *extra]
 
     def keep(self, spec: RunSpec, run_dir: Path, *, eval_s: float) -> None:
-        """Copy the run's small records, then write record.json (last: it marks done)."""
-        dest = self.record_dir(spec)
-        dest.mkdir(parents=True, exist_ok=True)
-        for source, name in KEPT.items():
-            if (run_dir / source).is_file():
-                shutil.copyfile(run_dir / source, dest / name)
-        self.project(run_dir, dest)
+        """The run's records into the study's (``keeping.keep_run``); record.json last."""
         trained = json.loads((run_dir / TRAINED_FILE).read_text(encoding="utf-8"))
         record: dict[str, Any] = {
             "tag": spec.tag,
@@ -274,53 +296,16 @@ class Harness:
             "gpu": summarize(run_dir / "gpu.csv"),
             "gpu_memory_mib": peaks(run_dir / "gpu_memory.csv"),
         }
-        tmp = dest / f".{RECORD_FILE}.partial"
-        tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        tmp.replace(dest / RECORD_FILE)
-
-    def project(self, run_dir: Path, dest: Path) -> None:
-        """The planner's projection from this run's measured phases (``python -m
-        recipe.tools.plan --run``) for each of ``PROJECT_GPUS``, kept as ``plan-gpusN.txt``: a
-        projection, stated as one, for the day more GPUs are lent."""
-        if not (run_dir / "trace.json").is_file():
-            return  # the planner reads the run's phases off its trace
-        for gpus in PROJECT_GPUS:
-            cmd = [
-                sys.executable,
-                "-m",
-                "recipe.tools.plan",
-                "--run",
-                str(run_dir),
-                f"--gpus={gpus}",
-            ]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-            text = proc.stdout if proc.returncode == 0 else f"planner failed:\n{proc.stderr}"
-            (dest / f"plan-gpus{gpus}.txt").write_text(text, encoding="utf-8")
+        keep_run(run_dir, self.record_dir(spec), record)
 
     def write_archive(self) -> None:
-        """The records as one ``.tar.gz`` at ``archive`` (when set), replaced atomically
-        after each kept run: what a machine that loses its files hands back."""
-        if self.archive is None:
-            return
-        self.archive.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.archive.with_name(f".{self.archive.name}.partial")
-        with tarfile.open(partial, "w:gz") as tar:
-            tar.add(self.records, arcname=str(self.records))
-        partial.replace(self.archive)
+        """The records as one ``.tar.gz`` at ``archive``, when set (``keeping``)."""
+        if self.archive is not None:
+            write_archive(self.records, self.archive)
 
     def estimate_s(self, phase: str, mode: str) -> float:
-        """1.1 x the longest ``phase`` (eval, or one training process: a run or a segment)
-        of a kept run of ``mode``; before any, the design's limit for it."""
-        taken = []
-        for path in (self.records / RUNS_DIR).glob(f"*/{RECORD_FILE}"):
-            record = json.loads(path.read_text(encoding="utf-8"))
-            if record["mode"] == mode:
-                seconds = record["seconds"]
-                key = "train_process_max" if phase == "train" else phase
-                taken.append(seconds.get(key, seconds[phase]))
-        if taken:
-            return 1.1 * max(taken)
-        return self.design.run_timeout_s if phase == "train" else self.design.eval_timeout_s
+        """``estimates.mode_estimate_s`` for this study's records."""
+        return mode_estimate_s(self.records, self.design, phase, mode)
 
     def targets(self) -> Targets:
         """Fixed from the warm-up sync run (once; design.py)."""
