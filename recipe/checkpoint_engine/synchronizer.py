@@ -49,8 +49,9 @@ from recipe.checkpoint_engine.base import WeightSyncError
 from recipe.checkpoint_engine.config import CheckpointEngineConfig
 from recipe.checkpoint_engine.engines import ServingEngines
 from recipe.checkpoint_engine.layout import BucketLayout
+from recipe.checkpoint_engine.peer_calls import SendingRanks
 from recipe.checkpoint_engine.phases import NO_ANSWER
-from recipe.checkpoint_engine.transport import PushTransport, SendingRanks
+from recipe.checkpoint_engine.transport import PushTransport
 from recipe.observability.trace import Tracer
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class ParameterSynchronizer:
         its files, a directory every node reads (the run directory's private weights
         directory); None: this host's shared memory (single-host use only). ``adapter_only``:
         LoRA (``actor.lora.rank > 0``): each push moves the adapter alone and every replica
-        verifies it serves it (``PushTransport.push_adapter``)."""
+        verifies it serves it (``PushFolder.push_adapter``, folder_push.py)."""
         self.cfg = cfg
         self._trainer, self._engines = ranks, engines
         self.transport = PushTransport(

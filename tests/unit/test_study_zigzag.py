@@ -1,6 +1,7 @@
-"""``recipe.tools.study.zigzag`` on run directories and study records written here: positions in
-the sync window, the trend-free contrast between positions, the autocorrelation against its
-shuffled null, the groups' lengths and carry-over from the ledger and the trace."""
+"""``recipe.tools.study.zigzag`` (reading: zigzag_steps, statistics: zigzag_stats) on run
+directories and study records written here: positions in the sync window, the trend-free
+contrast between positions, the autocorrelation against its shuffled null, the groups' lengths
+and carry-over from the ledger and the trace."""
 
 from __future__ import annotations
 
@@ -10,15 +11,9 @@ import math
 import numpy as np
 import pytest
 
-from recipe.tools.study.zigzag import (
-    across_push,
-    by_window,
-    contrast,
-    main,
-    positions_of,
-    read_run,
-    reward_autocorrelation,
-)
+from recipe.tools.study.zigzag import main
+from recipe.tools.study.zigzag_stats import across_push, contrast, reward_autocorrelation
+from recipe.tools.study.zigzag_steps import by_window, positions_of, read_run
 
 
 def _write_run(run_dir, rewards, *, mode="fully_async", sync_every=2, extra=None):
