@@ -54,7 +54,7 @@ from recipe.tools.study.evaluate import EVAL_FILE, read_points
 from recipe.tools.study.gpu_memory import GpuProcessMemory, peaks
 from recipe.tools.study.keeping import keep_run, write_archive
 from recipe.tools.study.provenance import code_changed, code_checksum, data_checksum, git_commit
-from recipe.tools.study.runs import LOG_FILE, run_logged
+from recipe.tools.study.runs import LOG_FILE, TIMED_OUT, run_logged
 from recipe.tools.study.telemetry import GpuTelemetry, device_name, summarize
 
 EXIT_MORE = 3
@@ -180,7 +180,8 @@ class Harness:
             log_file=log,
             result=f"snapshots/{EVAL_FILE}",
         )
-        if failed is not None and timeout_s < self.design.eval_timeout_s and "timeout" in failed:
+        cut = timeout_s < self.design.eval_timeout_s
+        if failed is not None and cut and failed.startswith(TIMED_OUT):
             failed = OUT_OF_TIME  # cut at the deadline: its points are kept, the rest follow
         if failed is not None and failed != OUT_OF_TIME:
             path.unlink(missing_ok=True)

@@ -12,6 +12,8 @@ from pathlib import Path
 from recipe.utils.process_tree import kill_tree
 
 LOG_FILE = "study.log"
+TIMED_OUT = "past timeout_s"
+"""How ``run_logged``'s reason begins when the command ran past its ``timeout_s``."""
 
 
 def run_logged(
@@ -42,7 +44,7 @@ def run_logged(
             # run of the study would be measured on
             kill_tree(proc.pid)
             proc.wait()
-            failed = f"past timeout_s={timeout_s:.0f}"
+            failed = f"{TIMED_OUT}={timeout_s:.0f}"
     if failed is None and not (run_dir / result).is_file():
         failed = f"no {result}"
     return failed, time.perf_counter() - start
