@@ -11,7 +11,7 @@ import math
 import pytest
 
 from recipe.tools.study.accuracy import RunRecord, read_run, table
-from recipe.tools.study.modes import parse
+from recipe.tools.study.modes import main, parse
 
 
 def _write_run(path, mode, steps, *, step_s, val_s, versions_per_step, vals):
@@ -140,3 +140,25 @@ def test_the_study_needs_sync_and_keeps_its_own_keys(capsys):
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
     study, _ = parse(["modes=fully_async,sync", "seeds=0,1", "actor.lr=1e-5"])
     assert study.modes == ("sync", "fully_async") and "actor.lr=1e-5" in study.command("sync", 1)
+
+
+def test_records_trained_with_other_overrides_are_never_mixed_in(tmp_path, capsys):
+    records = tmp_path / "records"
+    records.mkdir()
+    kept = ["data.train_files=[/a/train.jsonl]", "actor.lr=3e-5", "actor.lora.rank=32"]
+    (records / "results.json").write_text(json.dumps({"overrides": kept, "rows": []}))
+    base = [f"records={records}", f"out={tmp_path / 'out'}", "table_only=true"]
+    # Another learning rate: refused before any run, the key named with both values.
+    with pytest.raises(SystemExit) as exit_info:
+        main([*base, "data.train_files=[/a/train.jsonl]", "actor.lr=1e-4", "actor.lora.rank=32"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert "actor.lr 3e-5 there, 1e-4 here" in err and "rank" not in err
+    # A key set on one side only is a difference too.
+    with pytest.raises(SystemExit):
+        main([*base, "data.train_files=[/a/train.jsonl]", "actor.lr=3e-5"])
+    assert "actor.lora.rank 32 there, (unset) here" in capsys.readouterr().err
+    # Only where this machine keeps the data differs: the study goes on (no sync record yet).
+    assert main([*base, "data.train_files=[/b/train.jsonl]", "actor.lora.rank=32",
+                 "actor.lr=3e-5"]) == 1  # fmt: skip
+    assert "no finished sync run" in capsys.readouterr().out

@@ -5,7 +5,11 @@ Each run is ``python -m recipe mode=M trainer.seed=S rollout.seed=S ...`` in a s
 writing ``<out>/<mode>-seed<S>/``; every run gets the same overrides, so the modes train the
 same model on the same prompts with the same batch, budget and number of trained samples.
 Its figures are kept as ``<records>/<mode>-seed<S>.json`` (small, committed); a run with a
-record is not run again, so a study stopped by a deadline continues where it was. A run that
+record is not run again, so a study stopped by a deadline continues where it was. Records
+trained with other overrides (a changed ``actor.lr``, another model) are never mixed in: a
+study whose ``<records>/results.json`` names other overrides stops with one ``error:`` line
+(exit 2) before any run, the keys that differ named; only where the data files lie
+(``data.train_files``, ``data.val_files``) may differ between machines. A run that
 fails or times out gets no record, is reported, and makes the exit code 1: it is never
 counted as done. Then the table (``recipe.tools.study.accuracy``): final accuracy per mode,
 samples/s and the time to sync's final accuracy as a fraction of sync's; ``<records>/results.json``;
@@ -28,6 +32,7 @@ import json
 import logging
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,6 +112,35 @@ def parse(argv: list[str]) -> tuple[Study, bool]:
     return study, args["table_only"].lower() == "true"
 
 
+# Keys naming where a machine keeps the data: they may differ between the machines that add
+# runs to one study's records.
+MACHINE_KEYS = frozenset({"data.train_files", "data.val_files"})
+
+
+def settings(overrides: Sequence[str]) -> dict[str, str]:
+    """``key -> value`` of ``overrides`` apart from ``MACHINE_KEYS`` (the last one set wins)."""
+    pairs = (o.partition("=") for o in overrides)
+    return {key: value for key, _, value in pairs if key not in MACHINE_KEYS}
+
+
+def check_records_match(study: Study) -> None:
+    """Exit 2 when ``study.records`` holds runs trained with other overrides than ``study``'s."""
+    path = study.records / "results.json"
+    if not path.is_file():
+        return
+    kept, now = settings(read_json(path).get("overrides", [])), settings(study.overrides)
+    differ = [
+        f"{key} {kept.get(key, '(unset)')} there, {now.get(key, '(unset)')} here"
+        for key in sorted(kept.keys() | now.keys())
+        if kept.get(key) != now.get(key)
+    ]
+    if differ:
+        fail(
+            f"{study.records} holds runs trained with other overrides ({'; '.join(differ)}): "
+            "give this study records= of its own, or move those runs away"
+        )
+
+
 def run_one(study: Study, mode: str, seed: int) -> bool:
     """Run ``mode``/``seed`` unless its record exists; True when it has one afterwards."""
     name = run_name(mode, seed)
@@ -126,6 +160,7 @@ def run_one(study: Study, mode: str, seed: int) -> bool:
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING)
     study, table_only = parse(argv)
+    check_records_match(study)
     ok = True
     if not table_only:
         for mode, seed in study.runs():
