@@ -56,8 +56,8 @@ def _max_mismatch(records: list[dict]) -> float:
 @pytest.mark.parametrize(
     "mode",
     [
-        # CI checks fully_async's pushes on the agent run of test_lora_agent.py and sync's
-        # across the resume below; each mode's own run is nightly.
+        # CI runs LoRA in fully_async through test_lora_agent.py (these checks on its
+        # pushes) and in sync across the resume below; each mode's run here is nightly.
         pytest.param("sync", marks=pytest.mark.nightly),
         pytest.param("one_step_off", marks=pytest.mark.nightly),
         pytest.param("fully_async", marks=pytest.mark.nightly),
