@@ -214,6 +214,14 @@ def test_pushes_staged_while_the_engine_decodes_are_probed_alone(
         assert set(_greedy(ray, worker).token_versions) == {version}
 
 
+def test_the_base_every_probe_compares_with_is_the_base_computed_now(ray_for_module, worker):
+    """Only an engine's first probe computes the base's log-probs; the later ones compare
+    with them. After the pushes above (some beside decoding requests), the base computed
+    again must equal them exactly: else an adapter served as the base would differ from
+    them and pass the probe."""
+    assert ray_for_module.get(worker.base_probe_drift.remote(), timeout=120) == 0.0
+
+
 def test_read_back_sees_the_adapter_the_engine_holds(
     ray_for_module, worker, rollout_model_path, tmp_path
 ):

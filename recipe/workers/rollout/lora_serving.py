@@ -35,8 +35,10 @@ from recipe.workers.rollout.lora import (
     add_adapter,
     cached_prompt_tokens,
     lora_request,
+    max_abs_diff,
     probe,
     probe_prompt,
+    prompt_logprobs,
 )
 from recipe.workers.rollout.lora_readback import (
     adapter_checksums,
@@ -84,13 +86,14 @@ class LoraServing:
         async def pause(self) -> None: ...
         async def resume(self) -> None: ...
         async def wait_until_running(self) -> None: ...
-        async def _pause_engine(self) -> bool: ...
+        async def _pause_idle_engine(self) -> None: ...
 
     def _init_lora(self, rank: int) -> None:
         self._lora_rank = rank
         self._adapter: AdapterFile | None = None  # the adapter served, once one was pushed
         self._policy_in_base = False  # full (merged) weights were loaded into the base
         self._staged: StagedAdapter | None = None  # stage_adapter's, until load_adapter
+        self._base_probe: list[float] | None = None  # the probe prompt's log-probs, base
 
     def _lora_request(self) -> Any:
         """The served adapter's ``LoRARequest`` for every request (training, validation,
@@ -191,7 +194,9 @@ class LoraServing:
         ids = probe_prompt(self._engine.vllm_config.model_config.get_vocab_size())
         try:
             request = lora_request(adapter, version)
-            result = await probe(self._engine, ids, request, staged.zero, self._pause_engine)
+            result, self._base_probe = await probe(
+                self._engine, ids, request, staged.zero, self._pause_idle_engine, self._base_probe
+            )
             result.check(version, adapter.path)
         except BaseException:
             await self._engine.remove_lora(version)
@@ -217,6 +222,17 @@ class LoraServing:
             raise ValueError("verify_served_adapter: no adapter is served")
         return await read_back(self._engine, self._adapter, self._version, self._version)
 
+    async def base_probe_drift(self) -> float:
+        """The probe prompt's base log-probs computed now against those every probe compares
+        with, taken at the first (max abs difference: 0.0 where reusing them holds). A check
+        for tests, while nothing else generates."""
+        self._check_open()
+        if self._base_probe is None:
+            raise ValueError("base_probe_drift: no probe has run on this engine")
+        await self.wait_until_running()
+        ids = probe_prompt(self._engine.vllm_config.model_config.get_vocab_size())
+        return max_abs_diff(await prompt_logprobs(self._engine, ids, None), self._base_probe)
+
     async def adapter_versions(self) -> list[int]:
         """The versions whose adapters the engine holds (the served one, and one staged
         beside it until it is served). A check for tests."""
@@ -237,6 +253,7 @@ class LoraServing:
             await self._engine.collective_rpc("load_weights_from_safetensors", args=(str(shard),))
         await self._engine.reset_prefix_cache()
         self._policy_in_base = False
+        self._base_probe = None  # taken again from the weights just loaded
         logger.info("rollout worker restored the base weights of %s", self._model.path)
 
     async def _drop_adapter(self) -> None:

@@ -64,6 +64,17 @@ class VLLMEngineControl(RolloutWorker):
             await pause(wait_for_inflight_requests=False, clear_cache=True)
         return True
 
+    async def _pause_idle_engine(self) -> None:
+        """Pause the scheduler again after requests of our own that all ended (the adapter
+        probe's). ``pause_generation`` would also clear the caches and then sleep a fixed
+        20 ms for the outputs of requests still in flight (vLLM 0.26 and 0.32 alike): there
+        are none, and the caches hold only what those requests computed."""
+        pause = getattr(getattr(self._engine, "engine_core", None), "pause_scheduler_async", None)
+        if pause is None:
+            await self._pause_engine()
+            return
+        await pause(mode="abort", clear_cache=False)
+
     async def resume(self) -> None:
         self._check_open()
         resume = getattr(self._engine, "resume_generation", None)
