@@ -10,7 +10,7 @@
 #   ci/study_gpu.sh lengths NAME DATA [KEY=VALUE ...]
 #                                        the response-length histogram of DATA/train.jsonl
 #                                        (python -m recipe.tools.study.lengths) into $STUDY_OUT/lengths/NAME
-#   ci/study_gpu.sh run NAME DATA [deadline_s=S] [archive=F]
+#   ci/study_gpu.sh run NAME DATA [deadline_s=S] [archive=F] [volatile=true]
 #                                        the registered study docs/study/NAME (configs/study/
 #                                        NAME.yaml, registered first if it is not): its runs
 #                                        not done yet, in order; exit 3 when runs remain.
@@ -18,7 +18,8 @@
 #
 # Needs our GPU stack (vllm, ray, hydra) importable first: on an offline machine, source the
 # GPU kit's env (../shared/gpu/README.md). A machine that loses its files between sittings
-# keeps nothing but docs/study/NAME: carry it back and run again; the study continues.
+# keeps nothing but docs/study/NAME: carry it back and run again (volatile=true there: a run
+# starts only when its evaluation fits too); the study continues.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -57,6 +58,6 @@ case ${1:-} in
     "$PYTHON" -m recipe.tools.study run records="$records" data="$data" \
       out="$STUDY_OUT/$name" "$@" ;;
   *)
-    echo "usage: $0 setup WHEELS_DIR | data SRC OUT | lengths NAME DATA [K=V ...] | run NAME DATA [deadline_s=S]" >&2
+    echo "usage: $0 setup WHEELS_DIR | data SRC OUT | lengths NAME DATA [K=V ...] | run NAME DATA [deadline_s=S] [volatile=true]" >&2
     exit 2 ;;
 esac

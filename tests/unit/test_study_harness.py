@@ -214,6 +214,21 @@ def test_a_phase_that_does_not_fit_stops_the_study_and_the_next_call_continues(t
     assert harness.run_all(deadline_s=600) == 0
 
 
+def test_on_a_volatile_machine_a_run_starts_only_when_its_evaluation_fits_too(tmp_path, capsys):
+    design = _design(run_timeout_s=1.0, eval_timeout_s=30.0)
+    kept = _harness(tmp_path / "kept", design)
+    assert kept.run_all(deadline_s=5.0) == EXIT_MORE  # trains; the evaluation does not fit
+    first = kept.design.runs()[0]
+    assert (kept.out / first.tag / "trained.json").is_file() and not kept.done(first)
+    volatile = _harness(tmp_path / "volatile", design)
+    volatile.volatile = True
+    capsys.readouterr()
+    assert volatile.run_all(deadline_s=5.0) == EXIT_MORE  # 1 + 30 s do not fit: none starts
+    assert not (volatile.out / first.tag).exists()
+    assert "training and evaluation may take 31 s" in capsys.readouterr().out
+    assert volatile.run_all(deadline_s=600) == 0
+
+
 def test_a_study_continued_on_other_cards_stops_before_any_run(tmp_path):
     harness = _harness(tmp_path, _design(run_timeout_s=1.0, eval_timeout_s=1.0))
     assert harness.run_all(deadline_s=2.0) == EXIT_MORE  # a run or two, on the H200
@@ -260,6 +275,10 @@ def test_the_command_line_refuses_bad_input_with_exit_code_2(tmp_path, capsys):
     assert "no design registered" in capsys.readouterr().err
     assert main(["register", str(tmp_path / "missing.yaml"), "records=x"]) == 2
     assert main(["table", "wrong=1"]) == 2
+    records = tmp_path / "records"
+    register(_design(), records)
+    assert main(["run", f"records={records}", "volatile=yes"]) == 2
+    assert "volatile=yes: true or false" in capsys.readouterr().err
 
 
 def test_no_targets_are_fixed_from_a_warmup_whose_gain_is_within_the_noise(tmp_path):

@@ -3,12 +3,14 @@
     python -m recipe.tools.study register configs/study/NAME.yaml records=docs/study/NAME
         the design (design.py) written to records/design.json; commit it before any run
     python -m recipe.tools.study run records=docs/study/NAME data=DATA_DIR [out=outputs/study/NAME]
-                               [deadline_s=inf] [archive=PATH.tar.gz]
+                               [deadline_s=inf] [archive=PATH.tar.gz] [volatile=false]
         the runs not done yet, in the design's order, each trained, evaluated off the clock and
         kept (harness.py); a phase (training, evaluation) starts only when its estimate fits
         before ``deadline_s``; exit 0 when all are done (then the results), 3 when runs remain
         (call again, on this machine or a fresh one given the records), 1 when a run failed;
-        ``archive``: the records as one file, rewritten after each kept run
+        ``archive``: the records as one file, rewritten after each kept run; ``volatile=true``
+        on a machine whose files go at the deadline: a run starts only when its training and
+        its evaluation both fit (its snapshots would go with the machine)
     python -m recipe.tools.study table records=docs/study/NAME
         results.json, the table and accuracy.png from what is kept (analysis.py)
 
@@ -62,7 +64,14 @@ def main(argv: list[str]) -> int:
             keys = _keys(rest, {"records": ""})
             print_results(analyse(Path(keys["records"])))
             return 0
-        allowed = {"records": "", "data": "-", "out": "-", "deadline_s": "inf", "archive": "-"}
+        allowed = {
+            "records": "",
+            "data": "-",
+            "out": "-",
+            "deadline_s": "inf",
+            "archive": "-",
+            "volatile": "false",
+        }
         keys = _keys(rest, allowed)
         records = Path(keys["records"])
         design = registered(records)
@@ -71,7 +80,10 @@ def main(argv: list[str]) -> int:
         if not data and any("{data}" in a for a in [*design.overrides, *design.eval_overrides]):
             raise ValueError(f"{records}: the design's overrides name {{data}}: give data=DIR")
         archive = None if keys["archive"] == "-" else Path(keys["archive"])
-        harness = Harness(design, records, out, data, archive=archive)
+        if keys["volatile"] not in ("true", "false"):
+            raise ValueError(f"volatile={keys['volatile']}: true or false")
+        volatile = keys["volatile"] == "true"
+        harness = Harness(design, records, out, data, archive=archive, volatile=volatile)
         deadline_s = float(keys["deadline_s"])
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

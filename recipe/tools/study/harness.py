@@ -8,6 +8,8 @@ clock, its records kept; resumable across machines that lose their files.
         less time left before ``deadline_s`` than the phase's estimate (estimates.py: the
         mode's longest so far, a segmented run's own speed, the design's timeouts before
         any)                                            --> stop, exit code 3: call again
+        ``volatile`` (the machine's files go at the deadline): a run not begun starts only
+        when its training and its evaluation both fit   --> else stop, exit code 3
         train   python -m recipe ... in <out>/<tag>/ with GPU telemetry (its study.log), or
                 with the design's ``segment_s``, segment by segment (study-<k>.log), each
                 one process that stops with a checkpoint the next resumes
@@ -93,10 +95,13 @@ class Harness:
         *,
         archive: Path | None = None,
         device: str | None = None,
+        volatile: bool = False,
     ) -> None:
-        """``device``: this machine's cards (None: ``device_name()``)."""
+        """``device``: this machine's cards (None: ``device_name()``). ``volatile``: the
+        machine loses its files at the deadline, snapshots with them, so a run trained but
+        not evaluated by then is lost: a run starts only when both phases fit."""
         self.design, self.records, self.out, self.data = design, records, out, data
-        self.archive = archive
+        self.archive, self.volatile = archive, volatile
         self.device = device_name() if device is None else device
         self.data_sha256 = data_checksum(Path(data)) if data else ""
 
@@ -145,6 +150,10 @@ class Harness:
         """Train, evaluate and keep one run, each phase only when its estimate fits before
         ``end`` (``time.monotonic()``); why it failed, ``OUT_OF_TIME``, or None."""
         run_dir = self.out / spec.tag
+        if self.volatile and not read_trained(run_dir):
+            whole_s = self.estimate_s("train", spec.mode) + self.estimate_s("eval", spec.mode)
+            if not self.fits("training and evaluation", spec, end, need_s=whole_s):
+                return OUT_OF_TIME
         failed = self.train(spec, run_dir, end)
         if failed is not None:
             return failed
