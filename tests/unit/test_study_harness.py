@@ -229,6 +229,19 @@ def test_on_a_volatile_machine_a_run_starts_only_when_its_evaluation_fits_too(tm
     assert volatile.run_all(deadline_s=600) == 0
 
 
+def test_the_archive_after_the_warmup_holds_the_targets_it_fixed(tmp_path):
+    harness = _harness(tmp_path, _design(run_timeout_s=1.0, eval_timeout_s=1.0))
+    run_one = harness.run_one
+    harness.run_one = lambda spec, end: (  # type: ignore[method-assign]
+        harness_module.OUT_OF_TIME if spec.mode == "fully_async" else run_one(spec, end)
+    )
+    assert harness.run_all(deadline_s=600) == EXIT_MORE  # only the sync warm-up ran
+    with tarfile.open(tmp_path / "a.tgz") as tar:
+        names = tar.getnames()
+    assert any(name.endswith("warmup-sync-seed100/record.json") for name in names)
+    assert any(name.endswith("records/targets.json") for name in names)
+
+
 def test_a_study_continued_on_other_cards_stops_before_any_run(tmp_path):
     harness = _harness(tmp_path, _design(run_timeout_s=1.0, eval_timeout_s=1.0))
     assert harness.run_all(deadline_s=2.0) == EXIT_MORE  # a run or two, on the H200

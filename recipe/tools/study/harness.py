@@ -130,9 +130,11 @@ class Harness:
             if failed is not None:
                 print(f"{spec.tag}: FAILED ({failed})", flush=True)
                 return 1
-            self.write_archive()
-            if spec.warmup and spec.mode == "sync":
-                self.targets()  # a warm-up within the noise stops the study here, not later
+            try:
+                if spec.warmup and spec.mode == "sync":
+                    self.targets()  # a warm-up within the noise stops the study here, not later
+            finally:
+                self.write_archive()  # the record, and the targets it fixed
         return 0
 
     def check_device(self) -> None:
