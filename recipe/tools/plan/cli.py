@@ -166,6 +166,7 @@ def workload_from_args(args: argparse.Namespace) -> tuple[Workload, dict[str, in
         from recipe.tools.report.data import load_run
 
         measured = measure(load_run(args.run))
+        print(measured.describe_engine())
         workload = measured.workload
         defaults["steps_per_sync"] = measured.steps_per_sync
     else:

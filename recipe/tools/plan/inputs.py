@@ -3,7 +3,9 @@
     metrics.jsonl  train seconds per sample (old log-prob + update), push seconds, per-step
                    overhead (sync runs: step time not in generation, training or the push)
     trace.json     per-sample response lengths and each engine's tokens/s while generating
-                   (training requests only; greedy validation requests are left out)
+                   (training requests only; greedy validation requests are left out); from a
+                   sync run, the engine's two decode speeds instead (decode.py: a full
+                   engine's, a lone sequence's), fitted over its batches where they separate
     config.yaml    n, prompts per step, T, staleness threshold, max_num_seqs
 
 The first ``WARMUP_STEPS`` steps (engine and trainer warm-up) are left out of every figure.
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recipe.observability.trace_file import busy_s, rollout_slices
+from recipe.tools.plan.decode import DecodeFit, busy_batches, fit_decode
 from recipe.tools.plan.spec import Workload
 from recipe.tools.report.data import RunData
 
@@ -44,6 +47,16 @@ class Measured:
     trainer_idle_ratio: float | None
     rollouter_idle_ratio: float | None
     staleness_mean: float | None
+    decode: DecodeFit | None = None
+    """The engine's two speeds fitted from a sync run (None: the mean while busy, no floor)."""
+
+    def describe_engine(self) -> str:
+        if self.decode is not None:
+            return f"engine: {self.decode.describe()}"
+        return (
+            f"engine: {self.workload.engine_tps:,.0f} tokens/s, its mean while busy; a lone "
+            f"sequence as fast (no fit from this {self.mode} run: recipe/tools/plan/decode.py)"
+        )
 
 
 def _cfg(run: RunData, dotted: str, default: Any) -> Any:
@@ -179,14 +192,19 @@ def measure(run: RunData, *, contention: float = 1.0) -> Measured:
             )
         ]
         overhead = max(0.0, _mean(rest))
+    max_num_seqs = int(_cfg(run, "rollout.max_num_seqs", 256))
+    decode = None
+    if run.mode == "sync":
+        decode = fit_decode(busy_batches(requests, _steady_start_us(run)), max_num_seqs)
     workload = Workload(
         n=n,
         prompts_per_step=prompts_per_step(run, n),
         lengths=lengths,
-        engine_tps=engine_tokens_per_s(run, requests),
+        engine_tps=decode.engine_tps if decode else engine_tokens_per_s(run, requests),
+        seq_tps=decode.seq_tps if decode else math.inf,
         train_s_per_sample=_mean(train_s),
         sync_s=sync_s,
-        max_num_seqs=int(_cfg(run, "rollout.max_num_seqs", 256)),
+        max_num_seqs=max_num_seqs,
         step_overhead_s=overhead,
         contention=contention,
     )
@@ -202,6 +220,7 @@ def measure(run: RunData, *, contention: float = 1.0) -> Measured:
         trainer_idle_ratio=run.idle_ratio("trainer"),
         rollouter_idle_ratio=run.idle_ratio("rollouter"),
         staleness_mean=run.staleness_mean,
+        decode=decode,
     )
 
 
