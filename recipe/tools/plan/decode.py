@@ -24,8 +24,8 @@ than the engine runs at once. ``None`` when fewer than ``MIN_BATCHES`` remain, o
 fitted cost is not ``MIN_T`` standard errors above zero: the batches do not separate the two
 terms. Seen on the CPU with ``rollout.length_profile=longtail``, where every batch's longest
 response is within 4% of the limit: t = 2.4 and 1.8, and fully_async's predicted samples/s
-+16.7% off against +4.9% with the mean. On one H100 (GSM8K at 2,048 tokens, longest 531-2,048):
-t = 16 and 13.
++16.7% off against +4.9% with the mean. On one H100 (GSM8K at 2,048 tokens, longest
+531-2,048; the same fit on its metrics): t = 16 and 13.
 """
 
 from __future__ import annotations
@@ -84,11 +84,13 @@ def busy_batches(requests: Iterable[Mapping[str, Any]], start_us: float) -> list
     for events in by_replica.values():
         events.sort(key=lambda e: e["ts"])
         period: list[Mapping[str, Any]] = []
+        period_end = -math.inf
         for event in events:
-            if period and event["ts"] > max(e["ts"] + e["dur"] for e in period):
+            if period and event["ts"] > period_end:
                 batches.append(_batch(period))
-                period = []
+                period, period_end = [], -math.inf
             period.append(event)
+            period_end = max(period_end, event["ts"] + event["dur"])
         if period:
             batches.append(_batch(period))
     return batches
