@@ -73,15 +73,22 @@ class DecodeFit:
         )
 
 
+def by_replica(
+    requests: Iterable[Mapping[str, Any]], start_us: float
+) -> dict[int, list[Mapping[str, Any]]]:
+    """The requests that started from ``start_us`` on, per replica (trace pid)."""
+    replicas: dict[int, list[Mapping[str, Any]]] = {}
+    for event in requests:
+        if event["ts"] >= start_us:
+            replicas.setdefault(event["pid"], []).append(event)
+    return replicas
+
+
 def busy_batches(requests: Iterable[Mapping[str, Any]], start_us: float) -> list[Batch]:
     """Each replica's busy periods from ``start_us`` on: requests overlapping in time,
     transitively (a sync step's generation on one replica)."""
-    by_replica: dict[int, list[Mapping[str, Any]]] = {}
-    for event in requests:
-        if event["ts"] >= start_us:
-            by_replica.setdefault(event["pid"], []).append(event)
     batches = []
-    for events in by_replica.values():
+    for events in by_replica(requests, start_us).values():
         events.sort(key=lambda e: e["ts"])
         period: list[Mapping[str, Any]] = []
         period_end = -math.inf
@@ -111,22 +118,22 @@ def fit_decode(batches: Iterable[Batch], max_num_seqs: int) -> DecodeFit | None:
     """a and b by least squares over the batches that start together and fit the engine
     (module docstring); None when they are not each ``MIN_T`` standard errors above zero."""
     usable = [
-        b
-        for b in batches
-        if b.duration_s > 0
-        and b.sequences <= max_num_seqs
-        and b.start_spread_s <= START_SPREAD * b.duration_s
+        x
+        for x in batches
+        if x.duration_s > 0
+        and x.sequences <= max_num_seqs
+        and x.start_spread_s <= START_SPREAD * x.duration_s
     ]
     if len(usable) < MIN_BATCHES:
         return None
-    sll = sum(b.longest**2 for b in usable)
-    stt = sum(b.tokens**2 for b in usable)
-    slt = sum(b.longest * b.tokens for b in usable)
+    sll = sum(x.longest**2 for x in usable)
+    stt = sum(x.tokens**2 for x in usable)
+    slt = sum(x.longest * x.tokens for x in usable)
     det = sll * stt - slt**2
     if det <= 1e-9 * sll * stt:  # every batch alike: the two costs do not separate
         return None
-    sld = sum(b.longest * b.duration_s for b in usable)
-    std = sum(b.tokens * b.duration_s for b in usable)
+    sld = sum(x.longest * x.duration_s for x in usable)
+    std = sum(x.tokens * x.duration_s for x in usable)
     a = (stt * sld - slt * std) / det
     b = (sll * std - slt * sld) / det
     residual = sum((x.duration_s - a * x.longest - b * x.tokens) ** 2 for x in usable)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recipe.observability.trace_file import busy_s, rollout_slices
-from recipe.tools.plan.decode import DecodeFit, busy_batches, fit_decode
+from recipe.tools.plan.decode import DecodeFit, busy_batches, by_replica, fit_decode
 from recipe.tools.plan.spec import Workload
 from recipe.tools.report.data import RunData
 
@@ -113,12 +113,9 @@ def engine_tokens_per_s(run: RunData, requests: list[Mapping[str, Any]]) -> floa
     """New tokens over the time some training request was running, per replica, after the
     warm-up steps."""
     start_us = _steady_start_us(run)
-    by_replica: dict[int, list[Mapping[str, Any]]] = {}
-    for event in requests:
-        if event["ts"] >= start_us:
-            by_replica.setdefault(event["pid"], []).append(event)
-    tokens = sum(e["args"]["new_tokens"] for events in by_replica.values() for e in events)
-    busy = sum(busy_s(events, start_us, math.inf) for events in by_replica.values())
+    replicas = by_replica(requests, start_us)
+    tokens = sum(e["args"]["new_tokens"] for events in replicas.values() for e in events)
+    busy = sum(busy_s(events, start_us, math.inf) for events in replicas.values())
     if busy <= 0:
         raise ValueError(f"{run.path}: no training generation in trace.json after the warm-up")
     return tokens / busy
