@@ -194,7 +194,10 @@ def test_a_study_runs_in_order_fixes_targets_once_and_keeps_every_record(tmp_pat
     assert len(record["code_sha256"]) == 64 and "code_changed" in record
     res = analyse(records)
     print_results(res)
-    assert "fully_async / sync, time to 0.200: 0.50x" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "fully_async / sync, time to 0.200: 0.50x" in printed
+    assert "fully_async - sync, accuracy at 20 s of training clock: +" in printed
+    assert "fully_async - sync, final accuracy: " in printed
     ratio = res["ratios"]["fully_async"]["targets"][0]["median_ratio"]
     assert ratio["estimate"] == pytest.approx(0.5) and ratio["high"] <= 0.5 + 1e-9
     assert res["modes"]["fully_async"]["steady_samples_per_s"] == pytest.approx(20.0)

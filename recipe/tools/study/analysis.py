@@ -160,6 +160,20 @@ def print_results(res: dict[str, Any]) -> None:
                 f"[{r['low']:.2f}, {r['high']:.2f}] (95% bootstrap), censored "
                 f"{row['censored']['sync']} sync / {row['censored']['other']} {mode}{power}"
             )
+        for row in ratios["budgets"]:
+            print(
+                f"{mode} - sync, accuracy at {row['budget_s']:.0f} s of training clock: "
+                f"{_signed(row['accuracy_difference'])}"
+            )
+        print(f"{mode} - sync, final accuracy: {_signed(ratios['final_accuracy_difference'])}")
+
+
+def _signed(interval: dict[str, float]) -> str:
+    """A difference with its 95% bootstrap interval, signs shown."""
+    return (
+        f"{interval.get('estimate', math.nan):+.3f} [{interval.get('low', math.nan):+.3f}, "
+        f"{interval.get('high', math.nan):+.3f}] (95% bootstrap)"
+    )
 
 
 def write_plot(path: Path, design: StudyDesign, records: Path) -> None:
