@@ -74,6 +74,7 @@ TOOLS = [
     ("recipe.tools.study.judge_agreement", ["oops"], True),
     ("recipe.tools.study.zigzag", ["=5"], False),
     ("recipe.tools.study.pair", ["a", "b", "=5"], False),
+    ("recipe.tools.study.tool_use", ["oops"], True),
 ]
 
 
