@@ -9,6 +9,8 @@ accuracy.py   that study's records, table and accuracy plot
 runs.py       one run of a study in a subprocess, logged, under a deadline
 lengths.py    before a study: the response-length histogram of a workload per level (the run's
               config, prompts, engine and reward); length_stats.py its statistics and table
+tool_use.py   before a tool-use study: whether a model calls the python tool of
+              ``env=math_python`` (its first turns sampled and counted)
 graders.py    our MATH grader against math-verify, on responses and on the reference answers
 judge_agreement.py  how often the LLM judge (``reward.judge``) agrees with the rule scorer on
               a sample of lengths.py's responses; agreement.py its statistics, judge_engine.py
