@@ -31,17 +31,18 @@ serves the model (its KV cache at ``VLLM_CPU_KVCACHE_SPACE``, 4 GiB unless set).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-import random
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from recipe.agent.examples.python_tool_agent import TOOLS, first_messages
+from recipe.agent.tool_calls import parse_tool_calls
 from recipe.data.loaders import DataError, load_records
 from recipe.tools.cli import fail, keys_and_overrides
+from recipe.tools.study.lengths import sample_records
 
 KEYS = {
     "model": "",
@@ -54,7 +55,6 @@ KEYS = {
     "variant": "agent",
 }
 VARIANTS = ("agent", "example")
-CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 EXAMPLE: list[dict[str, Any]] = [
     {"role": "user", "content": "A box holds 12 eggs. How many eggs are in 7 boxes?"},
     {
@@ -75,19 +75,15 @@ EXAMPLE: list[dict[str, Any]] = [
 
 
 def parseable_call(text: str) -> bool:
-    """Whether ``text`` holds a hermes tool call the agent would run: JSON naming ``python``
-    with a ``code`` string."""
-    for body in CALL.findall(text):
-        try:
-            call = json.loads(body)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(call, dict) or call.get("name") != "python":
-            continue
-        arguments = call.get("arguments")
-        if isinstance(arguments, dict) and isinstance(arguments.get("code"), str):
-            return True
-    return False
+    """Whether ``text`` holds a tool call the agent would run: the endpoint's hermes parser
+    (``recipe.agent.tool_calls``) finds a call naming ``python`` whose arguments hold a
+    ``code`` string."""
+    turn = parse_tool_calls(text, "hermes", (f"call_{i}" for i in itertools.count()))
+    return any(
+        call["function"]["name"] == "python"
+        and isinstance(json.loads(call["function"]["arguments"]).get("code"), str)
+        for call in turn.tool_calls
+    )
 
 
 def count_tool_use(texts: list[str]) -> dict[str, int]:
@@ -138,9 +134,9 @@ def parse(argv: list[str]) -> dict[str, Any]:
 
 def measure(args: dict[str, Any]) -> dict[str, Any]:
     """Sample the first turns and count them; writes OUT/tool_use.json and responses.jsonl."""
-    records = load_records([args["data"]], split="train")
-    if args["prompts"] < len(records):
-        records = random.Random(args["seed"]).sample(records, args["prompts"])
+    records = sample_records(
+        load_records([args["data"]], split="train"), args["prompts"], args["seed"]
+    )
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     from vllm import LLM, SamplingParams
 
