@@ -100,7 +100,10 @@ def parse(argv: list[str]) -> tuple[Study, bool]:
     if unknown := sorted(set(modes) - set(MODES)):
         fail(f"modes={args['modes']}: unknown {unknown}; known {MODES}")
     if "sync" not in modes:
-        fail("modes= must include sync (its final accuracy is the target)")
+        fail(
+            "modes= must include sync (its final accuracy is the target; a sync run "
+            "whose record exists is not run again)"
+        )
     study = Study(
         modes=tuple(sorted(modes, key=lambda m: m != "sync")),
         seeds=tuple(int(x) for x in args["seeds"].split(",")),
