@@ -1,7 +1,10 @@
 """Bad input to ``python -m recipe`` fails at startup: exit code 2 within seconds, one line on
 stderr naming the key, file or row, and no traceback (``RECIPE_DEBUG=1`` shows it).
 
-Each case runs the real command line in a subprocess. Every check fires before Ray starts
+Every case runs the real command line (``recipe.main.cli``, what ``python -m recipe`` runs):
+all of them one after another in one interpreter (tests/helpers/cli_batch.py, which pays the
+imports once), and one case per checking stage in a subprocess of its own, where the process's
+exit code and stderr are the contract. Every check fires before Ray starts
 (override keys and types before Hydra composes, config values in ``load_config``, the run
 directory in a Hydra callback, data, reward function and model in the recipe's constructor
 before ``ray.init``), which the time bounds
@@ -25,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import agent_envs
+from tests.helpers import agent_envs, cli_batch
 
 pytestmark = pytest.mark.integration
 
@@ -144,104 +147,153 @@ FILE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", FILE_CASES)
-def test_bad_file_or_path_fails_at_startup_naming_it(case, tmp_path):
-    overrides, named = _case_files(tmp_path, case)
-    proc, elapsed = _run(tmp_path / "run", *overrides)
-    _assert_one_line_error(proc, elapsed, *named)
-
-
-@pytest.mark.parametrize(
-    ("overrides", "named"),
-    [
-        (["async_training.staleness_threshold=-0.5"], "async_training.staleness_threshold=-0.5"),
-        (["async_training.require_batches=0"], "async_training.require_batches=0"),
-        (
-            ["async_training.trigger_parameter_sync_step=0"],
-            "async_training.trigger_parameter_sync_step=0",
-        ),
-        (
-            ["mode=sync", "data.train_batch_size=30", "actor.ppo_mini_batch_size=16"],
-            "data.train_batch_size=30",
-        ),
-        (["reward.custom_fn=recipe.reward.scorers:no_such_scorer"], "reward.custom_fn="),
-        (["actor.lrr=1e-5"], "unknown key 'actor.lrr' in 'actor.lrr=1e-5': did you mean actor.lr"),
-        (["reward.judge.mode=listwise"], "reward.judge.mode="),
-        (
-            [
-                "reward.judge.base_url=http://127.0.0.1:9/v1",
-                "reward.judge.endpoint_model=m",
-                "reward.judge.mode=pairwise",
-                "rollout.n=1",
-            ],
+KNOB_CASES: list[tuple[list[str], str]] = [
+    (["async_training.staleness_threshold=-0.5"], "async_training.staleness_threshold=-0.5"),
+    (["async_training.require_batches=0"], "async_training.require_batches=0"),
+    (
+        ["async_training.trigger_parameter_sync_step=0"],
+        "async_training.trigger_parameter_sync_step=0",
+    ),
+    (
+        ["mode=sync", "data.train_batch_size=30", "actor.ppo_mini_batch_size=16"],
+        "data.train_batch_size=30",
+    ),
+    (["reward.custom_fn=recipe.reward.scorers:no_such_scorer"], "reward.custom_fn="),
+    (["actor.lrr=1e-5"], "unknown key 'actor.lrr' in 'actor.lrr=1e-5': did you mean actor.lr"),
+    (["reward.judge.mode=listwise"], "reward.judge.mode="),
+    (
+        [
+            "reward.judge.base_url=http://127.0.0.1:9/v1",
+            "reward.judge.endpoint_model=m",
+            "reward.judge.mode=pairwise",
             "rollout.n=1",
-        ),
-        (["rollout.n=1.5"], "rollout.n=1.5 is invalid: expected an integer"),
-        (["rollout.n=[1,2]"], "rollout.n=[1, 2] is invalid: expected an integer"),
-        (
-            ["actor_rollout_ref.actor.optim.lr=1e-6"],
-            "actor_rollout_ref.actor.optim.lr is verl's name; here it is actor.lr (actor.lr=1e-6)",
-        ),
-        (
-            ["trainer.n_gpus_per_node=8"],
-            "set actor.n_gpus_per_node (trainer ranks per node) and rollout.n_gpus_per_node",
-        ),
-        (["hydra.job.env_set.FOO=1"], "+hydra.job.env_set.FOO=1"),
-        (
-            [
-                "rollout.multi_turn.enable=true",
-                f"rollout.multi_turn.environment={agent_envs.PATH}:HalfSaved",
-            ],
-            "rollout.multi_turn.environment: HalfSaved implements state_dict but not "
-            "load_state_dict",
-        ),
-        (
-            [
-                "mode=sync",
-                "rollout.multi_turn.enable=true",
-                "rollout.multi_turn.environment=recipe.agent.builtin:NoSuchEnv",
-            ],
-            "rollout.multi_turn.environment='recipe.agent.builtin:NoSuchEnv'",
-        ),
-        (
-            [
-                "rollout.multi_turn.enable=true",
-                "rollout.multi_turn.agent_command=no-such-agent --episode",
-            ],
-            "rollout.multi_turn.agent_command='no-such-agent --episode': command not found",
-        ),
-        (
-            [
-                "rollout.multi_turn.enable=true",
-                "rollout.multi_turn.agent=recipe.agent.builtin:Calculator",
-            ],
-            "rollout.multi_turn.agent='recipe.agent.builtin:Calculator': 'Calculator' is not "
-            "an async function",
-        ),
-    ],
-    ids=[
-        "negative staleness",
-        "require_batches=0",
-        "trigger_parameter_sync_step=0",
-        "batch sizes that do not divide",
-        "unknown reward function",
-        "unknown key",
-        "unknown judge mode",
-        "pairwise judge of one response",
-        "float for an integer",
-        "list for an integer",
-        "verl key",
-        "verl key with no one-to-one equivalent",
-        "missing + on a hydra key",
-        "environment with one state hook",
-        "unknown environment class",
-        "agent command not found",
-        "agent that is not an async function",
-    ],
-)
-def test_invalid_knob_fails_at_startup_naming_the_key(overrides, named, tmp_path):
-    proc, elapsed = _run(tmp_path / "run", *overrides)
-    _assert_one_line_error(proc, elapsed, named)
+        ],
+        "rollout.n=1",
+    ),
+    (["rollout.n=1.5"], "rollout.n=1.5 is invalid: expected an integer"),
+    (["rollout.n=[1,2]"], "rollout.n=[1, 2] is invalid: expected an integer"),
+    (
+        ["actor_rollout_ref.actor.optim.lr=1e-6"],
+        "actor_rollout_ref.actor.optim.lr is verl's name; here it is actor.lr (actor.lr=1e-6)",
+    ),
+    (
+        ["trainer.n_gpus_per_node=8"],
+        "set actor.n_gpus_per_node (trainer ranks per node) and rollout.n_gpus_per_node",
+    ),
+    (["hydra.job.env_set.FOO=1"], "+hydra.job.env_set.FOO=1"),
+    (
+        [
+            "rollout.multi_turn.enable=true",
+            f"rollout.multi_turn.environment={agent_envs.PATH}:HalfSaved",
+        ],
+        "rollout.multi_turn.environment: HalfSaved implements state_dict but not load_state_dict",
+    ),
+    (
+        [
+            "mode=sync",
+            "rollout.multi_turn.enable=true",
+            "rollout.multi_turn.environment=recipe.agent.builtin:NoSuchEnv",
+        ],
+        "rollout.multi_turn.environment='recipe.agent.builtin:NoSuchEnv'",
+    ),
+    (
+        [
+            "rollout.multi_turn.enable=true",
+            "rollout.multi_turn.agent_command=no-such-agent --episode",
+        ],
+        "rollout.multi_turn.agent_command='no-such-agent --episode': command not found",
+    ),
+    (
+        [
+            "rollout.multi_turn.enable=true",
+            "rollout.multi_turn.agent=recipe.agent.builtin:Calculator",
+        ],
+        "rollout.multi_turn.agent='recipe.agent.builtin:Calculator': 'Calculator' is not "
+        "an async function",
+    ),
+]
+KNOB_IDS = [
+    "negative staleness",
+    "require_batches=0",
+    "trigger_parameter_sync_step=0",
+    "batch sizes that do not divide",
+    "unknown reward function",
+    "unknown key",
+    "unknown judge mode",
+    "pairwise judge of one response",
+    "float for an integer",
+    "list for an integer",
+    "verl key",
+    "verl key with no one-to-one equivalent",
+    "missing + on a hydra key",
+    "environment with one state hook",
+    "unknown environment class",
+    "agent command not found",
+    "agent that is not an async function",
+]
+KNOBS = dict(zip(KNOB_IDS, KNOB_CASES, strict=True))
+ONE_PER_STAGE = [
+    "unknown key",  # the overrides, before Hydra composes
+    "negative staleness",  # load_config
+    "output directory under a file",  # the run directory (a Hydra callback)
+    "malformed dataset row",  # the data, in the recipe's constructor
+    "model without weights",  # the model, in the recipe's constructor
+]
+"""The cases that also run as a subprocess of their own."""
+
+
+def _case(tmp: Path, case: str) -> tuple[list[str], list[str]]:
+    """Overrides (the run directory included) and the texts the error line must name."""
+    if case in KNOBS:
+        overrides, named = KNOBS[case]
+        overrides, names = list(overrides), [named]
+    else:
+        overrides, names = _case_files(tmp, case)
+    if not any(o.startswith("hydra.run.dir=") for o in overrides):
+        overrides.append(f"hydra.run.dir={tmp / 'run'}")
+    return ["logger.quiet=true", *overrides], names
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory) -> dict[str, tuple[dict, list[str]]]:
+    """Every case run in one interpreter: case -> (its result, the texts to name). In
+    mode=sync: fully_async runs the same checks while Ray starts beside them (seconds a
+    case), which the subprocess cases (the default mode) and the prompts-too-long case keep."""
+    cases = {c: _case(tmp_path_factory.mktemp("case"), c) for c in [*FILE_CASES, *KNOBS]}
+    for argv, _ in cases.values():  # sync: the same checks, without a Ray start beside them
+        if not any(a.startswith("mode=") for a in argv):
+            argv.insert(1, "mode=sync")
+    env = {**os.environ, "RECIPE_DEBUG": "0", "HYDRA_FULL_ERROR": "0"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.helpers.cli_batch"],
+        input=json.dumps([argv for argv, _ in cases.values()]),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    results = [
+        json.loads(line[len(cli_batch.MARK) :])
+        for line in proc.stdout.splitlines()
+        if line.startswith(cli_batch.MARK)
+    ]
+    assert len(results) == len(cases), proc.stderr[-3000:]
+    return {c: (r, named) for (c, (_, named)), r in zip(cases.items(), results, strict=True)}
+
+
+@pytest.mark.parametrize("case", [*FILE_CASES, *KNOB_IDS])
+def test_bad_input_fails_at_startup_naming_it(case, batch):
+    result, named = batch[case]
+    proc = subprocess.CompletedProcess([], result["code"], "", result["stderr"])
+    _assert_one_line_error(proc, (result["cpu_s"], result["wall_s"]), *named)
+
+
+@pytest.mark.parametrize("case", ONE_PER_STAGE)
+def test_the_command_line_process_fails_the_same_way(case, tmp_path):
+    overrides, named = _case(tmp_path, case)
+    proc, elapsed = _run(tmp_path / "run", *overrides[1:])
+    _assert_one_line_error(proc, elapsed, *named)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")

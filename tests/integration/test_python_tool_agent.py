@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from recipe.agent.examples import python_tool_agent as agent
 from recipe.model import HFModelConfig
 from tests.helpers.chat_templates import copy_with_tools_template
+from tests.helpers.fitting import fit_to_episode
 from tests.helpers.models import EOS
 from tests.helpers.runs import build_recipe, read_metrics, spy_on_groups
 
@@ -55,35 +55,9 @@ PRESET = {
 @pytest.fixture(scope="module")
 def python_tool_model(rollout_model_path: Path, tmp_path_factory) -> Path:
     """The tiny Qwen2 with the tools template, fitted on the two model turns of ``EPISODE``."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     path = tmp_path_factory.mktemp("python_tool_model") / "model"
     copy_with_tools_template(rollout_model_path, path, EOS)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-
-    def length(messages: list[dict[str, Any]], generation: bool) -> int:
-        text = tokenizer.apply_chat_template(
-            messages, tools=agent.TOOLS, tokenize=False, add_generation_prompt=generation
-        )
-        return len(tokenizer(text).input_ids)
-
-    text = tokenizer.apply_chat_template([*EPISODE, FINAL], tools=agent.TOOLS, tokenize=False)
-    ids = tokenizer(text, return_tensors="pt").input_ids
-    labels = ids.clone()  # loss on the two model turns only
-    labels[0, : length(QUESTION, True)] = -100
-    labels[0, length(EPISODE[:-1], False) : length(EPISODE, True)] = -100
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(path)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
-    for _ in range(300):
-        loss = model(input_ids=ids, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if loss.item() < 0.003:
-            break
-    model.save_pretrained(path)
+    fit_to_episode(path, [*EPISODE, FINAL], tools=agent.TOOLS)
     return path
 
 

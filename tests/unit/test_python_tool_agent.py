@@ -13,40 +13,14 @@ import httpx
 import openai
 import pytest
 from hydra import compose, initialize_config_dir
-from openai.types.chat import ChatCompletion
 
 from recipe.agent.examples import python_tool_agent as agent
 from recipe.agent.sandbox import SandboxResult
 from recipe.config import load_config, register_configs
 from recipe.protocol import PromptRecord
+from tests.helpers.scripted_openai import ScriptedClient
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
-
-
-class ScriptedClient:
-    """``client.chat.completions.create`` answering each request with the next scripted
-    assistant message (a dict), or raising it (an exception); the requests are kept."""
-
-    def __init__(self, replies: list[dict[str, Any] | Exception]) -> None:
-        self.replies = list(replies)
-        self.requests: list[dict[str, Any]] = []
-        self.chat = self
-        self.completions = self
-
-    async def create(self, **request: Any) -> ChatCompletion:
-        self.requests.append(json.loads(json.dumps(request)))  # as sent, not as mutated later
-        reply = self.replies.pop(0)
-        if isinstance(reply, Exception):
-            raise reply
-        return ChatCompletion.model_validate(
-            {
-                "id": "c",
-                "object": "chat.completion",
-                "created": 0,
-                "model": "policy",
-                "choices": [{"index": 0, "finish_reason": "stop", "message": reply}],
-            }
-        )
 
 
 def _call(code: Any, name: str = "python", call_id: str = "call_0") -> dict[str, Any]:

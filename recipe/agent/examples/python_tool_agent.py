@@ -17,9 +17,10 @@ strict scorer reads the number after ``####``, so a boxed answer is also handed 
 spelling, and one agent serves both datasets. No final answer (the episode's budget spent:
 the endpoint answers 400, or 429) scores 0.
 
-Settings, read from the environment when the module is imported (a bad value fails the run
-at startup naming the variable; a local Ray's workers inherit the launching shell's
-environment): ``PYTHON_TOOL_TIMEOUT_S`` (5), ``PYTHON_TOOL_MEMORY_MB`` (512),
+Settings (``python_common.ToolSettings``, shared with the code-block agent
+``python_block_agent``), read from the environment when the module is imported (a bad value
+fails the run at startup naming the variable; a local Ray's workers inherit the launching
+shell's environment): ``PYTHON_TOOL_TIMEOUT_S`` (5), ``PYTHON_TOOL_MEMORY_MB`` (512),
 ``PYTHON_TOOL_MAX_OUTPUT_BYTES`` (4096), ``PYTHON_TOOL_MAX_TURNS`` (8, requests per episode;
 ``rollout.multi_turn.max_assistant_turns`` may stop it first), ``PYTHON_TOOL_USER`` and
 ``PYTHON_TOOL_PYTHON`` (run the code as that account with that interpreter: see the
@@ -30,18 +31,20 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import openai
 
-from recipe.agent.sandbox import SandboxResult, run_python_async
+from recipe.agent.examples.python_common import (
+    EpisodeStats,
+    ToolSettings,
+    run_code,
+    score,
+    tool_output,
+    with_system_prompt,
+)
 from recipe.protocol import PromptRecord
-from recipe.reward.registry import get_scorer
-from recipe.reward.scorers import last_boxed
 
 logger = logging.getLogger(__name__)
 
@@ -67,58 +70,6 @@ TOOLS: list[Any] = [
         },
     }
 ]
-
-
-def _number(env: Mapping[str, str], name: str, default: Any, kind: type) -> Any:
-    text = env.get(name)
-    if not text:
-        return default
-    try:
-        value = kind(text)
-    except ValueError:
-        value = None
-    if value is None or not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name}={text!r}: expected a positive {kind.__name__}")
-    return value
-
-
-@dataclass(frozen=True, slots=True)
-class ToolSettings:
-    """The tool's limits and the episode's length (module docstring)."""
-
-    timeout_s: float = 5.0
-    memory_mb: int = 512
-    max_output_bytes: int = 4096
-    max_turns: int = 8
-    user: str | None = None
-    python: str | None = None
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> ToolSettings:
-        """From ``PYTHON_TOOL_*`` variables; ``ValueError`` naming a bad one."""
-        default = cls()
-        return cls(
-            timeout_s=_number(env, "PYTHON_TOOL_TIMEOUT_S", default.timeout_s, float),
-            memory_mb=_number(env, "PYTHON_TOOL_MEMORY_MB", default.memory_mb, int),
-            max_output_bytes=_number(
-                env, "PYTHON_TOOL_MAX_OUTPUT_BYTES", default.max_output_bytes, int
-            ),
-            max_turns=_number(env, "PYTHON_TOOL_MAX_TURNS", default.max_turns, int),
-            user=env.get("PYTHON_TOOL_USER") or None,
-            python=env.get("PYTHON_TOOL_PYTHON") or None,
-        )
-
-
-@dataclass(slots=True)
-class EpisodeStats:
-    """One episode's use of the tool (logged at DEBUG when it ends)."""
-
-    tool_calls: int = 0
-    tool_seconds: float = 0.0
-    tool_timeouts: int = 0
-    tool_errors: int = 0
-    """Calls that named another tool or gave no ``code`` string (never run)."""
-
 
 SETTINGS = ToolSettings.from_env(os.environ)
 
@@ -150,10 +101,7 @@ async def run(client: openai.AsyncOpenAI, record: PromptRecord) -> float:
 
 def first_messages(prompt: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The record's prompt as chat messages, with ``SYSTEM_PROMPT`` unless it has its own."""
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    if messages and messages[0].get("role") == "system":
-        return messages
-    return [{"role": "system", "content": SYSTEM_PROMPT}, *messages]
+    return with_system_prompt(prompt, SYSTEM_PROMPT)
 
 
 async def call_tool(name: str, arguments: str, stats: EpisodeStats) -> str:
@@ -165,41 +113,4 @@ async def call_tool(name: str, arguments: str, stats: EpisodeStats) -> str:
     if not isinstance(code, str):
         stats.tool_errors += 1
         return f'error: call the tool `python` with arguments {{"code": "<program>"}}, not {name}'
-    result = await run_python_async(
-        code,
-        timeout_s=SETTINGS.timeout_s,
-        memory_mb=SETTINGS.memory_mb,
-        max_output_bytes=SETTINGS.max_output_bytes,
-        user=SETTINGS.user,
-        python=SETTINGS.python,
-    )
-    stats.tool_calls += 1
-    stats.tool_seconds += result.seconds
-    stats.tool_timeouts += result.timed_out
-    return tool_output(result, SETTINGS)
-
-
-def tool_output(result: SandboxResult, settings: ToolSettings) -> str:
-    """What the model reads of one run: stdout, then stderr and how it ended when notable."""
-    parts = [result.stdout]
-    if result.stderr:
-        parts.append(f"[stderr]\n{result.stderr}")
-    if result.truncated:
-        parts.append(f"[output cut at {settings.max_output_bytes} bytes]")
-    if result.timed_out:
-        parts.append(f"[killed: ran past the {settings.timeout_s:g} s time limit]")
-    elif result.exit_code:
-        parts.append(f"[exit status {result.exit_code}]")
-    return "\n".join(p.rstrip("\n") for p in parts if p) or "[no output]"
-
-
-def score(record: PromptRecord, final: str) -> float:
-    """The registry's score of the final turn, its boxed answer also spelt ``#### answer``."""
-    if not final:
-        return 0.0
-    boxed = last_boxed(final)
-    solution = final if boxed is None else f"{final}\n#### {boxed}"
-    raw = get_scorer(record.data_source)(
-        record.data_source, solution, record.ground_truth, record.extra_info
-    )
-    return float(raw["score"] if isinstance(raw, dict) else raw)
+    return tool_output(await run_code(code, SETTINGS, stats), SETTINGS)

