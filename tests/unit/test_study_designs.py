@@ -32,7 +32,13 @@ def _valid(overrides: list[str]) -> None:
 
 
 def test_every_design_file_is_checked():
-    assert {p.stem for p in DESIGNS} >= {"gsm8k", "gsm8k_long", "math", "math_python_pilot"}
+    assert {p.stem for p in DESIGNS} >= {
+        "gsm8k",
+        "gsm8k_long",
+        "math",
+        "math_python_pilot",
+        "math_python_block_pilot",
+    }
 
 
 @pytest.mark.parametrize("path", DESIGNS, ids=[p.stem for p in DESIGNS])
