@@ -16,7 +16,8 @@ are set in the child between ``fork`` and ``exec`` by a small bootstrap interpre
 agent's episodes each run in a thread of the rollout worker). The bootstrap stays as the
 code's parent and waits for it, so ``os.kill(os.getppid(), 9)`` in the code hits the
 bootstrap, never the caller. stdout and stderr go to files in the directory (no pipes to
-drain, and ``RLIMIT_FSIZE`` bounds them); at most ``max_output_bytes`` of each is read back.
+drain, and ``RLIMIT_FSIZE`` bounds them); at most ``max_output_bytes`` of each is read back:
+stdout's head, stderr's tail (a traceback ends with what failed).
 The exit of the group leader is awaited on a pidfd (``os.pidfd_open``), so the group is
 killed while the leader is still unreaped and its id cannot have been reused.
 
@@ -89,7 +90,8 @@ class SandboxResult:
     stdout: str
     """Its standard output, at most ``max_output_bytes`` of it (UTF-8, bad bytes replaced)."""
     stderr: str
-    """Its standard error, cut the same way."""
+    """Its standard error, cut the same way but to its last ``max_output_bytes`` (where a
+    traceback names what failed)."""
     exit_code: int | None
     """The exit status; ``-N``: killed by signal N (``-signal.SIGXCPU``: CPU time,
     ``-signal.SIGXFSZ``: file size); None: killed at the wall deadline."""
@@ -155,7 +157,7 @@ def run_python(
             exit_code = proc.wait()
             seconds = time.perf_counter() - started
             stdout, cut_out = _read_capped(out, max_output_bytes)
-            stderr, cut_err = _read_capped(err, max_output_bytes)
+            stderr, cut_err = _read_capped(err, max_output_bytes, tail=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return SandboxResult(
@@ -197,8 +199,10 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def _read_capped(file: BinaryIO, max_bytes: int) -> tuple[str, bool]:
-    """The first ``max_bytes`` of ``file`` as text, and whether there was more."""
-    file.seek(0)
-    data = file.read(max_bytes + 1)
-    return data[:max_bytes].decode("utf-8", errors="replace"), len(data) > max_bytes
+def _read_capped(file: BinaryIO, max_bytes: int, *, tail: bool = False) -> tuple[str, bool]:
+    """The first (``tail``: the last) ``max_bytes`` of ``file`` as text, and whether there
+    was more."""
+    size = file.seek(0, os.SEEK_END)
+    file.seek(max(0, size - max_bytes) if tail else 0)
+    data = file.read(max_bytes)
+    return data.decode("utf-8", errors="replace"), size > max_bytes

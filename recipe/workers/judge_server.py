@@ -108,7 +108,11 @@ def judge_rollout_config(
         start_timeout_s=judge.start_timeout_s,
         generation_timeout_s=judge.timeout_s,
         stream_tokens=False,
-        engine_kwargs={**policy.engine_kwargs, "max_model_len": judge.max_model_len},
+        engine_kwargs=(  # vLLM's args (the hf backend takes none; encode_call bounds it)
+            {**policy.engine_kwargs, "max_model_len": judge.max_model_len}
+            if policy.backend == "vllm"
+            else dict(policy.engine_kwargs)
+        ),
         multi_turn=dataclasses.replace(policy.multi_turn, enable=False),
     )
 

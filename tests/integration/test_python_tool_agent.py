@@ -61,6 +61,11 @@ def python_tool_model(rollout_model_path: Path, tmp_path_factory) -> Path:
     return path
 
 
+# Nightly: CI's slow tier is over its time budget, and CI runs the same sandbox-in-an-episode
+# path through the code-block agent (test_python_block_agent.py); the hermes parse of a tool
+# call and the tool messages' rendering have unit tests (test_vllm_tool_parsers.py,
+# test_chat_session.py, test_agent_endpoint*.py).
+@pytest.mark.nightly
 def test_an_episode_whose_tool_calls_run_in_the_sandbox_trains_end_to_end(
     python_tool_model, tmp_path
 ):

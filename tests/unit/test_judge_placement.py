@@ -60,6 +60,15 @@ def test_the_judge_gets_gpus_of_its_own_only_when_the_cluster_spares_one_per_rep
     assert vllm_share.gpu_memory_utilization == (OWN_GPU_MEMORY_UTILIZATION if own else 0.2)
 
 
+@pytest.mark.parametrize("backend", ["vllm", "hf"])
+def test_the_judge_engine_takes_the_policy_backend_and_its_context_where_vllm_serves_it(backend):
+    judge = JudgeConfig(model="judge-folder", max_model_len=1024)
+    config = judge_rollout_config(judge, RolloutConfig(backend=backend))
+    assert config.backend == backend
+    expected = {"max_model_len": 1024} if backend == "vllm" else {}
+    assert config.engine_kwargs == expected  # the hf backend refuses vLLM's engine args
+
+
 def test_the_judge_starts_last_on_a_gpu_and_beside_the_engines_on_cpu():
     placement = Placement(RecipeConfig(trainer=TrainerConfig(device="cpu")))
     assert not placement.judge_starts_last

@@ -83,6 +83,18 @@ def test_a_syntax_error_is_reported_on_stderr():
     assert result.exit_code == 1 and "SyntaxError" in result.stderr
 
 
+def test_a_long_traceback_keeps_its_end_and_a_long_stdout_its_start():
+    code = (
+        "import sys\nprint('first line')\nprint('x' * 10000)\n"
+        "sys.stderr.write('noise\\n' * 2000)\nraise ValueError('the named cause')"
+    )
+    result = run_python(code, max_output_bytes=256)
+    assert result.truncated and result.exit_code == 1
+    assert result.stdout.startswith("first line") and len(result.stdout.encode()) == 256
+    assert result.stderr.rstrip().endswith("ValueError: the named cause"), result.stderr
+    assert len(result.stderr.encode()) <= 256
+
+
 def test_killing_its_parent_does_not_reach_the_caller():
     result = run_python("import os\nos.kill(os.getppid(), 9)\nimport time\ntime.sleep(30)")
     assert result.exit_code == -signal.SIGKILL and result.seconds < SLACK_S
