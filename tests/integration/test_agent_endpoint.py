@@ -27,6 +27,7 @@ from tests.helpers import command_agent, openai_agents
 from tests.helpers.chat_templates import copy_with_tools_template
 from tests.helpers.models import EOS
 from tests.helpers.runs import (
+    agent_preset,
     assert_ledger_balances,
     build_recipe,
     ledger_trained_once,
@@ -37,17 +38,7 @@ from tests.helpers.runs import (
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_for_module")]
 
-PRESET = {
-    "mode": "fully_async",
-    "actor": {"ppo_mini_batch_size": 4},
-    "async_training": {
-        "staleness_threshold": 0.5,
-        "trigger_parameter_sync_step": 1,
-        "require_batches": 1,
-        "partial_rollout": True,
-    },
-    "logger": {"quiet": True},
-}
+PRESET = agent_preset(4)
 # Turns long enough that the engine is slower than the trainer, so syncs find requests
 # mid-turn (at 16 tokens a turn the rollouter waited at its bound when a sync came).
 TURN_TOKENS = 32

@@ -22,22 +22,12 @@ from tests.helpers import lora_agent
 from tests.helpers.chat_templates import copy_with_tools_template
 from tests.helpers.lora_checks import check_adapter_pushes
 from tests.helpers.models import EOS
-from tests.helpers.runs import build_recipe, spy_on_groups
+from tests.helpers.runs import agent_preset, build_recipe, spy_on_groups
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_for_module")]
 
 NUM_STEPS = 3
-PRESET = {
-    "mode": "fully_async",
-    "actor": {"ppo_mini_batch_size": 2, "lr": 1e-3, "lora": {"rank": 8}},
-    "async_training": {
-        "staleness_threshold": 0.5,
-        "trigger_parameter_sync_step": 1,
-        "require_batches": 1,
-        "partial_rollout": True,
-    },
-    "logger": {"quiet": True},
-}
+PRESET = agent_preset(2, lr=1e-3, lora={"rank": 8})
 OVERRIDES = {
     "rollout.n": 2,
     "rollout.max_num_seqs": 4,

@@ -21,7 +21,7 @@ from recipe.model import HFModelConfig
 from tests.helpers.chat_templates import copy_with_tools_template
 from tests.helpers.fitting import fit_to_episode
 from tests.helpers.models import EOS
-from tests.helpers.runs import build_recipe, read_metrics, spy_on_groups
+from tests.helpers.runs import agent_preset, build_recipe, read_metrics, spy_on_groups
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_for_module")]
 
@@ -31,17 +31,7 @@ PRINTED = SandboxResult("42\n", "", 0, timed_out=False, truncated=False, seconds
 OUTPUT = {"role": "user", "content": agent.output_message(PRINTED, agent.SETTINGS)}
 FINAL = {"role": "assistant", "content": "\\boxed{42}"}
 NUM_STEPS = 1
-PRESET = {
-    "mode": "fully_async",
-    "actor": {"ppo_mini_batch_size": 2},
-    "async_training": {
-        "staleness_threshold": 0.5,
-        "trigger_parameter_sync_step": 1,
-        "require_batches": 1,
-        "partial_rollout": True,
-    },
-    "logger": {"quiet": True},
-}
+PRESET = agent_preset(2)
 
 
 @pytest.fixture(scope="module")
