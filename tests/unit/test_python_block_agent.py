@@ -6,12 +6,10 @@ ends the episode with 0; the block extractor and the output message hold on any 
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import httpx
 import openai
@@ -23,29 +21,12 @@ from hypothesis import strategies as st
 from recipe.agent.examples import python_block_agent as agent
 from recipe.agent.sandbox import SandboxResult
 from recipe.config import load_config, register_configs
-from recipe.protocol import PromptRecord
-from tests.helpers.scripted_openai import ScriptedClient
+from tests.helpers.scripted_openai import ScriptedClient, assistant, episode, math_record
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 REPO = Path(__file__).resolve().parents[2]
 BLOCK = "Let me compute.\n```python\nprint(6 * 7)\n```\nIt prints 42, so \\boxed{42}."
 """A turn that runs code and guesses its output (right, but never scored)."""
-
-
-def _reply(content: Any) -> dict[str, Any]:
-    return {"role": "assistant", "content": content}
-
-
-def _record(data_source: str = "math", truth: str = "42") -> PromptRecord:
-    return PromptRecord(
-        "train:q:0", [{"role": "user", "content": "What is 6*7?"}], truth, data_source
-    )
-
-
-def _episode(replies: list, record: PromptRecord | None = None) -> tuple[float, ScriptedClient]:
-    client = ScriptedClient(replies)
-    reward = asyncio.run(agent.run(client, record or _record()))  # type: ignore[arg-type]
-    return reward, client
 
 
 def _spent(status: int) -> openai.APIStatusError:
@@ -62,7 +43,9 @@ def _outputs(client: ScriptedClient) -> list[str]:
 
 @pytest.mark.parametrize("data_source", ["math", "openai/gsm8k"])
 def test_a_block_runs_in_the_sandbox_and_the_reply_after_its_output_is_scored(data_source):
-    reward, client = _episode([_reply(BLOCK), _reply("So \\boxed{42}.")], _record(data_source))
+    reward, client = episode(
+        agent.run, [assistant(BLOCK), assistant("So \\boxed{42}.")], math_record(data_source)
+    )
     assert reward == 1.0
     first, second = client.requests
     assert "tools" not in first
@@ -75,17 +58,20 @@ def test_a_block_runs_in_the_sandbox_and_the_reply_after_its_output_is_scored(da
 
 
 def test_the_guessed_answer_of_a_turn_that_ran_code_never_scores(monkeypatch):
-    assert _episode([_reply(BLOCK), _spent(400)])[0] == 0.0
-    assert _episode([_reply(BLOCK), _spent(429)])[0] == 0.0
-    assert _episode([_reply(BLOCK), _reply("\\boxed{41}")])[0] == 0.0  # the later reply counts
+    assert episode(agent.run, [assistant(BLOCK), _spent(400)])[0] == 0.0
+    assert episode(agent.run, [assistant(BLOCK), _spent(429)])[0] == 0.0
+    wrong_later = [assistant(BLOCK), assistant("\\boxed{41}")]  # the later reply counts
+    assert episode(agent.run, wrong_later)[0] == 0.0
     monkeypatch.setattr(agent, "SETTINGS", agent.ToolSettings(max_turns=2))
-    reward, client = _episode([_reply(BLOCK), _reply(BLOCK), _reply("\\boxed{42}")])
+    reward, client = episode(
+        agent.run, [assistant(BLOCK), assistant(BLOCK), assistant("\\boxed{42}")]
+    )
     assert reward == 0.0 and len(client.requests) == 2
 
 
 @pytest.mark.parametrize("content", [None, "", "It is 42.", "\\boxed{41}", "```python\nx"])
 def test_a_reply_without_a_block_is_the_final_answer(content):
-    reward, client = _episode([_reply(content)])
+    reward, client = episode(agent.run, [assistant(content)])
     assert reward == 0.0 and len(client.requests) == 1
 
 
@@ -97,8 +83,8 @@ def test_hostile_code_is_answered_with_what_happened(monkeypatch):
         "print('`' * 9)\nprint('x' * 10**6)",
         "1 / 0",
     ]
-    replies = [_reply(f"```python\n{p}\n```") for p in programs]
-    reward, client = _episode([*replies, _reply("\\boxed{42}")])
+    replies = [assistant(f"```python\n{p}\n```") for p in programs]
+    reward, client = episode(agent.run, [*replies, assistant("\\boxed{42}")])
     assert reward == 1.0
     hang, binary, huge, error = _outputs(client)
     assert hang.endswith("[killed: ran past the 0.5 s time limit]\n```")

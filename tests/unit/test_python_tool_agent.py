@@ -4,7 +4,6 @@ either dataset, a spent budget ends the episode, and the preset composes in ever
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,7 @@ from hydra import compose, initialize_config_dir
 from recipe.agent.examples import python_tool_agent as agent
 from recipe.agent.sandbox import SandboxResult
 from recipe.config import load_config, register_configs
-from recipe.protocol import PromptRecord
-from tests.helpers.scripted_openai import ScriptedClient
+from tests.helpers.scripted_openai import assistant, episode, math_record
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
@@ -34,42 +32,30 @@ def _call(code: Any, name: str = "python", call_id: str = "call_0") -> dict[str,
     }
 
 
-def _answer(text: str) -> dict[str, Any]:
-    return {"role": "assistant", "content": text}
-
-
-def _record(data_source: str = "math", truth: str = "42") -> PromptRecord:
-    return PromptRecord(
-        "train:q:0", [{"role": "user", "content": "What is 6*7?"}], truth, data_source
-    )
-
-
-def _episode(replies: list, record: PromptRecord | None = None) -> tuple[float, ScriptedClient]:
-    client = ScriptedClient(replies)
-    reward = asyncio.run(agent.run(client, record or _record()))  # type: ignore[arg-type]
-    return reward, client
-
-
 @pytest.mark.parametrize("data_source", ["math", "openai/gsm8k"])
 def test_a_tool_call_runs_in_the_sandbox_and_the_boxed_answer_is_scored(data_source):
-    reward, client = _episode(
-        [_call("print(6 * 7)"), _answer("So it is \\boxed{42}.")], _record(data_source)
+    reward, client = episode(
+        agent.run,
+        [_call("print(6 * 7)"), assistant("So it is \\boxed{42}.")],
+        math_record(data_source),
     )
     assert reward == 1.0
     first, second = client.requests
     assert first["tools"] == agent.TOOLS
     assert first["messages"][0] == {"role": "system", "content": agent.SYSTEM_PROMPT}
     assert second["messages"][: len(first["messages"])] == first["messages"]
-    assistant, tool = second["messages"][-2:]
-    assert assistant["tool_calls"][0]["function"]["name"] == "python"
+    sent, tool = second["messages"][-2:]
+    assert sent["tool_calls"][0]["function"]["name"] == "python"
     assert tool == {"role": "tool", "tool_call_id": "call_0", "content": "42"}
 
 
 def test_a_wrong_or_missing_final_answer_scores_zero():
-    assert _episode([_answer("\\boxed{41}")])[0] == 0.0
-    assert _episode([_answer("It is 42.")])[0] == 0.0
-    gsm8k = _record("openai/gsm8k")
-    assert _episode([_answer("It is 42.\n#### 42")], gsm8k)[0] == 1.0  # GSM8K's own spelling
+    assert episode(agent.run, [assistant("\\boxed{41}")])[0] == 0.0
+    assert episode(agent.run, [assistant("It is 42.")])[0] == 0.0
+    gsm8k = math_record("openai/gsm8k")
+    assert (
+        episode(agent.run, [assistant("It is 42.\n#### 42")], gsm8k)[0] == 1.0
+    )  # GSM8K's own spelling
 
 
 def test_a_spent_budget_ends_the_episode_with_reward_zero():
@@ -77,18 +63,22 @@ def test_a_spent_budget_ends_the_episode_with_reward_zero():
     spent = openai.BadRequestError(
         "context_length_exceeded", response=httpx.Response(400, request=request), body=None
     )
-    reward, client = _episode([_call("print(1)"), spent])
+    reward, client = episode(agent.run, [_call("print(1)"), spent])
     assert reward == 0.0 and len(client.requests) == 2
 
 
 def test_the_episode_stops_after_max_turns(monkeypatch):
     monkeypatch.setattr(agent, "SETTINGS", agent.ToolSettings(max_turns=2))
-    reward, client = _episode([_call("print(1)"), _call("print(2)"), _answer("\\boxed{42}")])
+    reward, client = episode(
+        agent.run, [_call("print(1)"), _call("print(2)"), assistant("\\boxed{42}")]
+    )
     assert reward == 0.0 and len(client.requests) == 2
 
 
 def test_a_bad_call_is_answered_with_an_error_the_model_can_read():
-    reward, client = _episode([_call(None), _call("print(1)", name="bash"), _answer("\\boxed{42}")])
+    reward, client = episode(
+        agent.run, [_call(None), _call("print(1)", name="bash"), assistant("\\boxed{42}")]
+    )
     assert reward == 1.0
     errors = [m["content"] for m in client.requests[-1]["messages"] if m["role"] == "tool"]
     assert len(errors) == 2 and all(e.startswith("error: call the tool `python`") for e in errors)
