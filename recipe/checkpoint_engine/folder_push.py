@@ -5,7 +5,8 @@
     stage_adapter(v)   LoRA (``adapter_only``): the adapter's PEFT folder for v written, every
                        replica checks it (its engine still serving the old one)
     push_adapter(v)    stage_adapter(v) unless staged already, then every (paused) replica
-                       probes it and switches to it (recipe/workers/rollout/lora.py)
+                       probes it (unless its probe ahead was accepted) and switches to it
+                       (recipe/workers/rollout/lora.py)
 
 ``PushFolder`` owns the push's private folder (0700) under ``file_root`` (None: this host's
 shared memory); ``PushTransport`` (transport.py) hands these moves its peers (peer_calls.py).
@@ -23,14 +24,18 @@ from recipe.checkpoint_engine.host import shm_dir
 from recipe.checkpoint_engine.peer_calls import PeerCalls, Staged
 from recipe.checkpoint_engine.phases import SENDER
 
+_SMALLEST = frozenset({"sync/adapter_probe_diff", "sync/adapter_probe_ahead"})
+"""Figures merged over the replicas by their smallest (``adapter_metrics``)."""
+
 
 def adapter_metrics(replies: Iterable[Mapping[str, float]]) -> dict[str, float]:
     """The replicas' adapter figures as one: the slowest replica's seconds, the smallest
-    probe difference (the replica likeliest to serve the base)."""
+    probe difference (the replica likeliest to serve the base), probed ahead (1.0) only
+    where every replica's probe was accepted ahead of the pause."""
     merged: dict[str, float] = {}
     for reply in replies:
         for key, value in reply.items():
-            pick = min if key == "sync/adapter_probe_diff" else max
+            pick = min if key in _SMALLEST else max
             merged[key] = pick(merged[key], value) if key in merged else value
     return merged
 
@@ -81,9 +86,9 @@ class PushFolder:
         """LoRA: trainer rank 0 writes the adapter's PEFT folder for ``target`` (aside, then
         renamed; a folder per version, so the one an engine serves is never rewritten under
         it) in ``file_root``; every replica checks both files' sha256 against the writer's
-        record, adds the adapter as ``target`` beside the version it serves and reads it
-        back (``stage_adapter``), its engine still serving where its owner serves
-        during a push."""
+        record, adds the adapter as ``target`` beside the version it serves, reads it
+        back and, while its engine serves, probes it there (``stage_adapter``), its engine
+        still serving where its owner serves during a push."""
         assert self._dir is not None
         directory = str(self._dir / f"adapter-v{target}")
         start = time.perf_counter()
@@ -105,9 +110,9 @@ class PushFolder:
         self, peers: PeerCalls, target: int, staged: Staged | None = None
     ) -> dict[str, float]:
         """LoRA: ``stage_adapter`` unless ``staged`` already (then inside the pause); each
-        (paused) replica probes the staged version alone and switches to it
-        (recipe/workers/rollout/lora.py). The folders of earlier versions are removed once
-        every replica serves ``target``."""
+        (paused) replica probes the staged version alone, unless its probe ahead of the
+        pause was accepted, and switches to it (recipe/workers/rollout/lora.py). The folders
+        of earlier versions are removed once every replica serves ``target``."""
         if staged is None or staged.adapter is None:
             staged = self.stage_adapter(peers, target)
         adapter = staged.adapter

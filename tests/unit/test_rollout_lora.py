@@ -11,12 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from recipe.checkpoint_engine.folder_push import adapter_metrics
 from recipe.utils.adapter_file import AdapterFile, write_adapter
 from recipe.workers.config import RolloutConfig
 from recipe.workers.rollout.lora import (
+    AHEAD_MIN_DIFF,
+    AHEAD_NOISE_FACTOR,
     AdapterNotServedError,
     ProbeResult,
     adapter_is_zero,
+    ahead_margin,
+    ahead_verdict,
     lora_engine_args,
     lora_request,
     max_abs_diff,
@@ -79,7 +84,49 @@ def test_probe_fails_when_a_nonzero_adapter_leaves_the_base_serving():
 def test_probe_accepts_a_zero_adapter_serving_the_base_and_any_change():
     ProbeResult(max_abs_diff=0.0, adapter_is_zero=True).check(1, "/x")
     ProbeResult(max_abs_diff=1e-6, adapter_is_zero=False).check(1, "/x")
-    assert ProbeResult(0.25, False).to_metrics() == {"sync/adapter_probe_diff": 0.25}
+    assert ProbeResult(0.25, False).to_metrics() == {
+        "sync/adapter_probe_diff": 0.25,
+        "sync/adapter_probe_ahead": 0.0,
+    }
+
+
+BASE = [-1.0, -2.0, -3.0]
+SERVED = [-1.0, -1.5, -3.0]  # the served version's own probe
+
+
+def test_a_probe_ahead_that_differs_from_the_base_and_the_served_version_is_accepted():
+    verdict = ahead_verdict([-1.2, -2.0, -2.5], BASE, (SERVED, SERVED), adapter_zero=False)
+    assert verdict == ProbeResult(0.5, False, ahead=True)
+    assert verdict.to_metrics()["sync/adapter_probe_ahead"] == 1.0
+
+
+def test_a_probe_ahead_that_reads_the_base_or_the_served_version_is_left_to_the_pause():
+    assert ahead_verdict(list(BASE), BASE, (SERVED, SERVED), adapter_zero=False) is None
+    assert ahead_verdict(list(SERVED), BASE, (SERVED, SERVED), adapter_zero=False) is None
+    # Within the margin of either, as a batch's composition may move them: no proof either.
+    near_base = [-1.0, -2.0, -3.0 + AHEAD_MIN_DIFF / 2]
+    near_served = [-1.0, -1.5 - AHEAD_MIN_DIFF / 2, -3.0]
+    assert ahead_verdict(near_base, BASE, (SERVED, SERVED), adapter_zero=False) is None
+    assert ahead_verdict(near_served, BASE, (SERVED, SERVED), adapter_zero=False) is None
+    # No adapter served: the served policy is the base.
+    assert ahead_verdict([-1.2, -2.0, -3.0], BASE, (BASE, BASE), adapter_zero=False) is not None
+
+
+def test_a_probe_ahead_must_clear_the_noise_measured_beside_the_same_requests():
+    """The served version's request computed beside the engine's requests moved by 0.05
+    from its own probe: the margin is four times that, whatever ``AHEAD_MIN_DIFF`` says."""
+    served_now = [-1.0, -1.5, -3.05]
+    assert ahead_margin(served_now, SERVED) == pytest.approx(AHEAD_NOISE_FACTOR * 0.05)
+    within = [-1.0, -1.5 + 0.15, -3.0]  # 0.15 from the served version's: under 0.2
+    beyond = [-1.0, -1.5 + 0.3, -3.0]
+    assert ahead_verdict(within, BASE, (SERVED, served_now), adapter_zero=False) is None
+    assert ahead_verdict(beyond, BASE, (SERVED, served_now), adapter_zero=False) is not None
+    # Quiet batches keep the floor.
+    assert ahead_margin(list(SERVED), SERVED) == AHEAD_MIN_DIFF
+
+
+def test_a_zero_adapter_s_probe_ahead_is_left_to_the_pause():
+    assert ahead_verdict([-1.2, -2.0, -2.5], BASE, (SERVED, SERVED), adapter_zero=True) is None
 
 
 def test_adapter_is_zero_reads_the_b_matrices(tmp_path):
@@ -93,6 +140,18 @@ def test_probe_prompt_stays_inside_the_vocabulary():
     assert max_abs_diff([1.0, -2.0], [1.5, -2.0]) == 0.5
     with pytest.raises(RuntimeError, match="2 and 1 tokens"):
         max_abs_diff([1.0, 2.0], [1.0])
+
+
+def test_a_push_counts_as_probed_ahead_only_where_every_replica_s_probe_was():
+    replies = [
+        {"sync/adapter_probe_diff": 0.5, "sync/adapter_probe_ahead": 1.0, "sync/verify_s": 0.1},
+        {"sync/adapter_probe_diff": 0.2, "sync/adapter_probe_ahead": 0.0, "sync/verify_s": 0.3},
+    ]
+    assert adapter_metrics(replies) == {
+        "sync/adapter_probe_diff": 0.2,
+        "sync/adapter_probe_ahead": 0.0,
+        "sync/verify_s": 0.3,
+    }
 
 
 def test_lora_needs_the_vllm_backend():

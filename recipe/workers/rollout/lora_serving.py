@@ -5,13 +5,16 @@ its own (``lora.py`` says why)::
 
     stage_adapter(adapter, v)  verify both files' sha256, sum the tensors as the engine will
                                hold them; then, unless full (merged) weights are loaded, add
-                               it as v beside the served version and read it back: while the
+                               it as v beside the served version, read it back and, once
+                               this engine probed before, probe it beside what the engine
+                               decodes, kept when ``ahead_verdict`` accepts it: while the
                                engine still serves where a push is staged ahead of its pause
                                (fully_async)
     load_adapter(adapter, v)   (stage_adapter unless staged) -> pause -> (merged weights
                                loaded: base weights back, then add, read back) -> probe, on
-                               the paused engine alone -> serve v -> resume -> remove the
-                               previous version
+                               the paused engine alone, unless the one ahead was accepted
+                               -> serve v (its probe's log-probs: the next probe ahead's
+                               served reference) -> resume -> remove the previous version
     _lora_request()            the served adapter's request, for every engine request;
                                AdapterMissingError rather than a silent base past version 0
     _drop_adapter()            full weights loaded (a resume or a restarted replica gets the
@@ -31,8 +34,10 @@ from typing import TYPE_CHECKING, Any
 from recipe.utils.adapter_file import AdapterFile, verify_adapter_folder
 from recipe.workers.rollout.lora import (
     AdapterMissingError,
+    ProbeResult,
     adapter_is_zero,
     add_adapter,
+    ahead_verdict,
     cached_prompt_tokens,
     lora_request,
     max_abs_diff,
@@ -67,6 +72,9 @@ class StagedAdapter:
     """Added to the engine as ``version`` (in one of its slots) and read back."""
     metrics: dict[str, float] = field(default_factory=dict)
     """``sync/*`` of its checks so far."""
+    probe: tuple[ProbeResult, list[float]] | None = None
+    """Its probe taken ahead of the pause and accepted (``ahead_verdict``), with the probe
+    prompt's log-probs under it: the pause then holds only the switch."""
 
     def same(self, adapter: AdapterFile, version: int) -> bool:
         return self.adapter == adapter and self.version == version
@@ -94,6 +102,7 @@ class LoraServing:
         self._policy_in_base = False  # full (merged) weights were loaded into the base
         self._staged: StagedAdapter | None = None  # stage_adapter's, until load_adapter
         self._base_probe: list[float] | None = None  # the probe prompt's log-probs, base
+        self._served_probe: list[float] | None = None  # ... under the served adapter
 
     def _lora_request(self) -> Any:
         """The served adapter's ``LoRARequest`` for every request (training, validation,
@@ -110,21 +119,27 @@ class LoraServing:
 
     async def stage_adapter(self, adapter: AdapterFile, version: int) -> dict[str, float]:
         """Check ``adapter`` and, unless merged weights are loaded, add it as ``version``
-        beside the served version and read it back (module docstring); ``load_adapter`` of
-        the same then only probes and switches. Returns its ``sync/*``."""
+        beside the served version, read it back and probe it beside the requests the
+        engine decodes (module docstring); ``load_adapter`` of the same then only probes
+        (unless that probe was accepted) and switches. Returns its ``sync/*``."""
         self._check_push(adapter, version, "stage_adapter")
         await self._discard_staged()
         staged = await self._check(adapter, version)
         if not self._policy_in_base:
             staged = await self._add(staged)
+            try:
+                staged = await self._probe_ahead(staged)
+            except BaseException:
+                await self._remove(staged)
+                raise
         self._staged = staged
         return staged.metrics
 
     async def load_adapter(self, adapter: AdapterFile, version: int) -> dict[str, float]:
         """Serve the pushed ``adapter`` as ``version`` (module docstring). A running worker
-        is paused around the probe and the switch and resumed after them; a failure leaves
-        it paused and raises. Returns the ``sync/*`` figures of what it did beyond the
-        staging (the probe's always)."""
+        is paused around the probe (none where the staging's was accepted) and the switch and
+        resumed after them; a failure leaves it paused and raises. Returns the ``sync/*``
+        figures of what it did beyond the staging (the probe's always)."""
         self._check_push(adapter, version, "load_adapter")
         staged, self._staged = self._staged, None
         metrics: dict[str, float] = {}
@@ -140,15 +155,15 @@ class LoraServing:
                 await self._restore_base()
             staged = await self._add(staged)
             metrics = staged.metrics
-        metrics = metrics | await self._probe(staged)
+        result, adapter_lps = await self._probe(staged)
         previous = self._version if self._adapter is not None else None
-        self._adapter, self._version = adapter, version
+        self._adapter, self._version, self._served_probe = adapter, version, adapter_lps
         logger.info("rollout worker serves adapter v%d from %s", version, adapter.path)
         if was_running:
             await self.resume()
         if previous is not None:  # no request names it: the pause aborted them all
             await self._engine.remove_lora(previous)
-        return metrics
+        return metrics | result.to_metrics()
 
     def _check_push(self, adapter: AdapterFile, version: int, what: str) -> None:
         self._check_open()
@@ -187,21 +202,56 @@ class LoraServing:
         }
         return dataclasses.replace(staged, added=True, metrics=metrics)
 
-    async def _probe(self, staged: StagedAdapter) -> dict[str, float]:
-        """The probe (``lora.probe``) of the added ``staged`` on the paused engine, where its
-        requests are the only ones; out of the engine again if it sees the base."""
+    async def _probe_ahead(self, staged: StagedAdapter) -> StagedAdapter:
+        """The adapter's probe request beside whatever the engine decodes, and the served
+        version's (the batch's noise), with the verdict where ``ahead_verdict`` accepts it.
+        Only on an engine that probed before (the base's log-probs cached, and the served
+        version's), running, for an adapter not zero."""
+        served = self._served_probe if self._adapter is not None else self._base_probe
+        if staged.zero or self._paused or self._base_probe is None or served is None:
+            return staged
+        ids = self._probe_ids()
+        served_request = None
+        if self._adapter is not None:
+            served_request = lora_request(self._adapter, self._version)
+        lps, served_now = await asyncio.gather(
+            prompt_logprobs(self._engine, ids, lora_request(staged.adapter, staged.version)),
+            prompt_logprobs(self._engine, ids, served_request),
+        )
+        noise = max_abs_diff(served_now, served)
+        staged = dataclasses.replace(
+            staged, metrics=staged.metrics | {"sync/adapter_probe_noise": noise}
+        )
+        verdict = ahead_verdict(lps, self._base_probe, (served, served_now), staged.zero)
+        if verdict is None:
+            logger.info("adapter v%d: its probe ahead proves nothing", staged.version)
+            return staged
+        return dataclasses.replace(staged, probe=(verdict, lps))
+
+    async def _probe(self, staged: StagedAdapter) -> tuple[ProbeResult, list[float]]:
+        """The added ``staged``'s verdict and log-probs: its probe accepted ahead, else the
+        probe (``lora.probe``) on the paused engine, where its requests are the only ones;
+        out of the engine again if that one sees the base."""
+        if staged.probe is not None:
+            return staged.probe
         adapter, version = staged.adapter, staged.version
-        ids = probe_prompt(self._engine.vllm_config.model_config.get_vocab_size())
         try:
-            request = lora_request(adapter, version)
-            result, self._base_probe = await probe(
-                self._engine, ids, request, staged.zero, self._pause_idle_engine, self._base_probe
+            adapter_lps, self._base_probe = await probe(
+                self._engine,
+                self._probe_ids(),
+                lora_request(adapter, version),
+                self._pause_idle_engine,
+                self._base_probe,
             )
+            result = ProbeResult(max_abs_diff(adapter_lps, self._base_probe), staged.zero)
             result.check(version, adapter.path)
         except BaseException:
             await self._engine.remove_lora(version)
             raise
-        return result.to_metrics()
+        return result, adapter_lps
+
+    def _probe_ids(self) -> list[int]:
+        return probe_prompt(self._engine.vllm_config.model_config.get_vocab_size())
 
     async def _remove(self, staged: StagedAdapter) -> None:
         if staged.added:
@@ -230,8 +280,8 @@ class LoraServing:
         if self._base_probe is None:
             raise ValueError("base_probe_drift: no probe has run on this engine")
         await self.wait_until_running()
-        ids = probe_prompt(self._engine.vllm_config.model_config.get_vocab_size())
-        return max_abs_diff(await prompt_logprobs(self._engine, ids, None), self._base_probe)
+        base_lps = await prompt_logprobs(self._engine, self._probe_ids(), None)
+        return max_abs_diff(base_lps, self._base_probe)
 
     async def adapter_versions(self) -> list[int]:
         """The versions whose adapters the engine holds (the served one, and one staged
@@ -253,7 +303,7 @@ class LoraServing:
             await self._engine.collective_rpc("load_weights_from_safetensors", args=(str(shard),))
         await self._engine.reset_prefix_cache()
         self._policy_in_base = False
-        self._base_probe = None  # taken again from the weights just loaded
+        self._base_probe = self._served_probe = None  # taken again from the weights loaded
         logger.info("rollout worker restored the base weights of %s", self._model.path)
 
     async def _drop_adapter(self) -> None:
@@ -263,4 +313,4 @@ class LoraServing:
         await self._discard_staged()
         if self._adapter is not None:
             await self._engine.remove_lora(self._version)
-        self._adapter, self._policy_in_base = None, True
+        self._adapter, self._policy_in_base, self._served_probe = None, True, None
