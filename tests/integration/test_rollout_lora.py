@@ -225,7 +225,6 @@ def test_pushes_staged_while_the_engine_decodes_are_probed_ahead_only_when_concl
         assert set(_greedy(ray, worker).token_versions) == {version}
         num_ahead += int(loaded["sync/adapter_probe_ahead"])
     print(f"probes ahead accepted beside decoding requests: {num_ahead} of 4")
-    assert 0 <= num_ahead <= 4
 
 
 def _misread_next_probe_ahead(actor: Any, read_as: str) -> None:
