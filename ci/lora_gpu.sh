@@ -6,7 +6,9 @@
 #       fully_async on random-init Qwen2.5 shapes (recipe/tools/bench/models.py; SIZES default
 #       0.5B,7B), LoRA (actor.lora.rank=LORA_RANK, default 32) and full fine-tuning each
 #       (VARIANTS, default "lora full": one of them fits a call of its own), STEPS steps
-#       (default 4): the run's summary (samples/s, push bytes, start-up) in
+#       (default 4), rewarded for any decoded text (recipe/tools/bench/rewards.py: a random
+#       model's groups vary on it, so updates and the adapter move): the run's summary
+#       (samples/s, push bytes, start-up) in
 #       OUT/<size>-<lora|full>/run/ (summary.json and metrics.jsonl copied up beside its
 #       run.log), and the peak GPU memory of the trainer and the engine
 #       (python -m recipe.tools.study.gpu_memory) in its gpu_memory.csv; a run that fails (a
@@ -47,6 +49,8 @@ memory() {  # memory OUT [SIZES] [KEY=VALUE ...]
       [ "$variant" = lora ] && lora=(actor.lora.rank="$RANK")
       # fully_async alone (the bench's e2e always runs sync beside it); one GPU shared by the
       # trainer and the engine, which takes 0.35 of it; activations bounded for a 7B model.
+      # A reward a random model's groups vary on, so the adapter moves (its pushes and
+      # probes as a learning run's; recipe/tools/bench/rewards.py).
       "$PYTHON" -m recipe.tools.study.gpu_memory "$dir/gpu_memory.csv" -- \
         timeout "${RUN_TIMEOUT_S:-900}" "$PYTHON" -m recipe mode=fully_async \
         model.path="$model" trainer.device=cuda model.dtype=bfloat16 \
@@ -56,6 +60,7 @@ memory() {  # memory OUT [SIZES] [KEY=VALUE ...]
         trainer.total_training_steps="${STEPS:-4}" trainer.test_freq=0 \
         trainer.val_before_train=false data.num_val_prompts=32 logger.quiet=true \
         async_training.trigger_parameter_sync_step=2 async_training.require_batches=1 \
+        reward.custom_fn=recipe.tools.bench.rewards:decodes_to_text \
         hydra.run.dir="$dir/run" "${lora[@]}" "$@" > "$dir/run.log" 2>&1 || status=1
       # The records beside the log too: a machine that hands back only shallow files keeps them.
       cp -f "$dir"/run/summary.json "$dir"/run/metrics.jsonl "$dir"/ 2>/dev/null || true
