@@ -6,9 +6,10 @@ import random
 
 from recipe.reward.custom import load_custom_fn
 from recipe.tiny import build_tokenizer
+from recipe.tools.bench.models import SHAPES
 
 SPEC = "recipe.tools.bench.rewards:decodes_to_text"
-BENCH_VOCAB = 151_936  # the 0.5B / 1.5B shapes' vocabulary (recipe/tools/bench/models.py)
+BENCH_VOCAB = SHAPES["0.5B"].vocab_size
 
 
 def test_it_loads_as_a_custom_fn_and_scores_text_against_no_text():
