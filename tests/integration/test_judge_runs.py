@@ -64,7 +64,7 @@ def _calls(run_dir: Path) -> float:
     return sum(r.get("judge/calls", 0.0) for r in read_metrics(run_dir))
 
 
-@pytest.mark.nightly  # CI runs the engine path in fully_async, the endpoint's in sync
+@pytest.mark.nightly  # the judge's engine path runs nightly (here and in fully_async below)
 def test_one_step_off_judge_engine_scores_every_response_once(tiny_model_path, tmp_path):
     run_dir = tmp_path / "run"
     proc = _run(run_dir, "one_step_off", tiny_model_path)
@@ -109,6 +109,8 @@ def test_sync_pairwise_judge_through_an_endpoint_compares_every_pair(tmp_path, m
     assert [r["reward/mean"] for r in steps] == pytest.approx([0.5] * STEPS), judged
 
 
+@pytest.mark.nightly  # two engine starts (~125 s): CI runs a judge in training through the
+# endpoint (sync, above) and the judge's rules on fakes (tests/unit/test_reward_judge.py)
 def test_fully_async_reward_function_combines_the_rule_and_the_judge(tiny_model_path, tmp_path):
     run_dir = tmp_path / "run"
     fn = f"{judge_rewards.PATH}:rule_and_judge"

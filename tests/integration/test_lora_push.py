@@ -57,7 +57,7 @@ def _max_mismatch(records: list[dict]) -> float:
     "mode",
     [
         # CI runs LoRA in fully_async through test_lora_agent.py (these checks on its
-        # pushes) and in sync across the resume below; each mode's run here is nightly.
+        # pushes); each mode's run here, and the resume below, are nightly.
         pytest.param("sync", marks=pytest.mark.nightly),
         pytest.param("one_step_off", marks=pytest.mark.nightly),
         pytest.param("fully_async", marks=pytest.mark.nightly),
@@ -73,6 +73,8 @@ def test_lora_run_pushes_and_serves_the_adapter_alone(mode, tiny_model_path, tmp
         assert _max_mismatch(trained) < MISMATCH_TOL
 
 
+@pytest.mark.nightly  # two runs (~125 s): CI's LoRA runs are the agent's (test_lora_agent.py)
+# and the engine's pushes (test_rollout_lora.py); a LoRA resume's refusals have unit tests
 def test_resumed_lora_run_serves_the_adapter_on_the_base_not_twice(tmp_path):
     """A resume gives the engines the checkpoint's merged policy; the next push must put its
     adapter on the base weights again (on the merged ones it would count twice)."""

@@ -84,6 +84,8 @@ def check_complete(run_dir: Path, summary: dict[str, Any], steps: int) -> list[d
     return ledger
 
 
+@pytest.mark.nightly  # one more engine start (~50 s); the template, budget and dict-reward
+# handling have unit tests, and CI's agent runs render a chat template
 def test_sync_chat_template_gsm8k_long_prompts_over_the_token_budget_dict_reward(
     tiny_model_path, tmp_path
 ):
