@@ -138,6 +138,9 @@ def _turns(ids, mask, versions) -> list[tuple[list[int], list[int]]]:
     return turns
 
 
+# A rollout worker of its own (~55 s in CI): command agents' process rules stay in CI on
+# fakes (tests/unit/test_agent_processes.py, test_agent_env.py).
+@pytest.mark.nightly
 def test_a_command_agent_on_a_real_worker_fails_alone_and_restarts_after_a_checkpoint_cut(
     ray_for_module, tools_model_path, tmp_path
 ):

@@ -43,6 +43,9 @@ def python_block_model(rollout_model_path: Path, tmp_path_factory) -> Path:
     return path
 
 
+# A run of its own (~50 s in CI), nightly like its function-tool twin: the agent's turns stay
+# in CI on fakes (tests/unit/test_python_block_agent.py), the sandbox in test_sandbox.py.
+@pytest.mark.nightly
 def test_an_episode_whose_python_block_runs_in_the_sandbox_trains_end_to_end(
     python_block_model, tmp_path
 ):
