@@ -21,8 +21,7 @@ def decodes_to_text(
 ) -> float:
     """1.0 when the response decodes to any text, else 0.0. The benchmark shapes sample from
     151,936 ids (152,064 for the 7B) of which their tokenizer knows 258; the others decode to
-    nothing. Sampled
-    uniformly, 384 ids decode to some text 43% of the time (400 draws), so most groups of 8
-    hold both rewards."""
+    nothing. Sampled uniformly, 384 ids decode to some text 43% of the time (400 draws), so
+    most groups of 8 hold both rewards."""
     del data_source, ground_truth, extra_info
     return float(bool(solution_str))
